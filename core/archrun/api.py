@@ -1,0 +1,57 @@
+"""archrun's public loading API: `load(path) -> Model`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from archrun.compile import compile_gguf
+from archrun.errors import InvalidRequest
+from archrun.ggufio import open_gguf
+from archrun.model import Interpreter, build_plan
+from archrun.plugins import default_plugin_manager
+from archrun.vocab import BACKENDS, build_vocabulary
+
+Model = Interpreter  # every loaded model is an Interpreter of its block style (a Decoder)
+
+
+def load(path: str | os.PathLike, block_style: str | None = None, backend: str | None = None,
+         plugins: Any = None, threads: int | None = None) -> Interpreter:
+    """Load a GGUF file into a runnable model.
+
+    block_style: "fused" | "host_reference" (default: what the family says, usually fused).
+    backend: "reference" runs every op's numpy float32 reference; "fast" (the default) the
+    fastest available implementation of each op.
+    plugins: a pluggy PluginManager (default: every installed archrun plugin).
+    threads: compute threads for the fast kernels (default: numba's default).
+    """
+    backend = backend or "fast"
+    if backend not in BACKENDS:
+        raise InvalidRequest(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if threads is not None:
+        _set_threads(threads)
+    pm = plugins or default_plugin_manager()
+    gguf = open_gguf(path)
+    try:
+        compiled = compile_gguf(gguf, plugins=pm, block_style=block_style)
+        vocab = build_vocabulary(pm)
+        plan = build_plan(compiled.descriptor, gguf, vocab, backend)
+        style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
+    except BaseException:
+        gguf.close()
+        raise
+    return style(plan, gguf, lambda: _tokenizer(gguf), compiled.chat_template)
+
+
+def _tokenizer(gguf):
+    from archrun.tokenizer import Tokenizer
+
+    return Tokenizer.from_metadata(gguf.metadata)
+
+
+def _set_threads(threads: int) -> None:
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise InvalidRequest(f"threads must be a positive integer, got {threads!r}")
+    from archrun import kernels
+
+    kernels.set_threads(threads)

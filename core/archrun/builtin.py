@@ -1,0 +1,17 @@
+"""archrun's built-in plugin: the two block styles, registered through the same hook as any plugin."""
+
+from __future__ import annotations
+
+import pluggy
+
+from archrun.model import fused_style, host_reference_style
+from archrun.vocab import Op
+
+hookimpl = pluggy.HookimplMarker("archrun")
+
+
+@hookimpl
+def archrun_register_vocabulary(register) -> None:
+    register(Op("block_style", "fused", fused_style, None, "fast decoder shape with batched decode entries"))
+    register(Op("block_style", "host_reference", host_reference_style, None,
+                "auditable host-side float32 shape with host_step"))

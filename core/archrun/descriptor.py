@@ -1,0 +1,252 @@
+"""The descriptor: a model as data.
+
+A `Descriptor` holds every structural choice of a decoder-only transformer as plain,
+validated, frozen values. Each field that names a choice (norm kind, rope pairing,
+attention kind, FFN kind, gating function, block style) is a vocabulary value that the
+plan resolves to a registered op once, at load. Per-layer geometry is a tuple of
+`LayerSpec`, so interleaved sliding/global layers, leading dense layers and per-layer
+head counts are data, not code.
+
+Build descriptors with `Descriptor.from_gguf(...)` (see archrun.compile); variants with
+`attrs.evolve`. Never construct one from raw metadata.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+from attrs import validators as v
+
+_pos_int = [v.instance_of(int), v.gt(0)]
+_nonneg_int = [v.instance_of(int), v.ge(0)]
+_pos_float = [v.instance_of(float), v.gt(0.0)]
+
+# Tensor roles of one decoder block, with the GGUF names the standard layout uses.
+# A family plugin may remap a role (e.g. glm4moe's pre-FFN norm is stored under
+# `post_attention_norm`); the interpreter only ever asks for roles.
+DEFAULT_TENSOR_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "token_embd": "token_embd.weight",
+        "output_norm": "output_norm.weight",
+        "output": "output.weight",
+        "rope_freqs": "rope_freqs.weight",
+        "attn_norm": "blk.{i}.attn_norm.weight",
+        "attn_q": "blk.{i}.attn_q.weight",
+        "attn_k": "blk.{i}.attn_k.weight",
+        "attn_v": "blk.{i}.attn_v.weight",
+        "attn_q.bias": "blk.{i}.attn_q.bias",
+        "attn_k.bias": "blk.{i}.attn_k.bias",
+        "attn_v.bias": "blk.{i}.attn_v.bias",
+        "attn_output": "blk.{i}.attn_output.weight",
+        "attn_output.bias": "blk.{i}.attn_output.bias",
+        "attn_q_norm": "blk.{i}.attn_q_norm.weight",
+        "attn_k_norm": "blk.{i}.attn_k_norm.weight",
+        "post_attn_norm": "blk.{i}.post_attention_norm.weight",
+        "ffn_norm": "blk.{i}.ffn_norm.weight",
+        "post_ffn_norm": "blk.{i}.post_ffw_norm.weight",
+        "ffn_gate": "blk.{i}.ffn_gate.weight",
+        "ffn_up": "blk.{i}.ffn_up.weight",
+        "ffn_down": "blk.{i}.ffn_down.weight",
+        "ffn_gate_inp": "blk.{i}.ffn_gate_inp.weight",
+        "ffn_gate_inp.bias": "blk.{i}.ffn_gate_inp.bias",
+        "exp_probs_b": "blk.{i}.exp_probs_b.bias",
+        "ffn_gate_exps": "blk.{i}.ffn_gate_exps.weight",
+        "ffn_up_exps": "blk.{i}.ffn_up_exps.weight",
+        "ffn_down_exps": "blk.{i}.ffn_down_exps.weight",
+        "ffn_gate_shexp": "blk.{i}.ffn_gate_shexp.weight",
+        "ffn_up_shexp": "blk.{i}.ffn_up_shexp.weight",
+        "ffn_down_shexp": "blk.{i}.ffn_down_shexp.weight",
+        "nextn.eh_proj": "blk.{i}.nextn.eh_proj.weight",
+        "nextn.enorm": "blk.{i}.nextn.enorm.weight",
+        "nextn.hnorm": "blk.{i}.nextn.hnorm.weight",
+        "nextn.embed_tokens": "blk.{i}.nextn.embed_tokens.weight",
+        "nextn.shared_head_head": "blk.{i}.nextn.shared_head_head.weight",
+        "nextn.shared_head_norm": "blk.{i}.nextn.shared_head_norm.weight",
+    }
+)
+
+BLOCK_STYLES = ("fused", "host_reference")
+
+
+def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value))
+
+
+@frozen
+class RopeSpec:
+    """One rotary-embedding table.
+
+    pairing: "norm" rotates (x[2i], x[2i+1]); "neox" rotates (x[i], x[i + n_rot/2]);
+    "none" disables rope. Only the first `n_rot` dims of each head rotate.
+    theta_i = pos * freq_base^(-2i/n_rot) / (scaling_factor for "linear" scaling).
+    """
+
+    pairing: str = field(validator=v.in_(("norm", "neox", "none")))
+    n_rot: int = field(validator=_nonneg_int)
+    freq_base: float = field(converter=float, validator=_pos_float)
+    scaling: str = field(default="none", validator=v.in_(("none", "linear", "yarn", "longrope")))
+    scaling_factor: float = field(default=1.0, converter=float, validator=_pos_float)
+    original_context: int = field(default=0, validator=_nonneg_int)
+    freq_factors: str | None = field(default=None)  # role of a tensor of per-frequency divisors
+
+    @n_rot.validator
+    def _even(self, _attr, value: int) -> None:
+        if value % 2:
+            raise ValueError(f"rope n_rot must be even, got {value}")
+
+
+@frozen
+class AttentionSpec:
+    """Attention geometry of one layer. `window` 0 means global (full causal)."""
+
+    kind: str = field(validator=v.instance_of(str))  # vocabulary slot "attention"
+    n_head: int = field(validator=_pos_int)
+    n_head_kv: int = field(validator=_pos_int)
+    head_dim: int = field(validator=_pos_int)  # key/query width per head
+    v_head_dim: int = field(validator=_pos_int)
+    scale: float = field(converter=float, validator=_pos_float)
+    rope: int = field(default=0, validator=_nonneg_int)  # index into Descriptor.rope_tables
+    window: int = field(default=0, validator=_nonneg_int)
+    qk_norm: bool = field(default=False, validator=v.instance_of(bool))
+    qkv_bias: bool = field(default=False, validator=v.instance_of(bool))
+    output_bias: bool = field(default=False, validator=v.instance_of(bool))
+
+    @n_head_kv.validator
+    def _divides(self, _attr, value: int) -> None:
+        if self.n_head % value:
+            raise ValueError(f"n_head_kv {value} does not divide n_head {self.n_head}")
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head."""
+        return self.n_head // self.n_head_kv
+
+
+@frozen
+class FfnSpec:
+    """A dense gated FFN: down(act(gate x) * up x). kind: "swiglu" | "geglu_tanh"."""
+
+    kind: str = field(validator=v.instance_of(str))  # vocabulary slot "ffn"
+    n_ff: int = field(validator=_pos_int)
+
+
+@frozen
+class MoeSpec:
+    """A mixture-of-experts FFN (llama.cpp build_moe_ffn semantics).
+
+    gating follows GGUF's expert_gating_func numbering by name ("softmax" = 1,
+    "sigmoid" = 2). router_bias: an `exp_probs_b` bias added for selection only.
+    n_group/n_group_used: group-limited top-k (group score = sum of the top-2 scores).
+    weights_norm renormalises the selected weights; weights_scale multiplies them.
+    n_shared experts of width n_ff_shared run on the same input and are added.
+    """
+
+    kind: str = field(validator=v.instance_of(str))  # vocabulary slot "moe"
+    expert_kind: str = field(validator=v.instance_of(str))  # slot "ffn" of each expert
+    n_expert: int = field(validator=_pos_int)
+    n_expert_used: int = field(validator=_pos_int)
+    n_ff: int = field(validator=_pos_int)
+    gating: str = field(validator=v.instance_of(str))  # vocabulary slot "gating"
+    weights_norm: bool = field(validator=v.instance_of(bool))
+    weights_scale: float = field(default=1.0, converter=float, validator=_pos_float)
+    router_bias: bool = field(default=False, validator=v.instance_of(bool))
+    router_input_bias: bool = field(default=False, validator=v.instance_of(bool))
+    n_group: int = field(default=1, validator=_pos_int)
+    n_group_used: int = field(default=1, validator=_pos_int)
+    n_shared: int = field(default=0, validator=_nonneg_int)
+    n_ff_shared: int = field(default=0, validator=_nonneg_int)
+
+    @n_expert_used.validator
+    def _used(self, _attr, value: int) -> None:
+        if value > self.n_expert:
+            raise ValueError(f"expert_used_count {value} > expert_count {self.n_expert}")
+
+    @n_group_used.validator
+    def _groups(self, _attr, value: int) -> None:
+        if self.n_expert % self.n_group or value > self.n_group:
+            raise ValueError(f"bad expert groups: {self.n_group} groups, {value} used, {self.n_expert} experts")
+
+
+@frozen
+class LayerSpec:
+    """One decoder block: h = x + [post_attn_norm](Attn(norm(x))); out = h + [post_ffn_norm](FFN(norm(h)))."""
+
+    attention: AttentionSpec = field(validator=v.instance_of(AttentionSpec))
+    ffn: FfnSpec | MoeSpec = field(validator=v.instance_of((FfnSpec, MoeSpec)))
+    post_attn_norm: bool = field(default=False, validator=v.instance_of(bool))
+    post_ffn_norm: bool = field(default=False, validator=v.instance_of(bool))
+
+    @property
+    def is_moe(self) -> bool:
+        return isinstance(self.ffn, MoeSpec)
+
+
+@frozen
+class Descriptor:
+    """A decoder-only transformer as data (see module docstring).
+
+    layers are the trunk's blocks; `n_nextn` extra blocks (multi-token-prediction heads)
+    follow them in the file and are not part of the trunk.
+    """
+
+    architecture: str = field(validator=v.instance_of(str))
+    n_vocab: int = field(validator=_pos_int)
+    n_embd: int = field(validator=_pos_int)
+    n_ctx: int = field(validator=_pos_int)
+    layers: tuple[LayerSpec, ...] = field(
+        converter=tuple, validator=v.deep_iterable(v.instance_of(LayerSpec), v.min_len(1))
+    )
+    rope_tables: tuple[RopeSpec, ...] = field(
+        converter=tuple, validator=v.deep_iterable(v.instance_of(RopeSpec), v.min_len(1))
+    )
+    norm: str = field(default="rms", validator=v.instance_of(str))  # vocabulary slot "norm"
+    norm_eps: float = field(default=1e-6, converter=float, validator=_pos_float)
+    embed_scale: float = field(default=1.0, converter=float, validator=_pos_float)
+    tied_output: bool = field(default=False, validator=v.instance_of(bool))
+    logit_softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))
+    block_style: str = field(default="fused", validator=v.in_(BLOCK_STYLES))
+    n_nextn: int = field(default=0, validator=_nonneg_int)
+    tensor_names: Mapping[str, str] = field(default=DEFAULT_TENSOR_NAMES, converter=_frozen_mapping)
+
+    @layers.validator
+    def _rope_refs(self, _attr, layers: tuple[LayerSpec, ...]) -> None:
+        for i, layer in enumerate(layers):
+            if layer.attention.rope >= len(self.rope_tables):
+                raise ValueError(f"layer {i} names rope table {layer.attention.rope}, which does not exist")
+
+    @classmethod
+    def from_gguf(cls, source: Any, plugins: Any = None) -> Descriptor:
+        """Compile a GGUF file's metadata (a path or an open archrun.ggufio.GGUFFile) into a Descriptor.
+
+        Unused metadata keys and generic assumptions are reported as ArchrunWarning;
+        missing or contradictory metadata raises a typed ArchrunError.
+        """
+        from archrun.compile import compile_gguf
+
+        return compile_gguf(source, plugins=plugins).descriptor
+
+    @property
+    def n_layer(self) -> int:
+        """Number of trunk layers."""
+        return len(self.layers)
+
+    def tensor_name(self, role: str, layer: int | None = None) -> str:
+        """The GGUF tensor name holding `role` (in block `layer` for per-block roles)."""
+        template = self.tensor_names[role]
+        return template.format(i=layer) if "{i}" in template else template
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (tensor_names as a plain dict)."""
+        d = attrs.asdict(self, recurse=True)
+        d["tensor_names"] = dict(self.tensor_names)
+        return d
+
+
+def default_attention_scale(head_dim: int) -> float:
+    """1/sqrt(head_dim): the scale every target architecture uses unless a family says otherwise."""
+    return 1.0 / math.sqrt(head_dim)

@@ -1,0 +1,63 @@
+"""Typed errors: every error archrun raises on bad input derives from ArchrunError."""
+
+from __future__ import annotations
+
+
+class ArchrunError(Exception):
+    """Base of every error archrun raises because of bad input or an unsupported model."""
+
+
+class ModelLoadError(ArchrunError):
+    """The GGUF container is damaged or hostile (truncated, bad magic, bad offsets, ...)."""
+
+
+class MetadataError(ModelLoadError):
+    """A metadata key is missing, has the wrong type, or holds an impossible value."""
+
+
+class UnsupportedArchitecture(ArchrunError):
+    """The file's architecture cannot be described (no family plugin and no generic layout)."""
+
+
+class UnknownVocabulary(ArchrunError):
+    """A descriptor names a (slot, value) that no installed plugin provides."""
+
+
+class MissingTensor(ModelLoadError):
+    """A tensor the descriptor requires is absent from the file."""
+
+
+class ShapeMismatch(ModelLoadError):
+    """A tensor's shape contradicts the metadata."""
+
+
+class UnsupportedQuantType(ArchrunError):
+    """A tensor uses a ggml quantization type archrun cannot execute."""
+
+
+class WrongBlockStyle(ArchrunError):
+    """An entry point of one block style was called on a model of the other style."""
+
+
+class ContextOverflow(ArchrunError):
+    """The tokens do not fit the cache / context window."""
+
+
+class TokenizerError(ArchrunError):
+    """The tokenizer metadata is malformed or unsupported, or ids are out of range."""
+
+
+class ChatTemplateError(ArchrunError):
+    """A chat template is missing, unsafe, too expensive, or raised while rendering."""
+
+
+class InvalidRequest(ArchrunError):
+    """Generation options or inputs are out of range (temperature NaN, bad ids, ...)."""
+
+
+class PluginError(ArchrunError):
+    """A plugin registered something inconsistent (duplicate vocabulary entry, bad op)."""
+
+
+class ArchrunWarning(UserWarning):
+    """Warnings about assumptions archrun made (generic architecture, unused keys)."""

@@ -1,0 +1,47 @@
+"""pluggy hook specifications of archrun (specs only).
+
+Hooks are grouped by phase. Enumerate-many hooks receive a `register` callback and are
+called on every plugin; the host owns de-duplication and errors. Pick-one hooks are
+`firstresult=True`: the first non-None answer wins (plugins registered later are asked
+first, as pluggy orders them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("archrun")
+
+
+# -- vocabulary (load time, collect-all) ---------------------------------------------------
+
+
+@hookspec
+def archrun_register_vocabulary(register: Callable[..., None]) -> None:
+    """Register vocabulary ops.  Called once per plugin manager on every plugin.
+
+    Call ``register(op)`` with an `archrun.vocab.Op` for each (slot, name) the plugin
+    provides. Registering a (slot, name) that another plugin already provides raises
+    `archrun.errors.PluginError` naming both plugins.
+    """
+
+
+# -- families (compile time) ----------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def archrun_describe_family(architecture: str) -> Any:
+    """Return an `archrun.compile.FamilyHints` for a `general.architecture` string, or None.
+
+    firstresult: the first plugin that knows the architecture answers. The hints carry only
+    what a GGUF file does not say (rope pairing, per-family defaults, tensor-role aliases,
+    block style); they never carry math.
+    """
+
+
+@hookspec
+def archrun_families() -> list[str]:
+    """Return the architecture strings this plugin describes (collect-all; for listings)."""

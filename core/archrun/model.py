@@ -1,0 +1,333 @@
+"""The interpreter: one family-independent decoder that runs any descriptor.
+
+`build_plan` resolves every vocabulary value of the descriptor to a bound op and binds
+every weight, once per model. The per-token path (`Interpreter._forward`) only calls the
+bound ops; it does no registry lookups and knows no architecture.
+
+Block styles are vocabulary too (slot "block_style"): `FusedDecoder` carries the batched
+entries, `HostReferenceDecoder` carries `host_step`; each refuses the other's entries
+with WrongBlockStyle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from archrun.cache import KvCache
+from archrun.decoder import Caps
+from archrun.descriptor import Descriptor, LayerSpec, MoeSpec
+from archrun.errors import ContextOverflow, InvalidRequest, WrongBlockStyle
+from archrun.ggufio import GGUFFile
+from archrun.vocab import Vocabulary
+from archrun.weights import Matrix, MoeWeights
+
+F32 = np.float32
+
+
+@attrs.define
+class LayerPlan:
+    """Bound ops and weights of one block."""
+
+    spec: LayerSpec
+    attn_norm: np.ndarray
+    q: Matrix
+    k: Matrix
+    v: Matrix
+    o: Matrix
+    attention: Any                     # bound attention op (makes this layer's cache slot)
+    ffn_norm: np.ndarray
+    ffn: Callable[[np.ndarray], np.ndarray]
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None
+    post_ffn_norm: np.ndarray | None = None
+
+
+@attrs.define
+class Plan:
+    """Everything the per-token path calls, resolved once."""
+
+    descriptor: Descriptor
+    embed: Matrix
+    output: Matrix
+    output_norm: np.ndarray
+    norm: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    ropes: list[Any]                   # one bound rope op per descriptor rope table (None: no rope)
+    layers: list[LayerPlan]
+    softcap: Callable[[np.ndarray], np.ndarray] | None
+    providers: dict[str, str]          # "slot=name" -> plugin that provides it
+
+
+class _Binder:
+    """Resolves vocabulary and binds weights for one model."""
+
+    def __init__(self, d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str):
+        self.d, self.gguf, self.vocab, self.backend = d, gguf, vocab, backend
+        self.providers: dict[str, str] = {}
+
+    def op(self, slot: str, name: str, *args: Any) -> Any:
+        entry = self.vocab.entry(slot, name)
+        self.providers[f"{slot}={name}"] = entry.plugin
+        return entry.op.factory(self._op_backend(slot))(*args)
+
+    def _op_backend(self, slot: str) -> str:
+        # host_reference audits every op in its float32 reference form; only the heavy
+        # linears and the MoE mixture share the fast kernels with the fused style.
+        if self.d.block_style == "host_reference" and slot != "moe":
+            return "reference"
+        return self.backend
+
+    def vector(self, role: str, layer: int | None = None) -> np.ndarray:
+        return np.ascontiguousarray(self.gguf.dequantize(self.d.tensor_name(role, layer)), dtype=F32)
+
+    def matrix(self, role: str, layer: int | None = None, bias_role: str | None = None) -> Matrix:
+        name = self.d.tensor_name(role, layer)
+        info = self.gguf.tensors[name]
+        bias = self.vector(bias_role, layer) if bias_role else None
+        return Matrix(self.gguf.raw_rows(name), info.ggml_type, info.shape[0], self.backend, bias, name)
+
+    def experts(self, role: str, layer: int) -> list[Matrix]:
+        """Split a stacked expert tensor {n_in, n_out, E} into E matrices (views, no copy)."""
+        name = self.d.tensor_name(role, layer)
+        info = self.gguf.tensors[name]
+        n_in, n_out, n_exp = info.shape
+        rows = self.gguf.raw_rows(name)  # [E * n_out, row_bytes]
+        return [
+            Matrix(rows[e * n_out : (e + 1) * n_out], info.ggml_type, n_in, self.backend, None, f"{name}[{e}]")
+            for e in range(n_exp)
+        ]
+
+
+def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = "fast") -> Plan:
+    """Resolve the descriptor's vocabulary and bind its weights (once per model)."""
+    b = _Binder(d, gguf, vocab, backend)
+    norm = b.op("norm", d.norm, d.norm_eps)
+    ropes = [_bind_rope(b, spec) for spec in d.rope_tables]
+    layers = [_bind_layer(b, i, spec) for i, spec in enumerate(d.layers)]
+    embed = b.matrix("token_embd")
+    output = embed if d.tied_output else b.matrix("output")
+    softcap = b.op("softcap", "tanh", d.logit_softcap) if d.logit_softcap else None
+    b.op("block_style", d.block_style)
+    return Plan(d, embed, output, b.vector("output_norm"), norm, ropes, layers, softcap, b.providers)
+
+
+def _bind_rope(b: _Binder, spec) -> Any:
+    if spec.pairing == "none" or spec.n_rot == 0:
+        return None
+    factors = b.vector(spec.freq_factors) if spec.freq_factors else None
+    return b.op("rope", spec.pairing, spec, factors)
+
+
+def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
+    a = spec.attention
+    bias = a.qkv_bias
+    lp = LayerPlan(
+        spec=spec,
+        attn_norm=b.vector("attn_norm", i),
+        q=b.matrix("attn_q", i, "attn_q.bias" if bias else None),
+        k=b.matrix("attn_k", i, "attn_k.bias" if bias else None),
+        v=b.matrix("attn_v", i, "attn_v.bias" if bias else None),
+        o=b.matrix("attn_output", i, "attn_output.bias" if a.output_bias else None),
+        attention=b.op("attention", a.kind, a),
+        ffn_norm=b.vector("ffn_norm", i),
+        ffn=_bind_moe(b, i, spec.ffn) if isinstance(spec.ffn, MoeSpec) else _bind_dense(b, i, spec.ffn.kind),
+    )
+    if a.qk_norm:
+        lp.q_norm, lp.k_norm = b.vector("attn_q_norm", i), b.vector("attn_k_norm", i)
+    if spec.post_attn_norm:
+        lp.post_attn_norm = b.vector("post_attn_norm", i)
+    if spec.post_ffn_norm:
+        lp.post_ffn_norm = b.vector("post_ffn_norm", i)
+    return lp
+
+
+def _bind_dense(b: _Binder, i: int, kind: str) -> Callable[[np.ndarray], np.ndarray]:
+    act = b.op("ffn", kind)
+    gate, up, down = b.matrix("ffn_gate", i), b.matrix("ffn_up", i), b.matrix("ffn_down", i)
+
+    def ffn(x: np.ndarray) -> np.ndarray:  # x [n, d] -> [n, d]
+        return down(act(gate(x), up(x)))
+
+    return ffn
+
+
+def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> Callable[[np.ndarray], np.ndarray]:
+    gating = b.op("gating", spec.gating)
+    act = b.op("ffn", spec.expert_kind)
+    moe = b.op("moe", spec.kind, spec, gating, act)
+    shared = None
+    if spec.n_shared:
+        shared = (b.matrix("ffn_gate_shexp", i), b.matrix("ffn_up_shexp", i), b.matrix("ffn_down_shexp", i))
+    weights = MoeWeights(
+        gate_inp=b.matrix("ffn_gate_inp", i, "ffn_gate_inp.bias" if spec.router_input_bias else None),
+        probs_bias=b.vector("exp_probs_b", i) if spec.router_bias else None,
+        gate=b.experts("ffn_gate_exps", i),
+        up=b.experts("ffn_up_exps", i),
+        down=b.experts("ffn_down_exps", i),
+        shared=shared,
+    )
+    return lambda x: moe(x, weights)
+
+
+@attrs.frozen
+class HostStep:
+    """Result of host_step: logits [n, vocab] and the trunk's last hidden states [n, d] (pre output norm)."""
+
+    logits: np.ndarray
+    hidden: np.ndarray
+
+
+class Interpreter:
+    """Runs a Plan. Subclasses (block styles) add their guarded entries."""
+
+    caps = Caps()
+
+    def __init__(self, plan: Plan, gguf: GGUFFile, tokenizer_factory: Callable[[], Any] | None = None,
+                 chat_template: str | None = None):
+        self.plan = plan
+        self.descriptor = plan.descriptor
+        self.gguf = gguf
+        self._tokenizer_factory = tokenizer_factory
+        self._tokenizer = None
+        self.default_chat_template = chat_template
+
+    # -- public entries (Decoder protocol) --------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        """The tokenizer built from the file's metadata (built on first use)."""
+        if self._tokenizer is None and self._tokenizer_factory is not None:
+            self._tokenizer = self._tokenizer_factory()
+        return self._tokenizer
+
+    def init_cache(self, max_tokens: int | None = None) -> KvCache:
+        """A cache for up to max_tokens tokens (default: the model's context length)."""
+        n_ctx = self.descriptor.n_ctx
+        max_tokens = n_ctx if max_tokens is None else max_tokens
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        if max_tokens > n_ctx:
+            raise ContextOverflow(f"max_tokens {max_tokens} exceeds the model's context length {n_ctx}")
+        return KvCache([lp.attention.new_slot(max_tokens) for lp in self.plan.layers], max_tokens)
+
+    def forward_step(self, token_ids: Sequence[int] | np.ndarray, cache: KvCache,
+                     all_logits: bool = False) -> np.ndarray:
+        """Append token_ids to cache; float32 logits of the last position [vocab] or of all [n, vocab]."""
+        ids = self._check_ids(token_ids)
+        cache.check_room(len(ids))
+        logits, _ = self._forward(ids, cache, all_logits)
+        return logits if all_logits else logits[-1]
+
+    def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """float32 logits [n, vocab] of a whole sequence, without a caller-visible cache."""
+        ids = self._check_ids(token_ids)
+        if len(ids) > self.descriptor.n_ctx:
+            raise ContextOverflow(f"{len(ids)} tokens exceed the context length {self.descriptor.n_ctx}")
+        logits, _ = self._forward(ids, self.init_cache(len(ids)), True)
+        return logits
+
+    # -- the interpreter ---------------------------------------------------------------------
+
+    def _check_ids(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        arr = np.asarray(token_ids)
+        if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
+            raise InvalidRequest("token_ids must be a non-empty 1-D sequence of integers")
+        if arr.min() < 0 or arr.max() >= self.descriptor.n_vocab:
+            raise InvalidRequest(f"token ids must lie in [0, {self.descriptor.n_vocab})")
+        return arr.astype(np.int64)
+
+    def _forward(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Run ids through every layer, appending to cache; returns (logits, last hidden states)."""
+        p, d = self.plan, self.descriptor
+        start = len(cache)
+        x = p.embed.rows(ids)  # [n, d]
+        if d.embed_scale != 1.0:
+            x *= F32(d.embed_scale)
+        pos = np.arange(start, start + len(ids))
+        cos_sin = [rope.cos_sin(pos) if rope is not None else None for rope in p.ropes]
+        for lp, slot in zip(p.layers, cache.slots, strict=True):
+            x = self._block(lp, x, slot, start, cos_sin)
+        cache.advance(len(ids))
+        hidden = x
+        if not all_logits:
+            x = x[-1:]
+        logits = p.output(p.norm(x, p.output_norm))
+        if p.softcap is not None:
+            logits = p.softcap(logits)
+        return logits, hidden
+
+    def _block(self, lp: LayerPlan, x: np.ndarray, slot: Any, start: int, cos_sin: list) -> np.ndarray:
+        norm, a = self.plan.norm, lp.spec.attention
+        h = norm(x, lp.attn_norm)
+        n = len(x)
+        q = lp.q(h).reshape(n, a.n_head, a.head_dim)
+        k = lp.k(h).reshape(n, a.n_head_kv, a.head_dim)
+        v = lp.v(h).reshape(n, a.n_head_kv, a.v_head_dim)
+        if lp.q_norm is not None:  # per-head RMSNorm before rope
+            q, k = norm(q, lp.q_norm), norm(k, lp.k_norm)
+        rope = self.plan.ropes[a.rope]
+        if rope is not None:
+            cos, sin = cos_sin[a.rope]
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+        o = lp.o(lp.attention(q, k, v, slot, start).reshape(n, a.n_head * a.v_head_dim))
+        if lp.post_attn_norm is not None:
+            o = norm(o, lp.post_attn_norm)
+        x = x + o
+        f = lp.ffn(norm(x, lp.ffn_norm))
+        if lp.post_ffn_norm is not None:
+            f = norm(f, lp.post_ffn_norm)
+        return x + f
+
+
+class FusedDecoder(Interpreter):
+    """The fast decoder shape: batched decode entries; refuses host_step."""
+
+    caps = Caps(batch=True)
+
+    def forward_step_batch(self, batch: Sequence[Sequence[int]], caches: Sequence[KvCache]) -> list[np.ndarray]:
+        """One forward_step per (token_ids, cache) pair; returns the last-position logits of each."""
+        if len(batch) != len(caches):
+            raise InvalidRequest("forward_step_batch needs one cache per sequence")
+        return [self.forward_step(ids, cache) for ids, cache in zip(batch, caches, strict=True)]
+
+    def host_step(self, *args: Any, **kwargs: Any) -> HostStep:
+        raise WrongBlockStyle("host_step belongs to block style 'host_reference'; this model is 'fused' "
+                              "(load with block_style='host_reference' to audit it)")
+
+
+class HostReferenceDecoder(Interpreter):
+    """The auditable host-side float32 shape: host_step; refuses the fused batched entries."""
+
+    caps = Caps(host_step=True)
+
+    def host_step(self, token_ids: Sequence[int] | np.ndarray, cache: KvCache, mtp_cache: Any = None) -> HostStep:
+        """Append token_ids; return all-position logits and the trunk's hidden states.
+
+        mtp_cache is the seam for a family-side multi-token-prediction cache; the trunk never
+        reads it (families drive their MTP blocks with the returned hidden states).
+        """
+        ids = self._check_ids(token_ids)
+        cache.check_room(len(ids))
+        logits, hidden = self._forward(ids, cache, True)
+        return HostStep(logits, hidden)
+
+    def forward_step_batch(self, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+        raise WrongBlockStyle("forward_step_batch belongs to block style 'fused'; this model is 'host_reference'")
+
+    def forward_step_batch_spans(self, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+        raise WrongBlockStyle("forward_step_batch_spans belongs to block style 'fused'; "
+                              "this model is 'host_reference'")
+
+
+def fused_style() -> type[Interpreter]:
+    """block_style factory: the fused decoder class."""
+    return FusedDecoder
+
+
+def host_reference_style() -> type[Interpreter]:
+    """block_style factory: the host_reference decoder class."""
+    return HostReferenceDecoder

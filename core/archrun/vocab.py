@@ -1,0 +1,107 @@
+"""The vocabulary registry: (slot, name) -> Op, filled through the archrun_register_vocabulary hook.
+
+An `Op` carries a numpy float32 reference factory and, optionally, a fast factory. A
+factory is called once per model (per layer) with static parameters taken from the
+descriptor and returns the bound callable the plan runs; nothing is looked up per token.
+
+Slots and the contract of their factories (shapes: n tokens, d model width, H/KV heads,
+hd head width, f FFN width, E experts, k experts used):
+
+  norm        factory(eps: float) -> f(x[n, d], w[d]) -> [n, d]
+  rope        factory(spec: RopeSpec, freq_factors: ndarray | None)
+                -> obj: obj.cos_sin(pos[n]) -> (cos, sin) each [n, n_rot/2];
+                        obj(x[n, H, hd], cos, sin) -> [n, H, hd]
+  attention   factory(spec: AttentionSpec) -> obj: obj.new_slot(capacity) -> slot;
+                        obj(q[n, H, hd], k[n, KV, hd], v[n, KV, vd], slot, start: int) -> [n, H, vd]
+  ffn         factory() -> act(gate[n, f], up[n, f]) -> [n, f]       (the gated activation)
+  gating      factory() -> f(logits[n, E]) -> probs[n, E]
+  moe         factory(spec: MoeSpec, gating, act) -> f(x[n, d], weights: archrun.weights.MoeWeights) -> [n, d]
+  softcap     factory(cap: float) -> f(logits[n, V]) -> [n, V]
+  block_style factory(model parts) -> a Decoder class (see archrun.model)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+import pluggy
+
+from archrun.errors import PluginError, UnknownVocabulary
+
+SLOTS = ("norm", "rope", "attention", "ffn", "gating", "moe", "softcap", "block_style")
+BACKENDS = ("reference", "fast")
+
+
+@attrs.frozen
+class Op:
+    """A vocabulary entry: the math of one (slot, name), as a reference and optionally a fast factory."""
+
+    slot: str = attrs.field(validator=attrs.validators.in_(SLOTS))
+    name: str = attrs.field(validator=attrs.validators.instance_of(str))
+    reference: Callable[..., Any] = attrs.field(validator=attrs.validators.is_callable())
+    fast: Callable[..., Any] | None = attrs.field(default=None)
+    doc: str = ""
+
+    def factory(self, backend: str) -> Callable[..., Any]:
+        """The factory for `backend` ("fast" falls back to the reference when no fast one exists)."""
+        if backend == "fast" and self.fast is not None:
+            return self.fast
+        return self.reference
+
+
+@attrs.frozen
+class Entry:
+    """An op together with the plugin that registered it."""
+
+    op: Op
+    plugin: str
+
+
+class Vocabulary:
+    """All registered ops, keyed by (slot, name)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], Entry] = {}
+
+    def register(self, op: Op, plugin: str) -> None:
+        """Add `op`; a second registration of the same (slot, name) is a PluginError."""
+        if not isinstance(op, Op):
+            raise PluginError(f"plugin {plugin!r} registered {op!r}, which is not an archrun.vocab.Op")
+        key = (op.slot, op.name)
+        if key in self._entries:
+            other = self._entries[key].plugin
+            raise PluginError(f"vocabulary {op.slot}={op.name!r} registered by both {other!r} and {plugin!r}")
+        self._entries[key] = Entry(op, plugin)
+
+    def entry(self, slot: str, name: str) -> Entry:
+        """The entry for (slot, name); UnknownVocabulary names the installed alternatives."""
+        try:
+            return self._entries[(slot, name)]
+        except KeyError:
+            have = sorted(n for s, n in self._entries if s == slot)
+            raise UnknownVocabulary(
+                f"no installed plugin provides {slot}={name!r} (installed {slot} values: {', '.join(have) or 'none'})"
+            ) from None
+
+    def factory(self, slot: str, name: str, backend: str) -> Callable[..., Any]:
+        """Resolve (slot, name) to the factory of `backend`."""
+        return self.entry(slot, name).op.factory(backend)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(sorted(self._entries.values(), key=lambda e: (e.op.slot, e.op.name)))
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._entries
+
+
+def build_vocabulary(pm: pluggy.PluginManager) -> Vocabulary:
+    """Collect every plugin's vocabulary, remembering which plugin registered what."""
+    vocab = Vocabulary()
+    for impl in pm.hook.archrun_register_vocabulary.get_hookimpls():
+        def register(op: Op, _plugin: str = impl.plugin_name) -> None:
+            vocab.register(op, _plugin)
+
+        impl.function(register=register)
+    return vocab

@@ -1,0 +1,89 @@
+"""Weights bound to the plan: quantized matrices with a matmul, expert stacks, small vectors.
+
+The reference backend dequantizes a matrix to float32 once, on first use (the auditable
+path; memory = 4 bytes per weight). The fast backend hands the GGUF blocks to
+archrun.kernels, which multiply without materialising float32 weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from archrun import quant
+from archrun.errors import ShapeMismatch
+
+
+class Matrix:
+    """A weight of torch shape (n_out, n_in) kept in its GGUF encoding.
+
+    `m(x)` computes x[n, n_in] @ W.T -> [n, n_out] (+ bias); `m.rows(ids)` dequantizes
+    selected rows (embedding lookup).
+    """
+
+    def __init__(self, raw_rows: np.ndarray, ggml_type: int, n_in: int, backend: str,
+                 bias: np.ndarray | None = None, name: str = ""):
+        self.raw_rows = raw_rows  # uint8 [n_out, row_bytes], usually a memmap view
+        self.ggml_type = ggml_type
+        self.n_in = n_in
+        self.n_out = raw_rows.shape[0]
+        self.bias = bias
+        self.name = name
+        self._dense: np.ndarray | None = None
+        self._q = _prepare_fast(raw_rows, ggml_type, n_in) if backend == "fast" else None
+
+    @property
+    def dense(self) -> np.ndarray:
+        """float32 [n_out, n_in], dequantized on first use and kept."""
+        if self._dense is None:
+            self._dense = quant.dequantize(self.raw_rows, self.ggml_type, (self.n_out, self.n_in))
+        return self._dense
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.ndim != 2 or x.shape[1] != self.n_in:
+            raise ShapeMismatch(f"{self.name}: input {x.shape} does not match n_in={self.n_in}")
+        if self._q is not None:
+            from archrun import kernels
+
+            y = kernels.matmul(self._q, np.ascontiguousarray(x, dtype=np.float32))
+        else:
+            y = x @ self.dense.T
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """float32 [len(ids), n_in]: the selected rows, dequantized exactly."""
+        if self._dense is not None:
+            return self._dense[ids]
+        if self._q is not None:
+            from archrun import kernels
+
+            return kernels.embedding_rows(self.raw_rows, self.ggml_type, self.n_in, ids)
+        sel = np.ascontiguousarray(self.raw_rows[ids])
+        return quant.dequantize(sel, self.ggml_type, (len(ids), self.n_in))
+
+
+def _prepare_fast(raw_rows: np.ndarray, ggml_type: int, n_in: int):
+    """Prepare a kernel-ready matrix, or None when no fast kernel exists for this type."""
+    try:
+        from archrun import kernels
+    except ImportError:
+        return None
+    if ggml_type not in getattr(kernels, "SUPPORTED_TYPES", ()):
+        return None
+    return kernels.prepare(raw_rows, ggml_type, n_in)
+
+
+@attrs.frozen
+class MoeWeights:
+    """Weights of one MoE FFN: router, per-expert gated FFNs, optional shared expert."""
+
+    gate_inp: Matrix                      # [E, d]
+    probs_bias: np.ndarray | None         # exp_probs_b [E], selection only
+    gate: Sequence[Matrix]                # E matrices [f, d]
+    up: Sequence[Matrix]                  # E matrices [f, d]
+    down: Sequence[Matrix]                # E matrices [d, f]
+    shared: tuple[Matrix, Matrix, Matrix] | None = None  # (gate, up, down) of the shared experts

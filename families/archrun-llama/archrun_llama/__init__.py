@@ -1,0 +1,26 @@
+"""archrun family plugin for llama (descriptions only, no math).
+
+What the files do not say: rope pairing is NORM (adjacent pairs) — llama.cpp's converter
+permutes the Q/K rows of HF checkpoints so that NORM pairing is right on them. llama3-style
+rope scaling arrives as a `rope_freqs` tensor, which the generic compiler picks up.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from archrun.compile import FamilyHints
+
+hookimpl = pluggy.HookimplMarker("archrun")
+
+HINTS = {"llama": FamilyHints(name="llama", rope_pairing="norm")}
+
+
+@hookimpl
+def archrun_describe_family(architecture: str) -> FamilyHints | None:
+    return HINTS.get(architecture)
+
+
+@hookimpl
+def archrun_families() -> list[str]:
+    return sorted(HINTS)

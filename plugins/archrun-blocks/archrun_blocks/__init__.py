@@ -1,0 +1,1 @@
+"""archrun-blocks: the core vocabulary of archrun (math only; no GGUF key names)."""

@@ -1,0 +1,224 @@
+"""Reference (numpy float32, readable) implementations of the core vocabulary.
+
+Every factory here follows the slot contract documented in archrun.vocab. These are the
+oracles the fast kernels are tested against, and what `backend="reference"` runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
+
+F32 = np.float32
+
+
+# -- norms -----------------------------------------------------------------------------------
+
+
+def rms_norm(eps: float):
+    """RMSNorm: x / sqrt(mean(x^2) + eps) * w, over the last axis."""
+
+    def norm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        ms = np.mean(np.square(x, dtype=F32), axis=-1, keepdims=True, dtype=F32)
+        return (x / np.sqrt(ms + F32(eps))) * w
+
+    return norm
+
+
+# -- rope ------------------------------------------------------------------------------------
+
+
+class Rope:
+    """Rotary embedding on the first n_rot dims of each head; pairing fixed at bind time."""
+
+    def __init__(self, spec: RopeSpec, freq_factors: np.ndarray | None, neox: bool):
+        half = spec.n_rot // 2
+        # theta_i = base^(-2i/n_rot), i < n_rot/2; computed in float64 then rounded once.
+        inv = spec.freq_base ** (-np.arange(half, dtype=np.float64) * 2.0 / spec.n_rot)
+        if spec.scaling == "linear":
+            inv = inv / spec.scaling_factor
+        elif spec.scaling != "none":
+            raise NotImplementedError(f"rope scaling {spec.scaling!r}")
+        if freq_factors is not None:
+            inv = inv / np.asarray(freq_factors, dtype=np.float64)[:half]
+        self.inv_freq = inv
+        self.n_rot = spec.n_rot
+        self.neox = neox
+
+    def cos_sin(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(cos, sin), each [n, n_rot/2], for integer positions pos[n]."""
+        angles = np.asarray(pos, dtype=np.float64)[:, None] * self.inv_freq[None, :]
+        return np.cos(angles).astype(F32), np.sin(angles).astype(F32)
+
+    def __call__(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        # x [n, H, hd]; cos/sin broadcast over heads as [n, 1, n_rot/2]
+        c, s = cos[:, None, :], sin[:, None, :]
+        out = x.copy()
+        r = self.n_rot
+        if self.neox:  # pairs (i, i + r/2)
+            a, b = x[..., : r // 2], x[..., r // 2 : r]
+            out[..., : r // 2] = a * c - b * s
+            out[..., r // 2 : r] = b * c + a * s
+        else:  # pairs (2i, 2i + 1)
+            a, b = x[..., 0:r:2], x[..., 1:r:2]
+            out[..., 0:r:2] = a * c - b * s
+            out[..., 1:r:2] = b * c + a * s
+        return out
+
+
+def rope_neox(spec: RopeSpec, freq_factors: np.ndarray | None = None) -> Rope:
+    return Rope(spec, freq_factors, neox=True)
+
+
+def rope_norm(spec: RopeSpec, freq_factors: np.ndarray | None = None) -> Rope:
+    return Rope(spec, freq_factors, neox=False)
+
+
+# -- attention -------------------------------------------------------------------------------
+
+
+class KvSlot:
+    """Plain per-layer K/V storage: one row per cached position."""
+
+    def __init__(self, capacity: int, n_kv: int, head_dim: int, v_head_dim: int):
+        self.k = np.zeros((capacity, n_kv, head_dim), F32)
+        self.v = np.zeros((capacity, n_kv, v_head_dim), F32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+def attend(q, k, v, q_pos, k_pos, scale: float, window: int) -> np.ndarray:
+    """Causal grouped-query attention.
+
+    q [n, H, hd], k [T, KV, hd], v [T, KV, vd]; key j is visible to query i iff
+    k_pos[j] <= q_pos[i] and (window == 0 or k_pos[j] > q_pos[i] - window).
+    Returns [n, H, vd].
+    """
+    n, n_head, hd = q.shape
+    n_kv = k.shape[1]
+    qg = q.reshape(n, n_kv, n_head // n_kv, hd)  # [n, KV, G, hd]
+    scores = np.einsum("nkgd,tkd->kgnt", qg, k, dtype=F32) * F32(scale)  # [KV, G, n, T]
+    visible = k_pos[None, :] <= q_pos[:, None]
+    if window:
+        visible &= k_pos[None, :] > (q_pos[:, None] - window)
+    scores = np.where(visible, scores, F32(-np.inf))
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = np.einsum("kgnt,tkd->nkgd", p, v, dtype=F32)  # [n, KV, G, vd]
+    return out.reshape(n, n_head, v.shape[-1])
+
+
+class CausalAttention:
+    """Causal GQA over a plain KV slot (window 0) or a windowed mask over the same slot."""
+
+    def __init__(self, spec: AttentionSpec):
+        self.spec = spec
+
+    def new_slot(self, capacity: int) -> KvSlot:
+        s = self.spec
+        return KvSlot(capacity, s.n_head_kv, s.head_dim, s.v_head_dim)
+
+    def __call__(self, q, k, v, slot: KvSlot, start: int) -> np.ndarray:
+        n = q.shape[0]
+        end = start + n
+        slot.k[start:end] = k
+        slot.v[start:end] = v
+        q_pos = np.arange(start, end)
+        k_pos = np.arange(end)
+        return attend(q, slot.k[:end], slot.v[:end], q_pos, k_pos, self.spec.scale, self.spec.window)
+
+
+# -- FFN activations, gating, MoE --------------------------------------------------------------
+
+
+def swiglu():
+    """silu(gate) * up."""
+
+    def act(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return (gate / (F32(1.0) + np.exp(-gate))) * up
+
+    return act
+
+
+def geglu_tanh():
+    """gelu_tanh(gate) * up, gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    c = F32(np.sqrt(2.0 / np.pi))
+
+    def act(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        g = F32(0.5) * gate * (F32(1.0) + np.tanh(c * (gate + F32(0.044715) * gate * gate * gate)))
+        return g * up
+
+    return act
+
+
+def gating_softmax():
+    def probs(logits: np.ndarray) -> np.ndarray:
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    return probs
+
+
+def gating_sigmoid():
+    def probs(logits: np.ndarray) -> np.ndarray:
+        return F32(1.0) / (F32(1.0) + np.exp(-logits))
+
+    return probs
+
+
+def route(probs: np.ndarray, bias: np.ndarray | None, spec: MoeSpec) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp build_moe_ffn selection: ids [n, k] and weights [n, k] (see ARCHITECTURES.md)."""
+    select = probs if bias is None else probs + bias  # bias steers the choice only
+    if spec.n_group > 1:
+        select = _limit_groups(select, spec.n_group, spec.n_group_used)
+    ids = np.argsort(-select, axis=-1, kind="stable")[:, : spec.n_expert_used]
+    weights = np.take_along_axis(probs, ids, axis=-1)
+    if spec.weights_norm:
+        weights = weights / np.maximum(weights.sum(axis=-1, keepdims=True), F32(6.103515625e-5))
+    if spec.weights_scale != 1.0:
+        weights = weights * F32(spec.weights_scale)
+    return ids, weights.astype(F32)
+
+
+def _limit_groups(select: np.ndarray, n_group: int, n_used: int) -> np.ndarray:
+    """Mask experts outside the best `n_used` groups (group score = sum of its top-2 scores)."""
+    n, n_expert = select.shape
+    grouped = select.reshape(n, n_group, n_expert // n_group)
+    top2 = -np.sort(-grouped, axis=-1)[:, :, :2].sum(axis=-1)  # [n, n_group]
+    keep = np.argsort(-top2, axis=-1, kind="stable")[:, :n_used]
+    mask = np.zeros((n, n_group), bool)
+    np.put_along_axis(mask, keep, True, axis=-1)
+    return np.where(np.repeat(mask, n_expert // n_group, axis=-1), select, F32(-np.inf))
+
+
+def moe_topk(spec: MoeSpec, gating, act):
+    """Mixture of experts: route, run each selected expert's gated FFN, weighted sum (+ shared experts)."""
+
+    def moe(x: np.ndarray, w) -> np.ndarray:
+        logits = w.gate_inp(x)  # [n, E]
+        ids, weights = route(gating(logits), w.probs_bias, spec)
+        out = np.zeros_like(x)
+        for e in np.unique(ids):
+            rows, slot = np.nonzero(ids == e)
+            xe = x[rows]
+            ye = w.down[e](act(w.gate[e](xe), w.up[e](xe)))  # [m, d]
+            out[rows] += weights[rows, slot][:, None] * ye
+        if w.shared is not None:
+            g, u, d = w.shared
+            out += d(act(g(x), u(x)))
+        return out
+
+    return moe
+
+
+def softcap_tanh(cap: float):
+    """c * tanh(logits / c)."""
+
+    def softcap(logits: np.ndarray) -> np.ndarray:
+        return F32(cap) * np.tanh(logits / F32(cap))
+
+    return softcap
