@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from archrun.compile import compile_gguf
@@ -16,7 +17,8 @@ Model = Interpreter  # every loaded model is an Interpreter of its block style (
 
 
 def load(path: str | os.PathLike, block_style: str | None = None, backend: str | None = None,
-         plugins: Any = None, threads: int | None = None) -> Interpreter:
+         plugins: Any = None, threads: int | None = None,
+         progress: Callable[[str, int, int], None] | None = None) -> Interpreter:
     """Load a GGUF file into a runnable model.
 
     block_style: "fused" | "host_reference" (default: what the family says, usually fused).
@@ -24,6 +26,7 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     fastest available implementation of each op.
     plugins: a pluggy PluginManager (default: every installed archrun plugin).
     threads: compute threads for the fast kernels (default: numba's default).
+    progress: called as progress(stage, done, total) during slow steps (the CLI shows a bar).
     """
     backend = backend or "fast"
     if backend not in BACKENDS:
@@ -35,7 +38,7 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     try:
         compiled = compile_gguf(gguf, plugins=pm, block_style=block_style)
         vocab = build_vocabulary(pm)
-        plan = build_plan(compiled.descriptor, gguf, vocab, backend)
+        plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress)
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
     except BaseException:
         gguf.close()

@@ -219,6 +219,9 @@ def _build(meta: _Meta, t: _Tensors, hints: FamilyHints, block_style: str | None
     if len(emb) != 2 or emb[0] != n_embd:
         raise ShapeMismatch(f"token_embd has shape {tuple(emb)}, expected ({n_embd}, n_vocab)")
     n_vocab = emb[1]
+    vocab_size = meta.get("vocab_size", int, n_vocab)
+    if vocab_size != n_vocab:
+        raise ShapeMismatch(f"{meta.key('vocab_size')} = {vocab_size} but token_embd has {n_vocab} rows")
     tied = not t.has("output")
     if not tied:
         t.expect("output", None, (n_embd, n_vocab))

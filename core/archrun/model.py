@@ -102,12 +102,38 @@ class _Binder:
         ]
 
 
-def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = "fast") -> Plan:
-    """Resolve the descriptor's vocabulary and bind its weights (once per model)."""
+def vocabulary_of(d: Descriptor) -> list[tuple[str, str]]:
+    """Every (slot, name) the descriptor names, in first-use order, without duplicates."""
+    wanted = [("norm", d.norm)]
+    wanted += [("rope", r.pairing) for r in d.rope_tables if r.pairing != "none" and r.n_rot]
+    for layer in d.layers:
+        wanted.append(("attention", layer.attention.kind))
+        if isinstance(layer.ffn, MoeSpec):
+            wanted += [("gating", layer.ffn.gating), ("ffn", layer.ffn.expert_kind), ("moe", layer.ffn.kind)]
+        else:
+            wanted.append(("ffn", layer.ffn.kind))
+    if d.logit_softcap:
+        wanted.append(("softcap", "tanh"))
+    wanted.append(("block_style", d.block_style))
+    return list(dict.fromkeys(wanted))
+
+
+def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = "fast",
+               progress: Callable[[str, int, int], None] | None = None) -> Plan:
+    """Resolve the descriptor's vocabulary and bind its weights (once per model).
+
+    Every vocabulary value is checked first, so a missing op fails before any weight is touched.
+    """
+    for slot, name in vocabulary_of(d):
+        vocab.entry(slot, name)
     b = _Binder(d, gguf, vocab, backend)
     norm = b.op("norm", d.norm, d.norm_eps)
     ropes = [_bind_rope(b, spec) for spec in d.rope_tables]
-    layers = [_bind_layer(b, i, spec) for i, spec in enumerate(d.layers)]
+    layers = []
+    for i, spec in enumerate(d.layers):
+        layers.append(_bind_layer(b, i, spec))
+        if progress:
+            progress("binding weights", i + 1, d.n_layer)
     embed = b.matrix("token_embd")
     output = embed if d.tied_output else b.matrix("output")
     softcap = b.op("softcap", "tanh", d.logit_softcap) if d.logit_softcap else None

@@ -38,9 +38,8 @@ def make_plugin_manager(
     pm.register(builtin, name="archrun.builtin")
     wanted = _wanted(names)
     for ep in entry_points(group=GROUP):
-        if wanted is None or ep.name in wanted:
-            if pm.get_plugin(ep.name) is None:
-                pm.register(ep.load(), name=ep.name)
+        if (wanted is None or ep.name in wanted) and pm.get_plugin(ep.name) is None:
+            pm.register(ep.load(), name=ep.name)
     for plugin in extra:
         pm.register(plugin)
     return pm

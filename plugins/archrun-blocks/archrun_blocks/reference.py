@@ -7,7 +7,6 @@ oracles the fast kernels are tested against, and what `backend="reference"` runs
 from __future__ import annotations
 
 import numpy as np
-
 from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
 
 F32 = np.float32

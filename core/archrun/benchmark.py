@@ -1,0 +1,59 @@
+"""`archrun bench`: prefill and decode speed, load-to-first-token time and peak RSS of one model."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from typing import Any
+
+import numpy as np
+
+
+def run_bench(path: str | os.PathLike, threads: int | None = None, backend: str | None = None,
+              block_style: str | None = None, prompt_tokens: int = 128, gen_tokens: int = 64,
+              seed: int = 0) -> dict[str, Any]:
+    """Measure one model; token ids are random (seeded) so no tokenizer work is timed."""
+    from archrun.api import load
+
+    t0 = time.perf_counter()
+    model = load(path, block_style=block_style, backend=backend, threads=threads)
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, model.descriptor.n_vocab, size=prompt_tokens)
+    cache = model.init_cache(min(model.descriptor.n_ctx, prompt_tokens + gen_tokens + 1))
+    model.forward_step(ids[:1], cache)          # first token after load (includes warm-up)
+    first_token_s = time.perf_counter() - t0
+    cache.clear()
+    t1 = time.perf_counter()
+    logits = model.forward_step(ids, cache)
+    prefill_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    for _ in range(gen_tokens):
+        logits = model.forward_step([int(np.argmax(logits))], cache)
+    decode_s = time.perf_counter() - t2
+    return {
+        "model": str(path),
+        "backend": backend or "fast",
+        "threads": threads,
+        "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens,
+        "prefill_tok_s": prompt_tokens / prefill_s,
+        "decode_tok_s": gen_tokens / decode_s,
+        "load_to_first_token_s": first_token_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "file_mb": os.path.getsize(path) / 2**20,
+    }
+
+
+def render_bench(r: dict[str, Any]) -> str:
+    """A small table of run_bench's result."""
+    rows = [
+        ("model", os.path.basename(r["model"])),
+        ("backend", r["backend"]),
+        (f"prefill ({r['prompt_tokens']} tok)", f"{r['prefill_tok_s']:.1f} tok/s"),
+        (f"decode ({r['gen_tokens']} tok)", f"{r['decode_tok_s']:.1f} tok/s"),
+        ("load to first token", f"{r['load_to_first_token_s']:.2f} s"),
+        ("peak RSS", f"{r['peak_rss_mb']:.0f} MB (file {r['file_mb']:.0f} MB)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:{width}s}  {v}" for k, v in rows)

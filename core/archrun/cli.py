@@ -1,0 +1,178 @@
+"""The `archrun` command line: run, chat, inspect, plugins, bench.
+
+User errors (any ArchrunError, a missing file) print one line to stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from archrun.errors import ArchrunError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `archrun` script; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args) or 0
+    except ArchrunError as e:
+        print(f"archrun: error: {e}", file=sys.stderr)
+        return 1
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        print(f"archrun: error: {e.strerror}: {e.filename}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="archrun", description="Run GGUF models: descriptor + weights -> model.")
+    sub = p.add_subparsers(title="commands")
+    run = sub.add_parser("run", help="generate text from a prompt (streams to stdout)")
+    _model_args(run)
+    run.add_argument("-p", "--prompt", required=True, help="the prompt text")
+    run.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    run.add_argument("--system", help="system message (with --chat)")
+    _sampling_args(run)
+    run.set_defaults(func=_cmd_run)
+    chat = sub.add_parser("chat", help="interactive chat (keeps history; Ctrl-D or /exit quits)")
+    _model_args(chat)
+    chat.add_argument("--system", help="system message")
+    _sampling_args(chat)
+    chat.set_defaults(func=_cmd_chat)
+    ins = sub.add_parser("inspect", help="print a model's descriptor and which plugin provides each op")
+    ins.add_argument("model", help="path to a .gguf file")
+    ins.add_argument("--json", action="store_true", help="machine-readable output")
+    ins.set_defaults(func=_cmd_inspect)
+    plg = sub.add_parser("plugins", help="list installed vocabulary and families")
+    plg.add_argument("--json", action="store_true", help="machine-readable output")
+    plg.set_defaults(func=_cmd_plugins)
+    bench = sub.add_parser("bench", help="measure prefill/decode speed, load time and peak memory")
+    _model_args(bench)
+    bench.add_argument("--prompt-tokens", type=int, default=128)
+    bench.add_argument("--gen-tokens", type=int, default=64)
+    bench.add_argument("--json", action="store_true", help="machine-readable output")
+    bench.set_defaults(func=_cmd_bench)
+    return p
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="path to a .gguf file")
+    p.add_argument("--threads", type=int, default=None, help="compute threads (default: all cores)")
+    p.add_argument("--backend", choices=("fast", "reference"), default=None, help="op implementations")
+    p.add_argument("--block-style", choices=("fused", "host_reference"), default=None)
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--max-tokens", type=int, default=256)
+    p.add_argument("--temp", "--temperature", dest="temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", dest="repetition_penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "max_tokens", "stop")
+    return {k: getattr(args, k) for k in keys}
+
+
+def _load(args: argparse.Namespace):
+    from archrun.api import load
+    from archrun.progress import LoadProgress
+
+    with LoadProgress() as progress:
+        return load(args.model, block_style=args.block_style, backend=args.backend,
+                    threads=args.threads, progress=progress)
+
+
+def _stream(gen) -> None:
+    for piece in gen:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import archrun
+
+    model = _load(args)
+    if args.chat:
+        msgs = ([{"role": "system", "content": args.system}] if args.system else [])
+        msgs.append({"role": "user", "content": args.prompt})
+        gen = archrun.chat(model, msgs, **_sampling(args))
+    else:
+        gen = archrun.generate(model, args.prompt, **_sampling(args))
+    _stream(gen)
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    import archrun
+
+    model = _load(args)
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    interactive = sys.stdin.isatty()
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            return 0
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        gen = archrun.chat(model, history, **_sampling(args))
+        try:
+            _stream(gen)
+        except KeyboardInterrupt:  # stop this answer, keep the session
+            print(file=sys.stderr)
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": gen.result.text})
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from archrun.inspect import inspect_model, render_text
+
+    info = inspect_model(args.model)
+    print(json.dumps(info, indent=2) if args.json else render_text(info))
+    return 0
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    from archrun.inspect import list_plugins, render_plugins
+
+    info = list_plugins()
+    print(json.dumps(info, indent=2) if args.json else render_plugins(info))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from archrun.benchmark import render_bench, run_bench
+
+    result = run_bench(args.model, threads=args.threads, backend=args.backend, block_style=args.block_style,
+                       prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
+    print(json.dumps(result, indent=2) if args.json else render_bench(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""`archrun inspect` and `archrun plugins`: what a file compiles to and what is installed."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import Counter
+from typing import Any
+
+from archrun.compile import compile_gguf
+from archrun.errors import UnknownVocabulary
+from archrun.ggufio import open_gguf
+from archrun.model import vocabulary_of
+from archrun.plugins import default_plugin_manager, installed_plugins
+from archrun.vocab import build_vocabulary
+
+
+def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
+    """Descriptor, op providers, unused keys and assumptions of a GGUF file (JSON-ready)."""
+    pm = default_plugin_manager()
+    with open_gguf(path) as gguf, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = compile_gguf(gguf, plugins=pm)
+        types = Counter(t.type_name for t in gguf.tensors.values())
+        n_tensors = len(gguf.tensors)
+    vocab = build_vocabulary(pm)
+    providers = {}
+    for slot, name in vocabulary_of(compiled.descriptor):
+        try:
+            providers[f"{slot}={name}"] = vocab.entry(slot, name).plugin
+        except UnknownVocabulary:
+            providers[f"{slot}={name}"] = None
+    return {
+        "file": str(path),
+        "architecture": compiled.descriptor.architecture,
+        "family": compiled.family,
+        "tensors": n_tensors,
+        "tensor_types": dict(sorted(types.items())),
+        "descriptor": compiled.descriptor.to_dict(),
+        "providers": providers,
+        "unused_keys": list(compiled.unused_keys),
+        "assumptions": list(compiled.assumptions),
+    }
+
+
+def render_text(info: dict[str, Any]) -> str:
+    """Human-readable form of inspect_model's result."""
+    d = info["descriptor"]
+    lines = [
+        f"file          {info['file']}",
+        f"architecture  {info['architecture']} (family: {info['family']})",
+        f"tensors       {info['tensors']}  " + ", ".join(f"{k}×{v}" for k, v in info["tensor_types"].items()),
+        f"dims          n_vocab={d['n_vocab']} n_embd={d['n_embd']} n_ctx={d['n_ctx']} "
+        f"layers={len(d['layers'])} nextn={d['n_nextn']}",
+        f"norm          {d['norm']} eps={d['norm_eps']}  embed_scale={d['embed_scale']:.4g}  "
+        f"tied_output={d['tied_output']}  logit_softcap={d['logit_softcap']}",
+        f"block_style   {d['block_style']}",
+    ]
+    lines += [f"rope[{i}]       {_kv(r)}" for i, r in enumerate(d["rope_tables"])]
+    lines += _layer_groups(d["layers"])
+    lines.append("ops")
+    lines += [f"  {op:28s} {plugin or 'NOT INSTALLED'}" for op, plugin in info["providers"].items()]
+    if info["unused_keys"]:
+        lines.append("unused keys   " + ", ".join(info["unused_keys"]))
+    if info["assumptions"]:
+        lines.append("assumptions   " + "; ".join(info["assumptions"]))
+    return "\n".join(lines)
+
+
+def _kv(d: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in d.items())
+
+
+def _layer_groups(layers: list[dict[str, Any]]) -> list[str]:
+    """One line per run of identical layers."""
+    out, start = [], 0
+    for i in range(1, len(layers) + 1):
+        if i == len(layers) or layers[i] != layers[start]:
+            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            ly = layers[start]
+            out.append(f"layers {span:7s} attn[{_kv(ly['attention'])}]")
+            out.append(f"               ffn[{_kv(ly['ffn'])}] post_attn_norm={ly['post_attn_norm']} "
+                       f"post_ffn_norm={ly['post_ffn_norm']}")
+            start = i
+    return out
+
+
+def list_plugins() -> dict[str, Any]:
+    """Installed plugins, their vocabulary entries and the architectures families describe."""
+    pm = default_plugin_manager()
+    vocab = build_vocabulary(pm)
+    families: dict[str, list[str]] = {}
+    for impl in pm.hook.archrun_families.get_hookimpls():
+        families[impl.plugin_name] = list(impl.function())
+    return {
+        "installed": installed_plugins(),
+        "vocabulary": [{"slot": e.op.slot, "name": e.op.name, "plugin": e.plugin,
+                        "fast": e.op.fast is not None, "doc": e.op.doc} for e in vocab],
+        "families": families,
+    }
+
+
+def render_plugins(info: dict[str, Any]) -> str:
+    """Human-readable form of list_plugins' result."""
+    lines = ["plugins"] + [f"  {n:12s} {mod}" for n, mod in info["installed"].items()]
+    lines.append("vocabulary (slot=name  plugin  [fast])")
+    for e in info["vocabulary"]:
+        fast = " [fast]" if e["fast"] else ""
+        lines.append(f"  {e['slot'] + '=' + e['name']:28s} {e['plugin']}{fast}  {e['doc']}")
+    lines.append("families")
+    lines += [f"  {p:12s} {', '.join(archs)}" for p, archs in info["families"].items()]
+    return "\n".join(lines)

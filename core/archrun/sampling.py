@@ -1,0 +1,141 @@
+"""Token sampling: logit bias, penalties, greedy, top-k, top-p, min-p, temperature, seeded draws.
+
+The chain follows llama.cpp's order: bias -> penalties -> top-k -> top-p -> min-p ->
+temperature -> draw. Temperature 0 (or top_k 1) is greedy. Every option is validated
+when the Sampler is made, never per token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from archrun.errors import InvalidRequest
+
+F32 = np.float32
+
+
+def _finite(name: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False):
+    def check(_inst, _attr, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
+        if lo is not None and (value <= lo if lo_open else value < lo):
+            raise InvalidRequest(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
+        if hi is not None and value > hi:
+            raise InvalidRequest(f"{name} must be <= {hi}, got {value!r}")
+
+    return check
+
+
+def _int_ge0(name: str):
+    def check(_inst, _attr, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidRequest(f"{name} must be a non-negative integer, got {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class SamplingParams:
+    """Sampling options; defaults follow llama.cpp's command line."""
+
+    temperature: float = attrs.field(default=0.8, validator=_finite("temperature", 0.0))
+    top_k: int = attrs.field(default=40, validator=_int_ge0("top_k"))
+    top_p: float = attrs.field(default=0.95, validator=_finite("top_p", 0.0, 1.0, lo_open=True))
+    min_p: float = attrs.field(default=0.05, validator=_finite("min_p", 0.0, 1.0))
+    repetition_penalty: float = attrs.field(default=1.0, validator=_finite("repetition_penalty", 0.0, lo_open=True))
+    presence_penalty: float = attrs.field(default=0.0, validator=_finite("presence_penalty"))
+    frequency_penalty: float = attrs.field(default=0.0, validator=_finite("frequency_penalty"))
+    penalty_last_n: int = attrs.field(default=64, validator=_int_ge0("penalty_last_n"))
+    logit_bias: Mapping[int, float] = attrs.field(factory=dict, converter=dict)
+    seed: int | None = attrs.field(default=None)
+
+    @seed.validator
+    def _seed(self, _attr, value) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise InvalidRequest(f"seed must be a non-negative integer, got {value!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class Sampler:
+    """Draws the next token from logits; holds the seeded random generator of one generation."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int):
+        self.params = params
+        self.bias_ids, self.bias_values = _check_bias(params.logit_bias, n_vocab)
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """Pick the next token id from float logits [vocab] given the ids so far."""
+        p = self.params
+        x = np.array(logits, dtype=np.float64)
+        if len(self.bias_ids):
+            x[self.bias_ids] += self.bias_values
+        _apply_penalties(x, history, p)
+        if p.greedy:
+            return int(np.argmax(x))
+        ids = np.argsort(-x, kind="stable")
+        if p.top_k:
+            ids = ids[: p.top_k]
+        probs = _softmax(x[ids])
+        ids, probs = _top_p(ids, probs, p.top_p)
+        ids, probs = _min_p(ids, probs, p.min_p)
+        probs = _softmax(np.log(probs) / p.temperature)
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+
+def _check_bias(bias: Mapping[int, float], n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    ids, values = [], []
+    for k, val in bias.items():
+        try:
+            tok = int(k)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"logit_bias key {k!r} is not a token id") from None
+        if not 0 <= tok < n_vocab:
+            raise InvalidRequest(f"logit_bias token id {tok} is outside the vocabulary [0, {n_vocab})")
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or math.isnan(val):
+            raise InvalidRequest(f"logit_bias value for {tok} must be a number, got {val!r}")
+        ids.append(tok)
+        values.append(float(val))
+    return np.array(ids, dtype=np.int64), np.array(values, dtype=np.float64)
+
+
+def _apply_penalties(x: np.ndarray, history: Sequence[int], p: SamplingParams) -> None:
+    """llama.cpp penalties over the last penalty_last_n tokens (in place)."""
+    if not history or not p.penalty_last_n:
+        return
+    if p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty:
+        return
+    recent = np.asarray(history[-p.penalty_last_n:], dtype=np.int64)
+    toks, counts = np.unique(recent, return_counts=True)
+    vals = x[toks]
+    vals = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    x[toks] = vals - counts * p.frequency_penalty - p.presence_penalty
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def _top_p(ids: np.ndarray, probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the smallest prefix (probs sorted descending) whose mass reaches top_p."""
+    if top_p >= 1.0:
+        return ids, probs
+    keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)
+    keep = min(keep, len(ids))
+    return ids[:keep], probs[:keep] / probs[:keep].sum()
+
+
+def _min_p(ids: np.ndarray, probs: np.ndarray, min_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Keep tokens whose probability is at least min_p times the best one's."""
+    if min_p <= 0.0:
+        return ids, probs
+    keep = probs >= min_p * probs[0]
+    return ids[keep], probs[keep] / probs[keep].sum()
