@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from archrun.compile import compile_gguf
+from archrun.descriptor import BLOCK_STYLES
 from archrun.errors import InvalidRequest
 from archrun.ggufio import open_gguf
 from archrun.model import Interpreter, build_plan
@@ -31,6 +32,8 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     backend = backend or "fast"
     if backend not in BACKENDS:
         raise InvalidRequest(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if block_style is not None and block_style not in BLOCK_STYLES:
+        raise InvalidRequest(f"block_style must be one of {', '.join(BLOCK_STYLES)}, got {block_style!r}")
     if threads is not None:
         _set_threads(threads)
     pm = plugins or default_plugin_manager()

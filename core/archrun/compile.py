@@ -187,7 +187,10 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
     hints = _family_hints(arch, plugins)
     meta = _Meta(gguf, arch, hints.defaults)
     tensors = _Tensors(gguf, {**DEFAULT_TENSOR_NAMES, **hints.tensor_names})
-    descriptor = _build(meta, tensors, hints, block_style)
+    try:
+        descriptor = _build(meta, tensors, hints, block_style)
+    except (ValueError, TypeError) as e:  # a descriptor validator refused a value from the file
+        raise MetadataError(f"{arch}: metadata describes an impossible model: {e.args[0]}") from None
     unused = _unused_keys(gguf, meta.used)
     assumptions = GENERIC_ASSUMPTIONS if hints.generic else ()
     _warn(arch, unused, assumptions)

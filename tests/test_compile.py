@@ -1,0 +1,118 @@
+"""The metadata compiler on synthetic GGUFs written with gguf.GGUFWriter."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from archrun.compile import compile_gguf
+from archrun.descriptor import Descriptor, MoeSpec
+from archrun.errors import ArchrunWarning, MetadataError, MissingTensor, ShapeMismatch, UnknownVocabulary
+
+
+def test_qwen3_layout_compiles(synth_model):
+    path = synth_model(arch="qwen3", head_dim=16, n_embd=32, n_head=4)  # head_dim != n_embd / n_head
+    d = Descriptor.from_gguf(path)
+    a = d.layers[0].attention
+    assert (a.n_head, a.n_head_kv, a.head_dim, a.qk_norm, a.qkv_bias) == (4, 2, 16, True, False)
+    assert d.rope_tables[0].pairing == "neox" and d.rope_tables[0].n_rot == 16
+    assert d.n_layer == 2 and not d.tied_output and d.block_style == "fused"
+
+
+def test_structure_is_inferred_from_tensor_presence(synth_model):
+    d = Descriptor.from_gguf(synth_model(arch="qwen2", qk_norm=False, qkv_bias=True, tied=True))
+    a = d.layers[0].attention
+    assert a.qkv_bias and not a.qk_norm and d.tied_output
+
+
+def test_moe_layout_compiles_with_family_renormalisation(synth_model):
+    d = Descriptor.from_gguf(synth_model(arch="qwen3moe", n_expert=4, n_expert_used=2))
+    ffn = d.layers[0].ffn
+    assert isinstance(ffn, MoeSpec)
+    assert (ffn.n_expert, ffn.n_expert_used, ffn.n_ff, ffn.gating, ffn.weights_norm) == (4, 2, 16, "softmax", True)
+
+
+def test_generic_architecture_warns_with_assumptions(synth_model):
+    path = synth_model(arch="mystery")
+    with pytest.warns(ArchrunWarning, match="no family plugin describes architecture 'mystery'.*NEOX"):
+        result = compile_gguf(path)
+    assert result.family == "generic" and result.assumptions
+
+
+def test_unused_keys_are_reported(synth_model):
+    path = synth_model(key_overrides={"attention.clamp_kqv": 8.0})
+    with pytest.warns(ArchrunWarning, match="qwen3.attention.clamp_kqv"):
+        result = compile_gguf(path)
+    assert result.unused_keys == ("qwen3.attention.clamp_kqv",)
+
+
+def test_known_file_has_no_warnings(synth_model):
+    path = synth_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compile_gguf(path)
+
+
+@pytest.mark.parametrize("key", ["embedding_length", "block_count", "context_length", "attention.head_count",
+                                 "attention.layer_norm_rms_epsilon"])
+def test_missing_required_key_is_named(synth_model, key):
+    with pytest.raises(MetadataError, match=f"qwen3.{key}"):
+        compile_gguf(synth_model(drop_keys=(key,)))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"attention.head_count": 0}, "head_count"),
+    ({"attention.head_count_kv": 3}, "does not divide"),
+    ({"block_count": 100000}, "block_count"),
+    ({"context_length": 2**40}, "context_length"),
+    ({"embedding_length": "wide"}, "expected int"),
+    ({"attention.layer_norm_rms_epsilon": -1.0}, "epsilon"),
+])
+def test_bad_metadata_values(synth_model, overrides, match):
+    with pytest.raises(MetadataError, match=match):
+        compile_gguf(synth_model(key_overrides=overrides))
+
+
+def test_missing_tensor_is_named(synth_model):
+    with pytest.raises(MissingTensor, match="blk.1.attn_k.weight"):
+        compile_gguf(synth_model(drop_tensors=("blk.1.attn_k.weight",)))
+
+
+def test_shape_contradicting_metadata(synth_model):
+    bad = np.zeros((16, 32), np.float32)  # attn_k should be (n_head_kv*head_dim=32, n_embd=32)
+    with pytest.raises(ShapeMismatch, match="blk.0.attn_k.weight"):
+        compile_gguf(synth_model(tensor_overrides={"blk.0.attn_k.weight": bad}))
+
+
+def test_unknown_vocabulary_value_fails_at_load(synth_model):
+    import archrun
+
+    path = synth_model(arch="qwen3moe", n_expert=4, key_overrides={"expert_gating_func": 7})
+    with pytest.raises(UnknownVocabulary, match="gating='gguf_7'.*sigmoid, softmax"):
+        archrun.load(path)
+
+
+def test_family_hook_supplies_what_files_omit(synth_model):
+    from archrun.plugins import make_plugin_manager
+
+    path = synth_model(arch="llama", qk_norm=False)
+    assert compile_gguf(path).descriptor.rope_tables[0].pairing == "norm"
+    pm = make_plugin_manager(names=["blocks"])  # no family plugin for llama: generic NEOX
+    with pytest.warns(ArchrunWarning):
+        assert compile_gguf(path, plugins=pm).descriptor.rope_tables[0].pairing == "neox"
+
+
+def test_archrun_describe_family_firstresult_prefers_later_plugin(synth_model):
+    import pluggy
+
+    from archrun.compile import FamilyHints
+    from archrun.plugins import make_plugin_manager
+
+    class Override:
+        @pluggy.HookimplMarker("archrun")
+        def archrun_describe_family(self, architecture):
+            return FamilyHints(name="mine", rope_pairing="norm") if architecture == "qwen3" else None
+
+    pm = make_plugin_manager(extra=[Override()])
+    result = compile_gguf(synth_model(), plugins=pm)
+    assert result.family == "mine" and result.descriptor.rope_tables[0].pairing == "norm"
