@@ -1,0 +1,415 @@
+"""Validated GGUF (v2/v3, little-endian) reading over a read-only memory map.
+
+The header, metadata and tensor infos are parsed and checked before anything else sees them:
+every count is bounded by the bytes left in the file before anything is allocated, every
+string is bounds-checked and strict UTF-8, and tensor extents are checked for alignment,
+overlap and end-of-file. Any violation raises ModelLoadError naming the key or tensor.
+Tensor data is never read at open time: ``raw`` returns zero-copy views of the mapping.
+
+File layout (all little-endian)::
+
+    magic "GGUF" | version u32 | n_tensors u64 | n_kv u64
+    n_kv x       (key: string, value_type u32, value)
+    n_tensors x  (name: string, n_dims u32, ne u64[n_dims], ggml_type u32, offset u64)
+    padding to `general.alignment` (default 32), then tensor data; offsets are relative to it
+    string = len u64 + UTF-8 bytes; array = elem_type u32 + count u64 + elements
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import mmap
+import os
+import pathlib
+import struct
+from typing import Any
+
+import attrs
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+from archrun import quant
+from archrun.errors import MissingTensor, ModelLoadError
+
+__all__ = ["GGUFFile", "TensorInfo", "open_gguf"]
+
+_V = GGUFValueType
+_MAGIC = b"GGUF"
+_VERSIONS = (2, 3)
+_HEADER_BYTES = 24  # magic, version, n_tensors, n_kv
+_DEFAULT_ALIGNMENT = 32
+_MAX_ALIGNMENT = 1 << 24
+_MAX_NAME_BYTES = 65535  # keys and tensor names
+_MAX_DIMS = 4
+# smallest possible encodings, used to bound counts by the bytes left in the file
+_MIN_KV_BYTES = 8 + 1 + 4 + 1  # key len + 1-byte key + type + 1-byte value
+_MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name len + 1-byte name + n_dims + 1 dim + type + offset
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+# fixed-size value types -> little-endian numpy dtype
+_NUMERIC: dict[GGUFValueType, np.dtype] = {
+    _V.UINT8: np.dtype("<u1"),
+    _V.INT8: np.dtype("<i1"),
+    _V.UINT16: np.dtype("<u2"),
+    _V.INT16: np.dtype("<i2"),
+    _V.UINT32: np.dtype("<u4"),
+    _V.INT32: np.dtype("<i4"),
+    _V.FLOAT32: np.dtype("<f4"),
+    _V.BOOL: np.dtype("<u1"),
+    _V.UINT64: np.dtype("<u8"),
+    _V.INT64: np.dtype("<i8"),
+    _V.FLOAT64: np.dtype("<f8"),
+}
+# struct codes by size and kind (numpy's dtype.char is platform-sized: 'L' would read 4 bytes)
+_STRUCT_CODE = {"u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4": "i", "f4": "f", "u8": "Q", "i8": "q",
+                "f8": "d"}
+_SCALAR_STRUCT = {t: struct.Struct("<" + _STRUCT_CODE[dt.str[1:]]) for t, dt in _NUMERIC.items()}
+_INTEGER_TYPES = frozenset(t for t, dt in _NUMERIC.items() if dt.kind in "iu" and t is not _V.BOOL)
+
+
+@attrs.frozen
+class TensorInfo:
+    """One tensor's validated header entry; ``offset`` is absolute in the file."""
+
+    name: str
+    shape: tuple[int, ...]  # ggml `ne` order, fastest-varying first (as stored in the file)
+    ggml_type: int  # GGMLQuantizationType value
+    offset: int  # absolute byte offset of the data in the file
+    nbytes: int
+
+    @property
+    def np_shape(self) -> tuple[int, ...]:
+        """Shape in numpy/PyTorch order (reversed ``ne``): rows first, contiguous row last."""
+        return tuple(reversed(self.shape))
+
+    @property
+    def type_name(self) -> str:
+        """The ggml type's name, e.g. "Q4_K"."""
+        return quant.type_name(self.ggml_type)
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from ``buf[pos:end]``; every overrun is a ModelLoadError."""
+
+    __slots__ = ("buf", "pos", "end")
+
+    def __init__(self, buf: Any, pos: int, end: int) -> None:
+        self.buf, self.pos, self.end = buf, pos, end  # end == len(buf): the whole file
+
+    @property
+    def left(self) -> int:
+        return self.end - self.pos
+
+    def need(self, n: int, what: str) -> None:
+        if n > self.end - self.pos:
+            raise ModelLoadError(
+                f"truncated GGUF: {what} needs {n} bytes at offset {self.pos}, "
+                f"only {self.end - self.pos} left in the file"
+            )
+
+    def u32(self, what: str) -> int:
+        self.need(4, what)
+        (v,) = _U32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return v
+
+    def u64(self, what: str) -> int:
+        self.need(8, what)
+        (v,) = _U64.unpack_from(self.buf, self.pos)
+        self.pos += 8
+        return v
+
+    def string(self, what: str, max_bytes: int | None = None) -> str:
+        n = self.u64(f"length of {what}")
+        if max_bytes is not None and n > max_bytes:
+            raise ModelLoadError(f"{what} is {n} bytes long, more than the limit of {max_bytes}")
+        self.need(n, what)
+        raw = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ModelLoadError(f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+    def scalar(self, vtype: GGUFValueType, what: str) -> Any:
+        st = _SCALAR_STRUCT[vtype]
+        self.need(st.size, what)
+        (v,) = st.unpack_from(self.buf, self.pos)
+        self.pos += st.size
+        if vtype is _V.BOOL:
+            if v > 1:
+                raise ModelLoadError(f"{what} is a bool stored as {v}, expected 0 or 1")
+            return bool(v)
+        return v
+
+
+def _value_type(code: int, what: str) -> GGUFValueType:
+    try:
+        return GGUFValueType(code)
+    except ValueError:
+        raise ModelLoadError(f"{what} has unknown GGUF value type {code}") from None
+
+
+def _read_string_array(cur: _Cursor, count: int, what: str) -> list[str]:
+    """``count`` strings; the hot path of every vocabulary (150k tokens + merges), so kept lean.
+
+    Overruns are detected without per-string checks: ``buf`` is the whole file, so a length
+    prefix past its end makes ``unpack_from`` fail and a string past its end leaves pos > end.
+    """
+    cur.need(8 * count, f"{count} strings of {what}")  # each string has at least its length
+    buf, pos, end = cur.buf, cur.pos, cur.end
+    unpack = _U64.unpack_from
+    out: list[str] = []
+    append = out.append
+    i = stop = 0
+    try:
+        for i in range(count):  # noqa: B007 - i names the failing element below
+            pos += 8
+            stop = pos + unpack(buf, pos - 8)[0]
+            append(buf[pos:stop].decode())
+            pos = stop
+    except struct.error:
+        pos = end + 1
+    except UnicodeDecodeError as e:
+        if stop <= end:
+            raise ModelLoadError(f"{what}[{i}] is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        pos = end + 1
+    if pos > end:
+        raise ModelLoadError(f"truncated GGUF: {what}[{i}] runs past the end of the file")
+    cur.pos = pos
+    return out
+
+
+def _read_numeric_array(cur: _Cursor, etype: GGUFValueType, count: int, what: str) -> np.ndarray:
+    """``count`` fixed-size elements copied out of the map into a native numpy array."""
+    dt = _NUMERIC[etype]
+    cur.need(count * dt.itemsize, f"{count} x {etype.name} elements of {what}")
+    arr = np.frombuffer(cur.buf, dtype=dt, count=count, offset=cur.pos).astype(dt.newbyteorder("="))
+    cur.pos += count * dt.itemsize
+    if etype is _V.BOOL:
+        if count and arr.max() > 1:
+            raise ModelLoadError(f"{what} holds bool values other than 0 and 1")
+        return arr.astype(bool)
+    return arr
+
+
+def _read_value(cur: _Cursor, vtype: GGUFValueType, what: str) -> tuple[Any, tuple]:
+    """One metadata value -> (python value, value_types entry)."""
+    if vtype is _V.STRING:
+        return cur.string(what), (vtype,)
+    if vtype is not _V.ARRAY:
+        return cur.scalar(vtype, what), (vtype,)
+    etype = _value_type(cur.u32(f"element type of {what}"), f"array {what}")
+    if etype is _V.ARRAY:
+        raise ModelLoadError(f"{what} is an array of arrays; nested arrays are not supported")
+    count = cur.u64(f"element count of {what}")
+    if etype is _V.STRING:
+        return _read_string_array(cur, count, what), (vtype, etype)
+    return _read_numeric_array(cur, etype, count, what), (vtype, etype)
+
+
+def _read_header(cur: _Cursor) -> tuple[int, int, int]:
+    """magic, version, counts -> (version, n_tensors, n_kv); counts bounded by the file size."""
+    cur.need(4, "GGUF magic")
+    if cur.buf[0:4] != _MAGIC:
+        raise ModelLoadError(f"not a GGUF file: magic is {bytes(cur.buf[0:4])!r}, expected {_MAGIC!r}")
+    cur.pos = 4
+    cur.need(_HEADER_BYTES - 4, "GGUF header")
+    version = cur.u32("version")
+    if version not in _VERSIONS:
+        if version & 0xFFFF == 0 and (version >> 24) in _VERSIONS:
+            raise ModelLoadError("big-endian GGUF files are not supported")
+        raise ModelLoadError(f"unsupported GGUF version {version} (supported: 2, 3)")
+    n_tensors = cur.u64("tensor count")
+    n_kv = cur.u64("metadata key count")
+    if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_INFO_BYTES > cur.left:
+        raise ModelLoadError(
+            f"GGUF header claims {n_tensors} tensors and {n_kv} metadata keys, "
+            f"more than the remaining {cur.left} bytes can hold"
+        )
+    return version, n_tensors, n_kv
+
+
+def _read_metadata(cur: _Cursor, n_kv: int) -> tuple[dict[str, Any], dict[str, tuple]]:
+    metadata: dict[str, Any] = {}
+    value_types: dict[str, tuple] = {}
+    for i in range(n_kv):
+        key = cur.string(f"metadata key #{i}", _MAX_NAME_BYTES)
+        if not key:
+            raise ModelLoadError(f"metadata key #{i} is empty")
+        if key in metadata:
+            raise ModelLoadError(f"duplicate metadata key {key!r}")
+        vtype = _value_type(cur.u32(f"value type of key {key!r}"), f"key {key!r}")
+        metadata[key], value_types[key] = _read_value(cur, vtype, f"key {key!r}")
+    return metadata, value_types
+
+
+def _alignment(metadata: dict[str, Any], value_types: dict[str, tuple]) -> int:
+    key = "general.alignment"
+    if key not in metadata:
+        return _DEFAULT_ALIGNMENT
+    if value_types[key][0] not in _INTEGER_TYPES:
+        raise ModelLoadError(f"{key} must be an integer, got {value_types[key][0].name}")
+    align = int(metadata[key])
+    if align <= 0 or align & (align - 1) or align > _MAX_ALIGNMENT:
+        raise ModelLoadError(f"{key} = {align} is not a power of two between 1 and {_MAX_ALIGNMENT}")
+    return align
+
+
+def _read_dims(cur: _Cursor, name: str) -> tuple[int, ...]:
+    n_dims = cur.u32(f"n_dims of tensor {name!r}")
+    if not 1 <= n_dims <= _MAX_DIMS:
+        raise ModelLoadError(f"tensor {name!r} has n_dims {n_dims}, expected 1..{_MAX_DIMS}")
+    dims = tuple(cur.u64(f"dimensions of tensor {name!r}") for _ in range(n_dims))
+    for d in dims:
+        if d >= 1 << 63:
+            raise ModelLoadError(f"tensor {name!r} has a negative dimension ({d - (1 << 64)})")
+        if d == 0:
+            raise ModelLoadError(f"tensor {name!r} has an empty dimension in shape {dims}")
+    if math.prod(dims) >= 1 << 63:
+        raise ModelLoadError(f"tensor {name!r}: element count of shape {dims} overflows int64")
+    return dims
+
+
+def _tensor_type(code: int, dims: tuple[int, ...], name: str) -> tuple[int, int]:
+    """Validate the ggml type and row length -> (type, nbytes)."""
+    try:
+        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(code)]
+    except (ValueError, KeyError):
+        raise ModelLoadError(f"tensor {name!r} has unknown ggml type {code}") from None
+    if dims[0] % block_size:
+        raise ModelLoadError(
+            f"tensor {name!r}: row of {dims[0]} elements is not a multiple of the "
+            f"{quant.type_name(code)} block size {block_size}"
+        )
+    return code, math.prod(dims) // block_size * type_size
+
+
+def _read_tensor_infos(cur: _Cursor, n_tensors: int) -> list[tuple[str, tuple[int, ...], int, int, int]]:
+    """-> [(name, ne, ggml_type, relative offset, nbytes)] in file order."""
+    infos = []
+    seen: set[str] = set()
+    for i in range(n_tensors):
+        name = cur.string(f"name of tensor #{i}", _MAX_NAME_BYTES)
+        if not name:
+            raise ModelLoadError(f"tensor #{i} has an empty name")
+        if name in seen:
+            raise ModelLoadError(f"duplicate tensor name {name!r}")
+        seen.add(name)
+        dims = _read_dims(cur, name)
+        ggml_type, nbytes = _tensor_type(cur.u32(f"type of tensor {name!r}"), dims, name)
+        offset = cur.u64(f"offset of tensor {name!r}")
+        infos.append((name, dims, ggml_type, offset, nbytes))
+    return infos
+
+
+def _place_tensors(infos: list, data_start: int, alignment: int, size: int) -> dict[str, TensorInfo]:
+    """Check offsets (aligned, inside the file, disjoint) and build absolute TensorInfos."""
+    tensors: dict[str, TensorInfo] = {}
+    for name, dims, ggml_type, rel, nbytes in infos:
+        if rel % alignment:
+            raise ModelLoadError(f"tensor {name!r}: offset {rel} is not a multiple of alignment {alignment}")
+        start = data_start + rel  # python ints: a u64 offset cannot wrap around
+        if start + nbytes > size:
+            raise ModelLoadError(
+                f"tensor {name!r}: data [{start}, {start + nbytes}) runs past the end of the file "
+                f"({size} bytes)"
+            )
+        tensors[name] = TensorInfo(name=name, shape=dims, ggml_type=ggml_type, offset=start, nbytes=nbytes)
+    by_offset = sorted(tensors.values(), key=lambda t: t.offset)
+    for a, b in zip(by_offset, by_offset[1:], strict=False):
+        if a.offset + a.nbytes > b.offset:
+            raise ModelLoadError(f"tensors {a.name!r} and {b.name!r} overlap in the file")
+    return tensors
+
+
+class GGUFFile:
+    """A parsed, validated GGUF file; tensor data stays in a read-only memory map until used."""
+
+    path: pathlib.Path
+    version: int
+    alignment: int
+    data_offset: int  # absolute start of the tensor data section
+    metadata: dict[str, Any]  # int, float, bool, str; string arrays -> list[str]; numeric -> np.ndarray
+    value_types: dict[str, tuple]  # key -> (GGUFValueType,) or (GGUFValueType.ARRAY, element type)
+    tensors: dict[str, TensorInfo]  # in file order
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = pathlib.Path(path)
+        self._u8: np.ndarray | None = None
+        self._mm = _map_file(self.path)
+        try:
+            self._parse(self._mm, len(self._mm))
+        except ModelLoadError as e:
+            self.close()
+            raise type(e)(f"{self.path.name}: {e}") from None
+        self._u8 = np.frombuffer(self._mm, dtype=np.uint8)
+
+    def _parse(self, buf: mmap.mmap, size: int) -> None:
+        cur = _Cursor(buf, 0, size)
+        self.version, n_tensors, n_kv = _read_header(cur)
+        self.metadata, self.value_types = _read_metadata(cur, n_kv)
+        self.alignment = _alignment(self.metadata, self.value_types)
+        infos = _read_tensor_infos(cur, n_tensors)
+        self.data_offset = -(-cur.pos // self.alignment) * self.alignment
+        self.tensors = _place_tensors(infos, self.data_offset, self.alignment, size)
+
+    def _info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise MissingTensor(f"tensor {name!r} is not in {self.path.name}") from None
+
+    def raw(self, name: str) -> np.ndarray:
+        """Read-only uint8 view of exactly the tensor's bytes (no copy)."""
+        info = self._info(name)
+        if self._u8 is None:
+            raise ValueError(f"{self.path.name} is closed")
+        return self._u8[info.offset : info.offset + info.nbytes]
+
+    def raw_rows(self, name: str) -> np.ndarray:
+        """uint8 view (n_rows, row_bytes), n_rows = prod(np_shape[:-1]): one ggml row per line."""
+        info = self._info(name)
+        rb = quant.row_bytes(info.ggml_type, info.shape[0])
+        return self.raw(name).reshape(info.nbytes // rb, rb)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor as a new float32 array of shape ``np_shape``; UnsupportedQuantType if impossible."""
+        info = self._info(name)
+        return quant.dequantize(self.raw(name), info.ggml_type, info.np_shape)
+
+    def close(self) -> None:
+        """Drop the map; views handed out by ``raw`` stay valid and keep it alive until freed."""
+        self._u8 = None
+        # with outstanding views the mapping is released together with the last of them
+        with contextlib.suppress(BufferError):
+            self._mm.close()
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"GGUFFile({str(self.path)!r}, v{self.version}, {len(self.tensors)} tensors)"
+
+
+def _map_file(path: pathlib.Path) -> mmap.mmap:
+    """Read-only map of the whole file; short or unreadable files are ModelLoadErrors."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise ModelLoadError(f"{path.name}: empty file, not a GGUF model")
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise ModelLoadError(f"cannot open {path}: {e.strerror or e}") from None
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Open and validate a GGUF file (see GGUFFile)."""
+    return GGUFFile(path)
