@@ -52,3 +52,14 @@ def test_bad_values_are_rejected():
     with pytest.raises(ValueError):
         MoeSpec(kind="topk", expert_kind="swiglu", n_expert=6, n_expert_used=2, n_ff=8, gating="softmax",
                 weights_norm=True, n_group=4, n_group_used=2)
+
+
+def test_every_descriptor_field_is_documented():
+    from pathlib import Path
+
+    from archrun.descriptor import AttentionSpec, Descriptor, FfnSpec, LayerSpec, MoeSpec, RopeSpec
+
+    doc = (Path(__file__).parents[1] / "docs" / "descriptor.md").read_text()
+    for cls in (Descriptor, LayerSpec, AttentionSpec, FfnSpec, MoeSpec, RopeSpec):
+        for f in attrs.fields(cls):
+            assert f"`{f.name}`" in doc, f"{cls.__name__}.{f.name} is not documented in docs/descriptor.md"
