@@ -16,9 +16,10 @@ import numpy as np
 def _tokenizer(w: gguf.GGUFWriter, n_vocab: int) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
-    w.add_token_list([f"<t{i}>" for i in range(n_vocab)])
+    # ids 0-3 spell "<", "t", "<t", ">" so one real merge exists; every other id is "<tN>"
+    w.add_token_list(["<", "t", "<t", ">"] + [f"<t{i}>" for i in range(4, n_vocab)])
     w.add_token_types([1] * n_vocab)
-    w.add_token_merges([])
+    w.add_token_merges(["< t"])
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
 

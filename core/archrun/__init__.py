@@ -40,8 +40,8 @@ _LAZY = {
     "Model": ("archrun.api", "Model"),
     "Descriptor": ("archrun.descriptor", "Descriptor"),
     "Tokenizer": ("archrun.tokenizer", "Tokenizer"),
-    "generate": ("archrun.generate", "generate"),
-    "chat": ("archrun.generate", "chat"),
+    "generate": ("archrun.generation", "generate"),
+    "chat": ("archrun.generation", "chat"),
 }
 
 
