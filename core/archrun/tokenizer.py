@@ -1,0 +1,857 @@
+"""Tokenizer built from a GGUF file's own `tokenizer.*` metadata, matching llama.cpp token for token.
+
+Two vocabulary kinds are supported, named by `tokenizer.ggml.model`:
+
+- ``gpt2``  byte-level BPE. Text is split by the regexes llama.cpp uses for `tokenizer.ggml.pre`,
+  each piece is mapped to GPT-2's byte alphabet and merged by rank. HF `tokenizers` is the engine.
+- ``llama`` SentencePiece-style vocabulary (scores + ``<0xNN>`` byte tokens): spaces become ``▁``
+  and adjacent symbols are merged greedily by the score of the merged token (llama.cpp's
+  llm_tokenizer_spm), with byte fallback for anything the vocabulary cannot spell.
+
+Special tokens (control, user-defined, unknown) are cut out of the text before either engine
+runs, exactly as llama.cpp's tokenizer_st_partition does: longest token text first, every
+occurrence. Control and unknown tokens are only recognised with ``parse_special=True``;
+user-defined tokens always are (llama.cpp and HF tokenizers agree on that).
+
+Malformed metadata never degrades into a guess: it raises `TokenizerError` naming the key.
+"""
+
+from __future__ import annotations
+
+import codecs
+import heapq
+import re
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf.constants import Keys
+
+from archrun.errors import ArchrunWarning, TokenizerError
+
+# --- token attributes (llama.cpp's llama_token_attr bit flags; GGUF token_type maps onto them) ---
+
+ATTR_UNDEFINED = 0
+ATTR_UNKNOWN = 1 << 0
+ATTR_UNUSED = 1 << 1
+ATTR_NORMAL = 1 << 2
+ATTR_CONTROL = 1 << 3
+ATTR_USER_DEFINED = 1 << 4
+ATTR_BYTE = 1 << 5
+
+# GGUF tokenizer.ggml.token_type value (gguf.constants.TokenType; 0 = undefined) -> attribute flag
+_TYPE_TO_ATTR = np.array(
+    [ATTR_UNDEFINED, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_CONTROL, ATTR_USER_DEFINED, ATTR_UNUSED, ATTR_BYTE],
+    dtype=np.int64,
+)
+
+MAX_TOKEN_BYTES = 4096  # longest token text accepted; real vocabularies stay below ~300 bytes
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+# --- pre-tokenizers: the regexes of llama.cpp src/llama-vocab.cpp (llm_tokenizer_bpe), verbatim ---
+
+_GPT2_RE = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
+_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_LLAMA3_RE = (
+    _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+)
+_QWEN2_RE = (
+    _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+)
+_CJK = "[一-龥ࠀ-一가-\ud7ff]+"
+_LETTER_CASE = (
+    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+@C"
+    "|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*@C"
+)
+# letters of deepseek-llm's second regex; escaped because editors NFC-normalize e.g. U+1F7D
+_DEEPSEEK_LETTERS = (
+    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+    "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
+    "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
+    "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45"
+    "\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-"
+    "\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107"
+    "\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f"
+    "\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d"
+    "\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17"
+    "\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb"
+    "\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+"
+)
+_PORO_RE = " ?[^(\\s|.,!?…。，、।۔،)]+"
+
+_REGEXES: dict[str, tuple[str, ...]] = {
+    "default": (
+        "[\\p{P}\\$\\+<=>\\^~\\|]+",
+        _GPT2_RE,
+        "\\p{N}+",
+        "[0-9][0-9][0-9]",
+    ),
+    "llama3": (_LLAMA3_RE,),
+    "deepseek-llm": (
+        "[\r\n]",
+        _DEEPSEEK_LETTERS,
+        "\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+",
+        "\\s+$",
+        _CJK,
+        "\\p{N}+",
+    ),
+    "deepseek-v3": (
+        "\\p{N}{1,3}",
+        "[一-龥\u3040-ゟ゠-ヿ]+",
+        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+        "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+    ),
+    "deepseek-coder": ("[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", _CJK, "\\p{N}"),
+    "falcon": ("[\\p{P}\\$\\+<=>\\^~\\|`]+", _GPT2_RE, "[0-9][0-9][0-9]"),
+    "starcoder": ("\\p{N}", _GPT2_RE),
+    "gpt-2": (_GPT2_RE,),
+    "qwen2": (_QWEN2_RE,),
+    "qwen35": (
+        _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
+        "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    ),
+    "poro": (_PORO_RE,),
+    "viking": (_PORO_RE, "\\p{N}"),
+    "tekken": (
+        _LETTER_CASE.replace("@C", "")
+        + "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    ),
+    "gpt-4o": (
+        _LETTER_CASE.replace("@C", _CONTRACTIONS + "?")
+        + "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    ),
+    "bailingmoe": (
+        "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+        "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",
+    ),
+    "seed-coder": (
+        _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+"
+        "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """What llama.cpp derives from one `tokenizer.ggml.pre` value (llama_vocab::impl::load)."""
+
+    regexes: tuple[str, ...]
+    clean_spaces: bool = True  # decode drops " ?", " !", ... like clean_up_tokenization_spaces
+    ignore_merges: bool = False  # a piece that is itself a token is not merged from characters
+    add_bos: bool = False  # default for tokenizer.ggml.add_bos_token
+    bos_default: int | None = 11  # llama.cpp's default BOS/EOS id for BPE vocabularies
+
+
+def _pre_table() -> dict[str, PreTokenizer]:
+    """`tokenizer.ggml.pre` value -> PreTokenizer, grouped as in llama.cpp's load()."""
+    r = _REGEXES
+    groups: list[tuple[tuple[str, ...], PreTokenizer]] = [
+        (("default",), PreTokenizer(r["default"])),
+        (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
+         PreTokenizer(r["llama3"], ignore_merges=True, add_bos=True)),
+        (("dbrx", "smaug-bpe"), PreTokenizer(r["llama3"])),
+        (("deepseek-llm",), PreTokenizer(r["deepseek-llm"], clean_spaces=False)),
+        (("deepseek-coder",), PreTokenizer(r["deepseek-coder"], clean_spaces=False)),
+        (("deepseek-v3", "hunyuan-dense"), PreTokenizer(r["deepseek-v3"], clean_spaces=False)),
+        (("falcon",), PreTokenizer(r["falcon"])),
+        (("starcoder", "refact", "codeshell", "exaone", "minerva-7b"), PreTokenizer(r["starcoder"])),
+        (("command-r", "smollm"), PreTokenizer(r["starcoder"], clean_spaces=False)),
+        (("gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "gigachat", "mellum", "a.x-4.0"),
+         PreTokenizer(r["gpt-2"])),
+        (("trillion", "granite-docling"), PreTokenizer(r["gpt-2"], clean_spaces=False)),
+        (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2"),
+         PreTokenizer(r["qwen2"], clean_spaces=False)),
+        (("stablelm2", "megrez"), PreTokenizer(r["qwen2"])),
+        (("qwen35",), PreTokenizer(r["qwen35"], clean_spaces=False)),
+        (("poro-chat",), PreTokenizer(r["poro"], clean_spaces=False)),
+        (("bloom", "gpt3-finnish"), PreTokenizer(r["poro"])),
+        (("viking",), PreTokenizer(r["viking"], clean_spaces=False)),
+        (("chatglm-bpe",), PreTokenizer(r["llama3"], bos_default=None)),
+        (("glm4", "glm5"), PreTokenizer(r["llama3"], ignore_merges=True, bos_default=None)),
+        (("tekken",), PreTokenizer(r["tekken"], clean_spaces=False, ignore_merges=True, add_bos=True)),
+        (("gpt-4o", "llama4", "kanana2", "minimax-m2"), PreTokenizer(r["gpt-4o"], clean_spaces=False)),
+        (("bailingmoe", "bailingmoe2", "llada-moe"), PreTokenizer(r["bailingmoe"], clean_spaces=False)),
+        (("seed-coder",), PreTokenizer(r["seed-coder"], clean_spaces=False)),
+    ]
+    return {name: pre for names, pre in groups for name in names}
+
+
+PRE_TOKENIZERS: dict[str, PreTokenizer] = _pre_table()
+
+# --- special ids: GGUF key per role; text lists llama.cpp uses to find EOT/EOM/FIM/EOG tokens ---
+
+_ID_KEYS: dict[str, tuple[str, ...]] = {
+    "bos": (Keys.Tokenizer.BOS_ID,),
+    "eos": (Keys.Tokenizer.EOS_ID,),
+    "eot": (Keys.Tokenizer.EOT_ID,),
+    "eom": (Keys.Tokenizer.EOM_ID,),
+    "unk": (Keys.Tokenizer.UNK_ID,),
+    "sep": (Keys.Tokenizer.SEP_ID,),
+    "pad": (Keys.Tokenizer.PAD_ID,),
+    "mask": (Keys.Tokenizer.MASK_ID,),
+    "fim_pre": (Keys.Tokenizer.FIM_PRE_ID, Keys.Tokenizer.PREFIX_ID),
+    "fim_suf": (Keys.Tokenizer.FIM_SUF_ID, Keys.Tokenizer.SUFFIX_ID),
+    "fim_mid": (Keys.Tokenizer.FIM_MID_ID, Keys.Tokenizer.MIDDLE_ID),
+    "fim_pad": (Keys.Tokenizer.FIM_PAD_ID,),
+    "fim_rep": (Keys.Tokenizer.FIM_REP_ID,),
+    "fim_sep": (Keys.Tokenizer.FIM_SEP_ID,),
+}
+
+# role -> token texts that mark it when the file has no id for it (first match in this order wins)
+_ROLE_TEXTS: dict[str, tuple[str, ...]] = {
+    "eot": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+            "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"),
+    "eom": ("<|eom_id|>",),
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+
+# texts llama.cpp always treats as end-of-generation (and forces to control type)
+_EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+})
+
+
+# --- metadata access: every read names its key when the value has the wrong type ---
+
+
+def _get(meta: Mapping[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    """meta[key] checked to be a `kind` (a bool is never accepted as an int, nor an int as a bool)."""
+    if key not in meta:
+        return default
+    value = meta[key]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        raise TokenizerError(f"{key} must be {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _get_strings(meta: Mapping[str, Any], key: str) -> list[str] | None:
+    """A string array (list[str]) or None when absent."""
+    if key not in meta:
+        return None
+    value = meta[key]
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TokenizerError(f"{key} must be an array of strings, got {type(value).__name__}")
+    if not set(map(type, value)) <= {str}:  # C-speed check first; locate the culprit only on failure
+        i, item = next((i, x) for i, x in enumerate(value) if not isinstance(x, str))
+        raise TokenizerError(f"{key}[{i}] must be a string, got {type(item).__name__}")
+    return list(value)
+
+
+def _get_numbers(meta: Mapping[str, Any], key: str, n: int, integer: bool) -> np.ndarray | None:
+    """A numeric array of exactly `n` elements (integers only when `integer`), or None when absent."""
+    if key not in meta:
+        return None
+    value = meta[key]
+    if isinstance(value, str | bytes) or not isinstance(value, np.ndarray | Sequence):
+        raise TokenizerError(f"{key} must be a numeric array, got {type(value).__name__}")
+    arr = np.asarray(value)
+    ok_kinds = "iu" if integer else "iuf"
+    if arr.ndim != 1 or arr.dtype.kind not in ok_kinds:
+        what = "integer" if integer else "numeric"
+        raise TokenizerError(f"{key} must be a 1-D {what} array, got dtype {arr.dtype} shape {arr.shape}")
+    if len(arr) != n:
+        raise TokenizerError(f"{key} has {len(arr)} entries but the vocabulary has {n} tokens")
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+        raise TokenizerError(f"{key} contains NaN or infinite values")
+    return arr
+
+
+# --- vocabulary ---
+
+
+def _read_tokens(meta: Mapping[str, Any]) -> list[str]:
+    """tokenizer.ggml.tokens, validated: non-empty, unique, bounded length (empty texts renamed)."""
+    tokens = _get_strings(meta, Keys.Tokenizer.LIST)
+    if not tokens:
+        raise TokenizerError(f"{Keys.Tokenizer.LIST} is missing or empty")
+    _check_unicode("".join(tokens), what=Keys.Tokenizer.LIST)
+    if min(map(len, tokens)) > 0 and max(map(len, tokens)) <= MAX_TOKEN_BYTES // 4:
+        return tokens  # fast path: nothing empty, nothing that could be too long
+    for i, text in enumerate(tokens):
+        if not text:
+            # llama.cpp renames empty tokens the same way so they stay addressable
+            warnings.warn(f"empty token at index {i}, renamed [EMPTY_{i}]", ArchrunWarning, stacklevel=3)
+            tokens[i] = f"[EMPTY_{i}]"
+        elif len(text) > MAX_TOKEN_BYTES // 4 and len(text.encode("utf-8")) > MAX_TOKEN_BYTES:
+            size = len(text.encode("utf-8"))
+            raise TokenizerError(f"token {i} is {size} bytes long (limit {MAX_TOKEN_BYTES})")
+    return tokens
+
+
+def _token_index(tokens: list[str]) -> dict[str, int]:
+    """text -> id; duplicate texts are an error (llama.cpp asserts on them)."""
+    index = {text: i for i, text in enumerate(tokens)}
+    if len(index) != len(tokens):
+        seen: set[str] = set()
+        for i, text in enumerate(tokens):
+            if text in seen:
+                raise TokenizerError(f"token {i} {text[:40]!r} duplicates an earlier token")
+            seen.add(text)
+    return index
+
+
+def _read_attrs(meta: Mapping[str, Any], tokens: list[str]) -> list[int]:
+    """Per-token attribute flags from tokenizer.ggml.token_type (all normal when absent)."""
+    types = _get_numbers(meta, Keys.Tokenizer.TOKEN_TYPE, len(tokens), integer=True)
+    if types is None:
+        return [ATTR_NORMAL] * len(tokens)
+    bad = np.nonzero((types < 0) | (types >= len(_TYPE_TO_ATTR)))[0]
+    if len(bad):
+        key = Keys.Tokenizer.TOKEN_TYPE
+        raise TokenizerError(f"{key}[{bad[0]}] = {types[bad[0]]} is not a token type (0..6)")
+    attrs = _TYPE_TO_ATTR[types.astype(np.int64)]
+    for i in np.nonzero(attrs == ATTR_BYTE)[0].tolist():
+        if not _BYTE_TOKEN.fullmatch(tokens[i]):
+            raise TokenizerError(f"byte token {i} is {tokens[i][:40]!r}, expected the form <0xNN>")
+    return attrs.tolist()
+
+
+def _gpt2_byte_chars() -> list[str]:
+    """GPT-2's reversible byte -> printable character table (byte b -> chars[b])."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+_BYTE_CHARS = _gpt2_byte_chars()
+_CHAR_TO_BYTE = {c: b for b, c in enumerate(_BYTE_CHARS)}
+
+
+# --- special ids, EOG set and llama.cpp's attribute fix-ups ---
+
+
+@dataclass
+class _Specials:
+    ids: dict[str, int | None]
+    eog: frozenset[int]
+
+
+def _read_special_ids(meta: Mapping[str, Any], defaults: dict[str, int | None], n_vocab: int) -> dict:
+    """Role -> id: the file's key if present (must be in range), else llama.cpp's default if in range."""
+    ids: dict[str, int | None] = {}
+    for role, keys in _ID_KEYS.items():
+        default = defaults.get(role)
+        ids[role] = default if default is not None and 0 <= default < n_vocab else None
+        for key in keys:
+            value = _get(meta, key, int)
+            if value is None:
+                continue
+            if not 0 <= value < n_vocab:
+                raise TokenizerError(f"{key} = {value} is outside the vocabulary (0..{n_vocab - 1})")
+            ids[role] = value
+            break
+    return ids
+
+
+def _find_role_tokens(ids: dict, index: dict[str, int], attrs: list[int]) -> None:
+    """Fill unset eot/eom/fim roles from well-known token texts; such tokens become control tokens."""
+    for role, texts in _ROLE_TEXTS.items():
+        if ids[role] is not None:
+            continue
+        for text in texts:
+            tid = index.get(text)
+            if tid is not None:
+                ids[role] = tid
+                attrs[tid] |= ATTR_CONTROL
+                break
+
+
+def _eog_set(ids: dict, index: dict[str, int], attrs: list[int], tokens: list[str]) -> frozenset[int]:
+    """End-of-generation ids the way llama.cpp collects them (FIM pad/rep/sep, EOG texts, eos/eot/eom)."""
+    eog = {ids[r] for r in ("fim_pad", "fim_rep", "fim_sep") if ids[r] is not None}
+    for text in _EOG_TEXTS:
+        tid = index.get(text)
+        if tid is not None:
+            eog.add(tid)
+            attrs[tid] |= ATTR_CONTROL
+    for text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):  # gpt-oss markup
+        if text in index:
+            attrs[index[text]] = ATTR_USER_DEFINED
+    eog.update(ids[r] for r in ("eos", "eot", "eom") if ids[r] is not None)
+    texts = {tokens[t]: t for t in eog}
+    if "<|end|>" in texts and ({"<|return|>", "<|call|>"} <= texts.keys() or
+                               {"<|calls|>", "<|flush|>"} <= texts.keys()):
+        eog.discard(texts["<|end|>"])  # harmony / solar-open: <|end|> ends a message, not generation
+        attrs[texts["<|end|>"]] = ATTR_USER_DEFINED
+    if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+        eog.discard(texts["</s>"])
+        attrs[texts["</s>"]] = ATTR_NORMAL
+    return frozenset(eog)
+
+
+def _read_flag(meta: Mapping[str, Any], key: str, default: bool) -> bool:
+    return _get(meta, key, bool, default)
+
+
+# --- engines: text fragment (no special tokens inside) -> ids ---
+
+
+class _BpeEngine:
+    """Byte-level BPE through HF tokenizers: Split(regex) per llama.cpp regex, ByteLevel, BPE by rank."""
+
+    def __init__(self, index: dict[str, int], merges: list[str], pre: PreTokenizer) -> None:
+        from tokenizers import Regex, models, pre_tokenizers
+        from tokenizers import Tokenizer as HfTokenizer
+
+        # bytes the vocabulary cannot spell are dropped, as llama.cpp drops them (SmolLM2 lacks 21)
+        pairs = _parse_merges(merges)
+        try:
+            model = models.BPE(vocab=index, merges=pairs, ignore_merges=pre.ignore_merges)
+        except Exception as exc:  # tokenizers raises a bare Exception naming the token
+            raise TokenizerError(f"{Keys.Tokenizer.MERGES}: {_bad_merge(pairs, index)} ({exc})") from None
+        hf = HfTokenizer(model)
+        splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in pre.regexes]
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+        self._hf = hf
+
+    def encode(self, fragments: list[str]) -> list[list[int]]:
+        """ids for each fragment."""
+        return [self._hf.encode(text, add_special_tokens=False).ids for text in fragments]
+
+
+def _parse_merges(merges: list[str]) -> list[tuple[str, str]]:
+    """'left right' strings -> (left, right); the cut is the first space after position 0 (llama.cpp)."""
+    pairs = [m.partition(" ")[::2] for m in merges]
+    if all(map(all, pairs)):
+        return pairs
+    for i, merge in enumerate(merges):
+        if all(pairs[i]):
+            continue
+        cut = merge.find(" ", 1)
+        if cut < 0 or cut == len(merge) - 1:
+            raise TokenizerError(f"merge {i} {merge[:40]!r} is not of the form 'left right'")
+        pairs[i] = (merge[:cut], merge[cut + 1:])
+    return pairs
+
+
+def _bad_merge(pairs: list[tuple[str, str]], index: dict[str, int]) -> str:
+    """Describe the first merge whose halves or result are not tokens (slow; only after a failure)."""
+    for i, (left, right) in enumerate(pairs):
+        for part in (left, right, left + right):
+            if part not in index:
+                return f"merge {i} {left + ' ' + right:.40}: {part[:40]!r} is not a token"
+    return "merges rejected"
+
+
+class _SpmEngine:
+    """llama.cpp's llm_tokenizer_spm: greedy bigram merges by token score, byte fallback."""
+
+    def __init__(self, index: dict[str, int], scores: list[float]) -> None:
+        self._index = index
+        self._scores = scores
+        self._byte_ids = [_spm_byte_id(index, b) for b in range(256)]
+
+    def encode(self, fragments: list[str]) -> list[list[int]]:
+        """ids for each fragment (spaces must already be escaped to ▁)."""
+        return [self._encode_one(text) for text in fragments]
+
+    def _encode_one(self, text: str) -> list[int]:
+        n = len(text)
+        # symbols are contiguous runs text[start[i] : start[i] + size[i]], linked by prev/next
+        start, size = list(range(n)), [1] * n
+        prev, nxt = list(range(-1, n - 1)), [*range(1, n), -1]
+        heap: list[tuple[float, int, int, int]] = []  # (-score, left, right, merged length)
+        for i in range(1, n):
+            self._push(heap, text, start, size, i - 1, i)
+        while heap:
+            _, left, right, length = heapq.heappop(heap)
+            if size[left] == 0 or size[right] == 0 or size[left] + size[right] != length:
+                continue  # stale: one side was merged since this bigram was queued
+            size[left] += size[right]
+            size[right] = 0
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            self._push(heap, text, start, size, prev[left], left)
+            self._push(heap, text, start, size, left, nxt[left])
+        return self._emit(text, start, size, nxt)
+
+    def _push(self, heap: list, text: str, start: list[int], size: list[int], left: int, right: int) -> None:
+        if left < 0 or right < 0:
+            return
+        length = size[left] + size[right]
+        tid = self._index.get(text[start[left]:start[left] + length])
+        if tid is not None:
+            heapq.heappush(heap, (-self._scores[tid], left, right, length))
+
+    def _emit(self, text: str, start: list[int], size: list[int], nxt: list[int]) -> list[int]:
+        out: list[int] = []
+        i = 0 if text else -1
+        while i != -1:
+            piece = text[start[i]:start[i] + size[i]]
+            tid = self._index.get(piece)
+            if tid is not None:
+                out.append(tid)
+            else:
+                out.extend(self._byte_token(b) for b in piece.encode("utf-8"))
+            i = nxt[i]
+        return out
+
+    def _byte_token(self, b: int) -> int:
+        tid = self._byte_ids[b]
+        if tid < 0:
+            raise TokenizerError(f"the vocabulary has no byte token <0x{b:02X}> to spell this text")
+        return tid
+
+
+def _spm_byte_id(index: dict[str, int], b: int) -> int:
+    """llama.cpp byte_to_token for SPM: <0xNN>, else the one-character token for ASCII, else -1."""
+    tid = index.get(f"<0x{b:02X}>")
+    if tid is None and b < 0x80:
+        tid = index.get(chr(b))
+    return -1 if tid is None else tid
+
+
+# --- the tokenizer ---
+
+
+class Tokenizer:
+    """Text <-> token ids for one GGUF vocabulary, identical to llama.cpp's tokenizer.
+
+    Build with `Tokenizer.from_metadata(metadata)` or `Tokenizer.from_gguf(path)`.
+    """
+
+    def __init__(self, *, model: str, pre: str | None, tokens: list[str], attrs: list[int],
+                 engine: _BpeEngine | _SpmEngine, specials: _Specials, flags: dict[str, bool],
+                 chat_template: str | None) -> None:
+        self.model = model
+        self.pre = pre
+        self._tokens = tokens
+        self._attrs = attrs
+        self._engine = engine
+        self._ids = specials.ids
+        self.eog_ids: frozenset[int] = specials.eog
+        self.add_bos: bool = flags["add_bos"]
+        self.add_eos: bool = flags["add_eos"]
+        self.add_space_prefix: bool = flags["add_space_prefix"]
+        self._clean_spaces = flags["clean_spaces"]
+        self.chat_template = chat_template
+        self._pieces: list[bytes | None] = [None] * len(tokens)
+        self._special_all = _special_order(tokens, attrs, ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)
+        self._special_user = [t for t in self._special_all if not attrs[t] & (ATTR_CONTROL | ATTR_UNKNOWN)]
+
+    # -- construction --
+
+    @classmethod
+    def from_gguf(cls, path: Any) -> Tokenizer:
+        """Tokenizer of the GGUF file at `path` (read through archrun's validating reader)."""
+        from archrun.ggufio import open_gguf
+
+        gguf = open_gguf(path)
+        try:
+            return cls.from_metadata(gguf.metadata)
+        finally:
+            gguf.close()
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+        """Tokenizer from GGUF metadata (key -> str/int/float/bool, list[str], or numpy array).
+
+        Raises TokenizerError when a `tokenizer.*` key is missing, mistyped or inconsistent.
+        """
+        model = _get(metadata, Keys.Tokenizer.MODEL, str)
+        if model is None:
+            raise TokenizerError(f"{Keys.Tokenizer.MODEL} is missing")
+        if model not in ("gpt2", "llama"):
+            raise TokenizerError(f"unsupported tokenizer model {model!r} (supported: 'gpt2', 'llama')")
+        tokens = _read_tokens(metadata)
+        index = _token_index(tokens)
+        attrs = _read_attrs(metadata, tokens)
+        if model == "gpt2":
+            pre_name, engine, defaults, flags = _build_bpe(metadata, tokens, index)
+        else:
+            pre_name, engine, defaults, flags = _build_spm(metadata, tokens, index)
+        ids = _read_special_ids(metadata, defaults, len(tokens))
+        _find_role_tokens(ids, index, attrs)
+        eog = _eog_set(ids, index, attrs, tokens)
+        flags["add_bos"] = _read_flag(metadata, Keys.Tokenizer.ADD_BOS, flags["add_bos"])
+        flags["add_eos"] = _read_flag(metadata, Keys.Tokenizer.ADD_EOS, False)
+        for role in ("bos", "eos"):
+            if flags[f"add_{role}"] and ids[role] is None:
+                raise TokenizerError(f"tokenizer.ggml.add_{role}_token is true but there is no {role} id")
+        template = _get(metadata, Keys.Tokenizer.CHAT_TEMPLATE, str)
+        return cls(model=model, pre=pre_name, tokens=tokens, attrs=attrs, engine=engine,
+                   specials=_Specials(ids, eog), flags=flags, chat_template=template)
+
+    # -- properties --
+
+    @property
+    def n_vocab(self) -> int:
+        """Number of tokens in the vocabulary."""
+        return len(self._tokens)
+
+    @property
+    def bos_id(self) -> int | None:
+        """Beginning-of-sequence id (None when the vocabulary has none)."""
+        return self._ids["bos"]
+
+    @property
+    def eos_id(self) -> int | None:
+        """End-of-sequence id."""
+        return self._ids["eos"]
+
+    @property
+    def eot_id(self) -> int | None:
+        """End-of-turn id (e.g. <|im_end|>, <end_of_turn>)."""
+        return self._ids["eot"]
+
+    @property
+    def eom_id(self) -> int | None:
+        """End-of-message id (<|eom_id|>)."""
+        return self._ids["eom"]
+
+    @property
+    def pad_id(self) -> int | None:
+        """Padding id."""
+        return self._ids["pad"]
+
+    @property
+    def unk_id(self) -> int | None:
+        """Unknown-token id."""
+        return self._ids["unk"]
+
+    def token_text(self, token_id: int) -> str:
+        """The vocabulary entry of `token_id` as stored in the file (byte-level/▁ form)."""
+        return self._tokens[self._check_id(token_id)]
+
+    def is_control(self, token_id: int) -> bool:
+        """True for control tokens (<|im_end|>, <bos>, ...): decode(skip_special=True) drops them."""
+        return bool(self._attrs[self._check_id(token_id)] & ATTR_CONTROL)
+
+    # -- encode --
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False,
+               plain_spans: Sequence[tuple[int, int]] = ()) -> list[int]:
+        """Token ids of `text`, as llama_tokenize(text, add_special, parse_special) returns them.
+
+        add_special adds BOS/EOS where the vocabulary asks for them; parse_special turns control
+        token texts (e.g. "<|im_end|>") into their ids instead of spelling them out, except inside
+        `plain_spans` (character ranges [start, end) of `text`, e.g. user content in a chat).
+        """
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode expects str, got {type(text).__name__}")
+        _check_unicode(text)
+        parts = self._partition(text, parse_special, plain_spans)
+        out: list[int] = []
+        if add_special and self.add_bos:
+            out.append(self._ids["bos"])
+        raw = [p for p in parts if isinstance(p, str)]
+        if isinstance(self._engine, _SpmEngine):
+            raw = self._spm_prepare(parts)
+        encoded = iter(self._engine.encode(raw) if raw else [])
+        for part in parts:
+            out.extend(next(encoded) if isinstance(part, str) else (part,))
+        if add_special and self.add_eos:
+            out.append(self._ids["eos"])
+        return out
+
+    def _spm_prepare(self, parts: list[str | int]) -> list[str]:
+        """SPM fragments: a space prefix after a special token (or at the start), spaces -> ▁."""
+        raw, prev_special = [], True
+        for part in parts:
+            if isinstance(part, str):
+                prefix = " " if self.add_space_prefix and prev_special else ""
+                raw.append((prefix + part).replace(" ", "\u2581"))
+            prev_special = not isinstance(part, str)
+        return raw
+
+    def _partition(self, text: str, parse_special: bool,
+                   plain_spans: Sequence[tuple[int, int]]) -> list[str | int]:
+        """Split text into raw fragments and special-token ids (llama.cpp tokenizer_st_partition):
+        each special text, longest first, is cut out of every fragment it occurs in."""
+        parts: list[tuple[int, int] | int] = [(0, len(text))] if text else []  # (start, end) = raw text
+        for tid in self._special_all if parse_special else self._special_user:
+            needle = self._tokens[tid]
+            if needle not in text:
+                continue
+            protected = plain_spans if self._attrs[tid] & (ATTR_CONTROL | ATTR_UNKNOWN) else ()
+            split: list[tuple[int, int] | int] = []
+            for part in parts:
+                if isinstance(part, int):
+                    split.append(part)
+                else:
+                    split.extend(_cut(text, part, needle, tid, protected))
+            parts = split
+        return [p if isinstance(p, int) else text[p[0]:p[1]] for p in parts]
+
+    # -- decode --
+
+    def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
+        """The bytes one token stands for (llama_token_to_piece); control tokens render their text
+        only when `special`."""
+        tid = self._check_id(token_id)
+        if not special and self._attrs[tid] & (ATTR_CONTROL | ATTR_UNKNOWN):
+            return b""
+        piece = self._pieces[tid]
+        if piece is None:
+            piece = self._pieces[tid] = self._make_piece(tid)
+        return piece
+
+    def _make_piece(self, tid: int) -> bytes:
+        attr, text = self._attrs[tid], self._tokens[tid]
+        if attr & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED):
+            return text.encode("utf-8")
+        if attr & ATTR_NORMAL:
+            if self.model == "llama":
+                return text.replace("\u2581", " ").encode("utf-8")
+            # byte-level alphabet back to bytes; a character outside it stands for itself
+            return b"".join(bytes((_CHAR_TO_BYTE[c],)) if c in _CHAR_TO_BYTE else c.encode("utf-8")
+                            for c in text)
+        if attr & ATTR_BYTE:
+            return bytes((int(text[3:5], 16),))
+        return b""  # unused / undefined tokens print nothing
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Text of `ids`; invalid UTF-8 (a multi-byte character cut off) becomes U+FFFD.
+
+        skip_special drops control tokens (and a leading BOS / trailing EOS the vocabulary adds).
+        """
+        return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:
+        """Raw bytes of `ids`: llama_detokenize(remove_special=skip_special, unparse_special=not skip_special)."""
+        ids = [self._check_id(t) for t in ids]
+        remove_space = self.add_space_prefix
+        if skip_special and self.add_bos and ids and ids[0] == self._ids["bos"]:
+            remove_space = False
+            ids = ids[1:]
+        if skip_special and self.add_eos and ids and ids[-1] == self._ids["eos"]:
+            ids = ids[:-1]
+        pieces = [self.token_to_piece(t, special=not skip_special) for t in ids]
+        if remove_space and pieces and pieces[0].startswith(b" "):
+            pieces[0] = pieces[0][1:]
+        out = b"".join(pieces)
+        return _clean_spaces(out) if self._clean_spaces else out
+
+    def incremental(self, skip_special: bool = False) -> IncrementalDecoder:
+        """A streaming decoder: push ids one by one, get back only complete UTF-8 text."""
+        return IncrementalDecoder(self, skip_special)
+
+    def _check_id(self, token_id: Any) -> int:
+        if isinstance(token_id, bool) or not isinstance(token_id, int | np.integer):
+            raise TokenizerError(f"token id must be an integer, got {type(token_id).__name__}")
+        tid = int(token_id)
+        if not 0 <= tid < len(self._tokens):
+            raise TokenizerError(f"token id {tid} is outside the vocabulary (0..{len(self._tokens) - 1})")
+        return tid
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(model={self.model!r}, pre={self.pre!r}, n_vocab={self.n_vocab})"
+
+
+class IncrementalDecoder:
+    """Streaming detokenizer: `push(id)` returns the newly completed text, never half a character."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
+        self._tok = tokenizer
+        self._special = not skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        """Feed one id; returns the text that became complete (possibly "")."""
+        return self._utf8.decode(self._tok.token_to_piece(token_id, special=self._special))
+
+    def flush(self) -> str:
+        """End of stream: bytes still pending (an unfinished character) come out as U+FFFD."""
+        return self._utf8.decode(b"", final=True)
+
+
+# --- builders per vocabulary kind ---
+
+
+def _build_bpe(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]) -> tuple:
+    pre_name = _get(meta, Keys.Tokenizer.PRE, str)
+    if pre_name is None:
+        raise TokenizerError(f"{Keys.Tokenizer.PRE} is missing; the pre-tokenizer cannot be guessed")
+    pre = PRE_TOKENIZERS.get(pre_name)
+    if pre is None:
+        raise TokenizerError(f"unknown pre-tokenizer {Keys.Tokenizer.PRE} = {pre_name!r} "
+                             f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+    merges = _get_strings(meta, Keys.Tokenizer.MERGES)
+    if merges is None:
+        raise TokenizerError(f"{Keys.Tokenizer.MERGES} is missing")
+    engine = _BpeEngine(index, merges, pre)
+    defaults = {"bos": pre.bos_default, "eos": 11}
+    flags = {"add_bos": pre.add_bos, "clean_spaces": pre.clean_spaces,
+             "add_space_prefix": _read_flag(meta, Keys.Tokenizer.ADD_PREFIX, False)}
+    return pre_name, engine, defaults, flags
+
+
+def _build_spm(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]) -> tuple:
+    scores = _get_numbers(meta, Keys.Tokenizer.SCORES, len(tokens), integer=False)
+    if scores is None:
+        raise TokenizerError(f"{Keys.Tokenizer.SCORES} is missing (required by the 'llama' tokenizer)")
+    engine = _SpmEngine(index, scores.astype(np.float32).tolist())
+    defaults = {"bos": 1, "eos": 2, "unk": 0}
+    flags = {"add_bos": True, "clean_spaces": False,
+             "add_space_prefix": _read_flag(meta, Keys.Tokenizer.ADD_PREFIX, True)}
+    pre = _get(meta, Keys.Tokenizer.PRE, str)
+    return pre, engine, defaults, flags
+
+
+# --- helpers ---
+
+
+def _special_order(tokens: list[str], attrs: list[int], mask: int) -> list[int]:
+    """Ids whose attributes intersect `mask`, longest text first (llama.cpp cache_special_tokens)."""
+    ids = np.nonzero(np.asarray(attrs) & mask)[0].tolist()
+    return sorted(ids, key=lambda i: -len(tokens[i].encode("utf-8")))
+
+
+def _cut(text: str, span: tuple[int, int], needle: str, tid: int,
+         protected: Sequence[tuple[int, int]]) -> list[tuple[int, int] | int]:
+    """Occurrences of `needle` in text[span] -> [fragment, tid, fragment, ...]; occurrences that
+    overlap a protected range stay text."""
+    start, end = span
+    out: list[tuple[int, int] | int] = []
+    pos = search = start
+    while (hit := text.find(needle, search, end)) >= 0:
+        stop = hit + len(needle)
+        if any(a < stop and hit < b for a, b in protected):
+            search = hit + 1
+            continue
+        if hit > pos:
+            out.append((pos, hit))
+        out.append(tid)
+        pos = search = stop
+    if pos < end:
+        out.append((pos, end))
+    return out
+
+
+def _check_unicode(text: str, what: str = "text") -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TokenizerError(f"{what} is not valid Unicode: lone surrogate at position {exc.start}") from None
+
+
+def _clean_spaces(text: bytes) -> bytes:
+    """llama.cpp detokenize's clean_spaces passes: ' ?'->'?', " ' "->"'", " 's"->"'s", ..."""
+    text = re.sub(rb" ([?!.,])", rb"\1", text)
+    text = text.replace(b" ' ", b"'")
+    return re.sub(rb" '(s|m|re|ve)", rb"'\1", text)
