@@ -16,6 +16,7 @@ from archrun.errors import ArchrunWarning
 
 TINY = GOLDENS / "tiny"
 LEVEL0 = ("qwen3", "qwen3moe", "llama", "qwen2")
+GEMMA = ("gemma3",)
 
 
 def fixtures(*archs: str) -> list[str]:
@@ -33,7 +34,7 @@ def golden(name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("backend", ["reference", "fast"])
-@pytest.mark.parametrize("name", fixtures(*LEVEL0))
+@pytest.mark.parametrize("name", fixtures(*LEVEL0, *GEMMA))
 def test_matches_hf(name, backend):
     ids, ref = golden(name)
     assert len(ids) >= 24
