@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PACKAGES := -e . -e plugins/archrun-blocks -e families/archrun-qwen -e families/archrun-llama \
-            -e families/archrun-gemma3
+            -e families/archrun-gemma3 -e families/archrun-glm4moe
 MODEL_DIR ?= $(HOME)/.cache/archrun/models
 SMOLLM2 := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 PYTEST_ARGS ?=

@@ -17,6 +17,7 @@ from archrun.errors import ArchrunWarning
 TINY = GOLDENS / "tiny"
 LEVEL0 = ("qwen3", "qwen3moe", "llama", "qwen2")
 GEMMA = ("gemma3",)
+GLM = ("glm4moe",)
 
 
 def fixtures(*archs: str) -> list[str]:
@@ -34,7 +35,7 @@ def golden(name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("backend", ["reference", "fast"])
-@pytest.mark.parametrize("name", fixtures(*LEVEL0, *GEMMA))
+@pytest.mark.parametrize("name", fixtures(*LEVEL0, *GEMMA, *GLM))
 def test_matches_hf(name, backend):
     ids, ref = golden(name)
     assert len(ids) >= 24

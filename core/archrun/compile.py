@@ -52,14 +52,14 @@ class FamilyHints:
 
     Data only. `defaults` maps key suffixes (without the `<arch>.` prefix) to values used
     when the file omits them; `tensor_names` remaps tensor roles (see
-    archrun.descriptor.DEFAULT_TENSOR_NAMES); `swa_period` P > 0 makes layer i sliding iff
+    archrun.descriptor.DEFAULT_TENSOR_NAMES; None: the architecture has no such tensor); `swa_period` P > 0 makes layer i sliding iff
     i % P < P - 1 unless the file has attention.sliding_window_pattern.
     """
 
     name: str = field(validator=v.instance_of(str))
     rope_pairing: str = field(default="neox", validator=v.in_(("norm", "neox", "none")))
     defaults: Mapping[str, Any] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
-    tensor_names: Mapping[str, str] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
+    tensor_names: Mapping[str, str | None] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
     ffn_kind: str = "swiglu"
     embed_scale: str = field(default="none", validator=v.in_(("none", "sqrt_n_embd")))
     swa_period: int = 0
@@ -152,12 +152,15 @@ class _Tensors:
     def __init__(self, gguf: GGUFFile, names: Mapping[str, str]):
         self.gguf, self.names = gguf, names
 
-    def name(self, role: str, layer: int | None = None) -> str:
+    def name(self, role: str, layer: int | None = None) -> str | None:
         t = self.names[role]
+        if t is None:  # the family says this architecture has no such tensor
+            return None
         return t.format(i=layer) if "{i}" in t else t
 
     def has(self, role: str, layer: int | None = None) -> bool:
-        return self.name(role, layer) in self.gguf.tensors
+        name = self.name(role, layer)
+        return name is not None and name in self.gguf.tensors
 
     def shape(self, role: str, layer: int | None = None) -> tuple[int, ...]:
         name = self.name(role, layer)

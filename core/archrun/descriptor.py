@@ -211,7 +211,7 @@ class Descriptor:
     logit_softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))
     block_style: str = field(default="fused", validator=v.in_(BLOCK_STYLES))
     n_nextn: int = field(default=0, validator=_nonneg_int)
-    tensor_names: Mapping[str, str] = field(default=DEFAULT_TENSOR_NAMES, converter=_frozen_mapping)
+    tensor_names: Mapping[str, str | None] = field(default=DEFAULT_TENSOR_NAMES, converter=_frozen_mapping)
 
     @layers.validator
     def _rope_refs(self, _attr, layers: tuple[LayerSpec, ...]) -> None:
@@ -238,6 +238,8 @@ class Descriptor:
     def tensor_name(self, role: str, layer: int | None = None) -> str:
         """The GGUF tensor name holding `role` (in block `layer` for per-block roles)."""
         template = self.tensor_names[role]
+        if template is None:
+            raise KeyError(f"{self.architecture} has no tensor of role {role!r}")
         return template.format(i=layer) if "{i}" in template else template
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,38 @@
+"""archrun family plugin for GLM-4.5 / GLM-4.5-Air (`glm4moe`; descriptions only, no math).
+
+What glm4moe files do not say (llama.cpp src/models/glm4-moe.cpp, HF modeling_glm4_moe.py):
+- rope pairing NEOX on the first rope.dimension_count dims (partial rope);
+- expert gating is sigmoid when expert_gating_func is absent;
+- the tensor named `post_attention_norm` is the *pre-FFN* norm (HF post_attention_layernorm):
+  the role `ffn_norm` is remapped to it and there is no post-attention (sandwich) norm;
+- block_count includes the nextn (MTP) layers; the trunk is block_count - nextn_predict_layers;
+- the default block style is host_reference (the auditable host-side shape).
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from archrun.compile import FamilyHints
+
+hookimpl = pluggy.HookimplMarker("archrun")
+
+HINTS = {
+    "glm4moe": FamilyHints(
+        name="glm4moe",
+        rope_pairing="neox",
+        gating="sigmoid",
+        block_style="host_reference",
+        tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight", "post_attn_norm": None},
+    ),
+}
+
+
+@hookimpl
+def archrun_describe_family(architecture: str) -> FamilyHints | None:
+    return HINTS.get(architecture)
+
+
+@hookimpl
+def archrun_families() -> list[str]:
+    return sorted(HINTS)
