@@ -52,8 +52,9 @@ class FamilyHints:
 
     Data only. `defaults` maps key suffixes (without the `<arch>.` prefix) to values used
     when the file omits them; `tensor_names` remaps tensor roles (see
-    archrun.descriptor.DEFAULT_TENSOR_NAMES; None: the architecture has no such tensor); `swa_period` P > 0 makes layer i sliding iff
-    i % P < P - 1 unless the file has attention.sliding_window_pattern.
+    archrun.descriptor.DEFAULT_TENSOR_NAMES; None: the architecture has no such tensor);
+    `swa_period` P > 0 makes layer i sliding iff i % P < P - 1 unless the file has
+    attention.sliding_window_pattern.
     """
 
     name: str = field(validator=v.instance_of(str))

@@ -8,6 +8,7 @@ rope scaling arrives as a `rope_freqs` tensor, which the generic compiler picks 
 from __future__ import annotations
 
 import pluggy
+
 from archrun.compile import FamilyHints
 
 hookimpl = pluggy.HookimplMarker("archrun")

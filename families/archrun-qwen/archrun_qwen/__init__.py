@@ -12,6 +12,7 @@ from the file by the generic compiler.
 from __future__ import annotations
 
 import pluggy
+
 from archrun.compile import FamilyHints
 
 hookimpl = pluggy.HookimplMarker("archrun")
