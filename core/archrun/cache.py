@@ -39,10 +39,19 @@ class KvCache:
         self.check_room(n)
         self._n += n
 
+    @property
+    def max_rewind(self) -> int:
+        """How many tokens can be rewound exactly (bounded by ring-buffer slots of windowed layers)."""
+        limits = [s.max_rewind for s in self.slots if getattr(s, "max_rewind", None) is not None]
+        return min([self._n, *limits])
+
     def rewind(self, n: int) -> None:
         """Forget the last n tokens (O(1))."""
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self._n:
             raise InvalidRequest(f"cannot rewind {n!r} tokens from a cache holding {self._n}")
+        if n > self.max_rewind:
+            raise InvalidRequest(f"cannot rewind {n} tokens: sliding-window layers keep only "
+                                 f"{self.max_rewind} tokens of history beyond their window")
         self._n -= n
 
     def clear(self) -> None:

@@ -230,15 +230,21 @@ class Interpreter:
             self._tokenizer = self._tokenizer_factory()
         return self._tokenizer
 
-    def init_cache(self, max_tokens: int | None = None) -> KvCache:
-        """A cache for up to max_tokens tokens (default: the model's context length)."""
+    def init_cache(self, max_tokens: int | None = None, max_rewind: int = 64) -> KvCache:
+        """A cache for up to max_tokens tokens (default: the model's context length).
+
+        max_rewind bounds how far `cache.rewind` can go back on sliding-window layers, whose
+        ring buffers hold window + max_rewind rows (global layers can always rewind fully).
+        """
         n_ctx = self.descriptor.n_ctx
         max_tokens = n_ctx if max_tokens is None else max_tokens
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise InvalidRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
         if max_tokens > n_ctx:
             raise ContextOverflow(f"max_tokens {max_tokens} exceeds the model's context length {n_ctx}")
-        return KvCache([lp.attention.new_slot(max_tokens) for lp in self.plan.layers], max_tokens)
+        if not isinstance(max_rewind, int) or isinstance(max_rewind, bool) or max_rewind < 0:
+            raise InvalidRequest(f"max_rewind must be a non-negative integer, got {max_rewind!r}")
+        return KvCache([lp.attention.new_slot(max_tokens, max_rewind) for lp in self.plan.layers], max_tokens)
 
     def forward_step(self, token_ids: Sequence[int] | np.ndarray, cache: KvCache,
                      all_logits: bool = False) -> np.ndarray:

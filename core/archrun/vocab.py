@@ -11,7 +11,7 @@ hd head width, f FFN width, E experts, k experts used):
   rope        factory(spec: RopeSpec, freq_factors: ndarray | None)
                 -> obj: obj.cos_sin(pos[n]) -> (cos, sin) each [n, n_rot/2];
                         obj(x[n, H, hd], cos, sin) -> [n, H, hd]
-  attention   factory(spec: AttentionSpec) -> obj: obj.new_slot(capacity) -> slot;
+  attention   factory(spec: AttentionSpec) -> obj: obj.new_slot(capacity, max_rewind) -> slot;
                         obj(q[n, H, hd], k[n, KV, hd], v[n, KV, vd], slot, start: int) -> [n, H, vd]
   ffn         factory() -> act(gate[n, f], up[n, f]) -> [n, f]       (the gated activation)
   gating      factory() -> f(logits[n, E]) -> probs[n, E]

@@ -7,6 +7,7 @@ oracles the fast kernels are tested against, and what `backend="reference"` runs
 from __future__ import annotations
 
 import numpy as np
+
 from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
 
 F32 = np.float32
@@ -111,24 +112,64 @@ def attend(q, k, v, q_pos, k_pos, scale: float, window: int) -> np.ndarray:
     return out.reshape(n, n_head, v.shape[-1])
 
 
+class RingKvSlot:
+    """K/V of a sliding-window layer: a ring of `window + max_rewind` rows, indexed by position % size.
+
+    Memory is bounded by the window, not the context. Each row remembers its position, so
+    masking never depends on where the ring wrapped; rewinding up to max_rewind tokens stays
+    exact because the rows the window needs after the rewind are still in the ring.
+    """
+
+    def __init__(self, window: int, max_rewind: int, n_kv: int, head_dim: int, v_head_dim: int):
+        self.size = window + max_rewind
+        self.max_rewind = max_rewind
+        self.k = np.zeros((self.size, n_kv, head_dim), F32)
+        self.v = np.zeros((self.size, n_kv, v_head_dim), F32)
+        self.pos = np.full(self.size, -1, np.int64)  # position held by each row (-1: empty)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.pos.nbytes
+
+    def gather(self, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows holding positions < start (older rows past a rewind are ignored): k, v, pos."""
+        keep = (self.pos >= 0) & (self.pos < start)
+        return self.k[keep], self.v[keep], self.pos[keep]
+
+    def write(self, k: np.ndarray, v: np.ndarray, start: int) -> None:
+        """Store positions start.. (only the last `size` of them can matter later)."""
+        n = len(k)
+        first = max(0, n - self.size)
+        pos = np.arange(start + first, start + n)
+        rows = pos % self.size
+        self.k[rows], self.v[rows], self.pos[rows] = k[first:], v[first:], pos
+
+
 class CausalAttention:
-    """Causal GQA over a plain KV slot (window 0) or a windowed mask over the same slot."""
+    """Causal GQA. Global layers keep a plain KV slot; windowed layers a ring bounded by the window."""
 
     def __init__(self, spec: AttentionSpec):
         self.spec = spec
 
-    def new_slot(self, capacity: int) -> KvSlot:
+    def new_slot(self, capacity: int, max_rewind: int = 64) -> KvSlot | RingKvSlot:
         s = self.spec
+        if s.window and s.window + max_rewind < capacity:
+            return RingKvSlot(s.window, max_rewind, s.n_head_kv, s.head_dim, s.v_head_dim)
         return KvSlot(capacity, s.n_head_kv, s.head_dim, s.v_head_dim)
 
-    def __call__(self, q, k, v, slot: KvSlot, start: int) -> np.ndarray:
+    def __call__(self, q, k, v, slot: KvSlot | RingKvSlot, start: int) -> np.ndarray:
         n = q.shape[0]
+        q_pos = np.arange(start, start + n)
+        if isinstance(slot, RingKvSlot):
+            old_k, old_v, old_pos = slot.gather(start)
+            keys, values = np.concatenate([old_k, k]), np.concatenate([old_v, v])
+            k_pos = np.concatenate([old_pos, q_pos])
+            slot.write(k, v, start)
+            return attend(q, keys, values, q_pos, k_pos, self.spec.scale, self.spec.window)
         end = start + n
         slot.k[start:end] = k
         slot.v[start:end] = v
-        q_pos = np.arange(start, end)
-        k_pos = np.arange(end)
-        return attend(q, slot.k[:end], slot.v[:end], q_pos, k_pos, self.spec.scale, self.spec.window)
+        return attend(q, slot.k[:end], slot.v[:end], q_pos, np.arange(end), self.spec.scale, self.spec.window)
 
 
 # -- FFN activations, gating, MoE --------------------------------------------------------------
