@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pluggy
-from archrun.vocab import Op
 
+from archrun.vocab import Op
 from archrun_blocks import fast, reference
 
 hookimpl = pluggy.HookimplMarker("archrun")
