@@ -49,24 +49,22 @@ _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name len + 1-byte name + n_dim
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
-# fixed-size value types -> little-endian numpy dtype
-_NUMERIC: dict[GGUFValueType, np.dtype] = {
-    _V.UINT8: np.dtype("<u1"),
-    _V.INT8: np.dtype("<i1"),
-    _V.UINT16: np.dtype("<u2"),
-    _V.INT16: np.dtype("<i2"),
-    _V.UINT32: np.dtype("<u4"),
-    _V.INT32: np.dtype("<i4"),
-    _V.FLOAT32: np.dtype("<f4"),
-    _V.BOOL: np.dtype("<u1"),
-    _V.UINT64: np.dtype("<u8"),
-    _V.INT64: np.dtype("<i8"),
-    _V.FLOAT64: np.dtype("<f8"),
+# fixed-size value types -> (little-endian numpy dtype, struct code of the same standard size)
+_FIXED: dict[GGUFValueType, tuple[str, str]] = {
+    _V.UINT8: ("<u1", "B"),
+    _V.INT8: ("<i1", "b"),
+    _V.UINT16: ("<u2", "H"),
+    _V.INT16: ("<i2", "h"),
+    _V.UINT32: ("<u4", "I"),
+    _V.INT32: ("<i4", "i"),
+    _V.FLOAT32: ("<f4", "f"),
+    _V.BOOL: ("<u1", "B"),
+    _V.UINT64: ("<u8", "Q"),
+    _V.INT64: ("<i8", "q"),
+    _V.FLOAT64: ("<f8", "d"),
 }
-# struct codes by size and kind (numpy's dtype.char is platform-sized: 'L' would read 4 bytes)
-_STRUCT_CODE = {"u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4": "i", "f4": "f", "u8": "Q", "i8": "q",
-                "f8": "d"}
-_SCALAR_STRUCT = {t: struct.Struct("<" + _STRUCT_CODE[dt.str[1:]]) for t, dt in _NUMERIC.items()}
+_NUMERIC = {t: np.dtype(dt) for t, (dt, _) in _FIXED.items()}
+_SCALAR_STRUCT = {t: struct.Struct("<" + code) for t, (_, code) in _FIXED.items()}
 _INTEGER_TYPES = frozenset(t for t, dt in _NUMERIC.items() if dt.kind in "iu" and t is not _V.BOOL)
 
 
@@ -94,10 +92,11 @@ class TensorInfo:
 class _Cursor:
     """Bounds-checked little-endian reads from ``buf[pos:end]``; every overrun is a ModelLoadError."""
 
-    __slots__ = ("buf", "pos", "end")
+    __slots__ = ("buf", "u8", "pos", "end")
 
     def __init__(self, buf: Any, pos: int, end: int) -> None:
         self.buf, self.pos, self.end = buf, pos, end  # end == len(buf): the whole file
+        self.u8 = np.frombuffer(buf, dtype=np.uint8)
 
     @property
     def left(self) -> int:
@@ -154,12 +153,24 @@ def _value_type(code: int, what: str) -> GGUFValueType:
 
 
 def _read_string_array(cur: _Cursor, count: int, what: str) -> list[str]:
-    """``count`` strings; the hot path of every vocabulary (150k tokens + merges), so kept lean.
+    """``count`` strings: the hot path of every vocabulary (150k tokens + 150k merges).
 
-    Overruns are detected without per-string checks: ``buf`` is the whole file, so a length
-    prefix past its end makes ``unpack_from`` fail and a string past its end leaves pos > end.
+    Large arrays of short strings take a vectorised shortcut; anything unusual about them
+    (long strings, NULs, invalid UTF-8, truncation) falls back to the exact loop, which is
+    also what produces every error message.
     """
     cur.need(8 * count, f"{count} strings of {what}")  # each string has at least its length
+    if count >= _FAST_STRINGS_MIN:
+        strings = _fast_string_array(cur, count)
+        if strings is not None:
+            return strings
+    return _loop_string_array(cur, count, what)
+
+
+def _loop_string_array(cur: _Cursor, count: int, what: str) -> list[str]:
+    """One string at a time. Overruns need no per-string check: ``buf`` is the whole file, so a
+    length prefix past its end makes ``unpack_from`` fail and a string past it leaves pos > end.
+    """
     buf, pos, end = cur.buf, cur.pos, cur.end
     unpack = _U64.unpack_from
     out: list[str] = []
@@ -181,6 +192,96 @@ def _read_string_array(cur: _Cursor, count: int, what: str) -> list[str]:
         raise ModelLoadError(f"truncated GGUF: {what}[{i}] runs past the end of the file")
     cur.pos = pos
     return out
+
+
+# ---- vectorised string arrays -------------------------------------------------------------------
+
+_FAST_STRINGS_MIN = 256  # below this the loop is just as fast
+_FAST_STRINGS_MAX_BYTES = 16 << 20  # bounds the shortcut's temporaries (about 4x this)
+_PREFIX_BYTES = np.arange(8)
+
+
+class _NoShortcut(Exception):
+    """The vectorised string parse does not apply; use the exact loop."""
+
+
+def _fast_string_array(cur: _Cursor, count: int) -> list[str] | None:
+    """Parse ``count`` strings at ``cur.pos`` with numpy, or None to make the caller loop.
+
+    The byte window is grown until it holds every string (first guess: 24 bytes per string).
+    """
+    limit = min(cur.left, _FAST_STRINGS_MAX_BYTES)
+    window = min(limit, 24 * count)
+    try:
+        while (got := _string_prefixes(cur.u8[cur.pos : cur.pos + window], count)) is None:
+            if window >= limit:
+                return None
+            window = min(2 * window, limit)
+        prefixes, end = got
+        strings = _decode_joined(cur.u8[cur.pos : cur.pos + end], prefixes)
+    except _NoShortcut:
+        return None
+    cur.pos += end
+    return strings
+
+
+def _short_prefixes(r: np.ndarray) -> np.ndarray:
+    """Offsets p whose bytes p+1..p+7 are all zero: every length prefix of a string < 256 bytes."""
+    n = len(r)
+    nz = r != 0
+    any_nz = nz[1 : n - 6].copy()  # any_nz[p] = any of bytes p+1 .. p+7 nonzero
+    for k in range(2, 8):
+        any_nz |= nz[k : n - 7 + k]
+    return np.flatnonzero(~any_nz)
+
+
+def _string_prefixes(r: np.ndarray, count: int) -> tuple[np.ndarray, int] | None:
+    """(offsets of the ``count`` length prefixes chained from r[0], end offset), None if r is short.
+
+    Candidates that chain (each one's length lands exactly on the next) are taken a whole run
+    at a time; a string the candidates miss (>= 256 bytes) is stepped over alone. False
+    candidates (zero runs inside strings) only split runs, since the walk follows lengths.
+    """
+    n = len(r)
+    cand = _short_prefixes(r) if n >= 8 else np.zeros(0, np.intp)
+    nxt = cand + 8 + r[cand]
+    breaks = np.flatnonzero(nxt[:-1] != cand[1:])  # run of chained candidates ends at these
+    parts: list[np.ndarray] = []
+    done = pos = 0
+    for _ in range(count // 64 + 64):  # many irregular strings: the loop is faster
+        if done == count:
+            return (np.concatenate(parts) if parts else cand[:0]), pos
+        if pos > n - 8:
+            return None
+        i = int(np.searchsorted(cand, pos))
+        if i < len(cand) and cand[i] == pos:
+            b = int(np.searchsorted(breaks, i))
+            last = int(breaks[b]) if b < len(breaks) else len(cand) - 1
+            take = min(last - i + 1, count - done)
+            parts.append(cand[i : i + take])
+            pos = int(nxt[i + take - 1])
+        else:
+            take, parts_pos = 1, np.array([pos], np.intp)
+            parts.append(parts_pos)
+            pos += 8 + int.from_bytes(r[pos : pos + 8].tobytes(), "little")
+        done += take
+        if pos > n:
+            return None
+    raise _NoShortcut
+
+
+def _decode_joined(r: np.ndarray, prefixes: np.ndarray) -> list[str]:
+    """Decode all strings of ``r`` at once: prefixes become 8 NULs, then one decode and one split."""
+    joined = r.copy()
+    joined[(prefixes[:, None] + _PREFIX_BYTES).ravel()] = 0
+    if len(joined) - np.count_nonzero(joined) != 8 * len(prefixes):
+        raise _NoShortcut  # a string holds NUL bytes itself
+    try:
+        # NUL is ASCII, so this validates every string on its own: none can straddle a NUL
+        text = joined.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise _NoShortcut from None
+    return text.split("\x00" * 8)[1:]
 
 
 def _read_numeric_array(cur: _Cursor, etype: GGUFValueType, count: int, what: str) -> np.ndarray:
@@ -315,8 +416,7 @@ def _place_tensors(infos: list, data_start: int, alignment: int, size: int) -> d
         start = data_start + rel  # python ints: a u64 offset cannot wrap around
         if start + nbytes > size:
             raise ModelLoadError(
-                f"tensor {name!r}: data [{start}, {start + nbytes}) runs past the end of the file "
-                f"({size} bytes)"
+                f"tensor {name!r}: data [{start}, {start + nbytes}) runs past the end of the file ({size} bytes)"
             )
         tensors[name] = TensorInfo(name=name, shape=dims, ggml_type=ggml_type, offset=start, nbytes=nbytes)
     by_offset = sorted(tensors.values(), key=lambda t: t.offset)

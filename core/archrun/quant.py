@@ -1,0 +1,276 @@
+"""Reference numpy dequantization of ggml tensor data to float32.
+
+Every routine reproduces ``gguf.quants.dequantize`` bit for bit: the same float32 operations in
+the same order (scale products rounded to float32 first, then ``scale * q`` and the min term),
+so this module is the reference the numba kernels are tested against.
+
+Data is processed in chunks of whole blocks written into one preallocated output, which keeps
+the temporaries cache-sized: a 150k x 896 Q8_0 matrix dequantizes in well under a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
+
+from archrun.errors import UnsupportedQuantType
+
+__all__ = ["SUPPORTED_TYPES", "block_info", "dequantize", "row_bytes", "type_name"]
+
+_T = GGMLQuantizationType
+_F16 = np.dtype("<f2")
+_F32 = np.dtype("<f4")
+
+# about 256 KiB of float32 output per chunk: big enough to amortise Python overhead,
+# small enough that the uint8/float32 temporaries stay in cache
+_CHUNK_ELEMENTS = 1 << 16
+
+# nibble / 2-bit / 1-bit shift tables, shaped to broadcast over (n_blocks, groups, k, lanes)
+_SHIFT_4 = np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+_SHIFT_2 = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+_SHIFT_1 = np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
+_SHIFT_32 = np.arange(32, dtype=np.uint32).reshape(1, 32)
+
+
+def type_name(ggml_type: int) -> str:
+    """Name of a ggml type number ("Q4_K"), or "type <n>" for numbers gguf does not know."""
+    try:
+        return GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"type {ggml_type}"
+
+
+def block_info(ggml_type: int) -> tuple[int, int]:
+    """(elements per block, bytes per block) of any type gguf knows, supported or not.
+
+    Layout is known for more types than archrun can dequantize, so this only raises
+    UnsupportedQuantType for type numbers absent from gguf's GGML_QUANT_SIZES.
+    """
+    try:
+        return GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    except (ValueError, KeyError):
+        raise UnsupportedQuantType(f"unknown ggml tensor type {type_name(ggml_type)}") from None
+
+
+def row_bytes(ggml_type: int, n_cols: int) -> int:
+    """Bytes of one row of ``n_cols`` elements; n_cols must be a positive multiple of the block size."""
+    block_size, type_size = block_info(ggml_type)
+    if n_cols <= 0 or n_cols % block_size:
+        raise ValueError(
+            f"row of {n_cols} elements is not a positive multiple of the {type_name(ggml_type)} block size {block_size}"
+        )
+    return n_cols // block_size * type_size
+
+
+def _f16(col: np.ndarray) -> np.ndarray:
+    """(n, 2) uint8 columns of a block array -> (n, 1) float32 from little-endian float16."""
+    return np.ascontiguousarray(col).view(_F16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray, lanes: int) -> np.ndarray:
+    """(n, g*lanes) packed bytes -> (n, g, 2, lanes) uint8: low nibbles first, then high ones."""
+    n = qs.shape[0]
+    return (qs.reshape(n, -1, 1, lanes) >> _SHIFT_4) & np.uint8(0x0F)
+
+
+def _bits_low_first(qh: np.ndarray, lanes: int, shifts: np.ndarray, mask: int) -> np.ndarray:
+    """(n, g*lanes) bytes -> (n, g, k, lanes) uint8 fields ``(byte >> shifts[k]) & mask``."""
+    n = qh.shape[0]
+    return (qh.reshape(n, -1, 1, lanes) >> shifts) & np.uint8(mask)
+
+
+# ---- legacy 32-element blocks -------------------------------------------------------------------
+
+
+def _q4_0(b: np.ndarray, out: np.ndarray) -> None:
+    # block: d f16 | qs[16]; x = d * (q - 8), low nibbles are elements 0..15
+    q = _nibbles(b[:, 2:], 16).reshape(len(b), 32).astype(np.int8) - np.int8(8)
+    np.multiply(_f16(b[:, 0:2]), q, out=out)
+
+
+def _q4_1(b: np.ndarray, out: np.ndarray) -> None:
+    # block: d f16 | m f16 | qs[16]; x = d * q + m
+    q = _nibbles(b[:, 4:], 16).reshape(len(b), 32)
+    np.multiply(_f16(b[:, 0:2]), q, out=out)
+    np.add(out, _f16(b[:, 2:4]), out=out)
+
+
+def _q5_high(qh: np.ndarray) -> np.ndarray:
+    """(n, 4) bytes of the little-endian uint32 of fifth bits -> (n, 32) uint8 values 0/16."""
+    bits = (np.ascontiguousarray(qh).view("<u4") >> _SHIFT_32) & np.uint32(1)
+    return bits.astype(np.uint8) << np.uint8(4)
+
+
+def _q5_0(b: np.ndarray, out: np.ndarray) -> None:
+    # block: d f16 | qh u32 | qs[16]; x = d * (q - 16)
+    q = (_nibbles(b[:, 6:], 16).reshape(len(b), 32) | _q5_high(b[:, 2:6])).astype(np.int8) - np.int8(16)
+    np.multiply(_f16(b[:, 0:2]), q, out=out)
+
+
+def _q5_1(b: np.ndarray, out: np.ndarray) -> None:
+    # block: d f16 | m f16 | qh u32 | qs[16]; x = d * q + m
+    q = _nibbles(b[:, 8:], 16).reshape(len(b), 32) | _q5_high(b[:, 4:8])
+    np.multiply(_f16(b[:, 0:2]), q, out=out)
+    np.add(out, _f16(b[:, 2:4]), out=out)
+
+
+def _q8_0(b: np.ndarray, out: np.ndarray) -> None:
+    # block: d f16 | qs int8[32]; x = q * d
+    np.multiply(b[:, 2:].view(np.int8), _f16(b[:, 0:2]), out=out)
+
+
+# ---- k-quants: 256-element super-blocks ---------------------------------------------------------
+
+
+def _q2_k(b: np.ndarray, out: np.ndarray) -> None:
+    # block: scales[16] (lo nibble scale, hi nibble min) | qs[64] | d f16 | dmin f16
+    n = len(b)
+    scales = b[:, :16]
+    dl = (_f16(b[:, 80:82]) * (scales & np.uint8(0x0F))).reshape(n, 16, 1)
+    ml = (_f16(b[:, 82:84]) * (scales >> np.uint8(4))).reshape(n, 16, 1)
+    q = _bits_low_first(b[:, 16:80], 32, _SHIFT_2, 3).reshape(n, 16, 16)
+    o = out.reshape(n, 16, 16)
+    np.multiply(dl, q, out=o)
+    np.subtract(o, ml, out=o)
+
+
+def _q3_k_scales(sc: np.ndarray) -> np.ndarray:
+    """(n, 12) packed 6-bit scales -> (n, 16) float32 values in -32..31."""
+    n = sc.shape[0]
+    lo = (sc[:, :8].reshape(n, 1, 8) >> _SHIFT_4.reshape(1, 2, 1)).reshape(n, 16)
+    hi = (sc[:, 8:12].reshape(n, 1, 4) >> _SHIFT_2.reshape(1, 4, 1)).reshape(n, 16)
+    s = (lo & np.uint8(0x0F)) | ((hi & np.uint8(0x03)) << np.uint8(4))
+    return (s.astype(np.int8) - np.int8(32)).astype(np.float32)
+
+
+def _q3_k(b: np.ndarray, out: np.ndarray) -> None:
+    # block: hmask[32] | qs[64] | scales[12] | d f16; q = low2 - 4 * (1 - hbit)
+    n = len(b)
+    dl = (_f16(b[:, 108:110]) * _q3_k_scales(b[:, 96:108])).reshape(n, 16, 1)
+    ql = _bits_low_first(b[:, 32:96], 32, _SHIFT_2, 3).reshape(n, 16, 16)
+    qh = _bits_low_first(b[:, :32], 32, _SHIFT_1, 1).reshape(n, 16, 16) ^ np.uint8(1)
+    q = ql.astype(np.int8) - (qh << np.uint8(2)).astype(np.int8)
+    np.multiply(dl, q, out=out.reshape(n, 16, 16))
+
+
+def _k_scale_min(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 12) packed 6-bit scales and mins of Q4_K/Q5_K -> two (n, 8) uint8 arrays."""
+    s = sc.reshape(-1, 3, 4)
+    d, m, md = s[:, 0], s[:, 1], s[:, 2]
+    scale = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mins = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return scale, mins
+
+
+def _k_affine(b: np.ndarray, q: np.ndarray, out: np.ndarray) -> None:
+    """x = (d * scale) * q - dmin * min over 8 sub-blocks of 32; q is (n, 8, 32) uint8."""
+    n = len(b)
+    scale, mins = _k_scale_min(b[:, 4:16])
+    dl = (_f16(b[:, 0:2]) * scale).reshape(n, 8, 1)
+    ml = (_f16(b[:, 2:4]) * mins).reshape(n, 8, 1)
+    o = out.reshape(n, 8, 32)
+    np.multiply(dl, q, out=o)
+    np.subtract(o, ml, out=o)
+
+
+def _q4_k(b: np.ndarray, out: np.ndarray) -> None:
+    # block: d f16 | dmin f16 | scales[12] | qs[128]
+    _k_affine(b, _nibbles(b[:, 16:], 32).reshape(len(b), 8, 32), out)
+
+
+def _q5_k(b: np.ndarray, out: np.ndarray) -> None:
+    # block: d f16 | dmin f16 | scales[12] | qh[32] | qs[128]
+    n = len(b)
+    ql = _nibbles(b[:, 48:], 32).reshape(n, 8, 32)
+    qh = _bits_low_first(b[:, 16:48], 32, _SHIFT_1, 1).reshape(n, 8, 32)
+    _k_affine(b, ql | (qh << np.uint8(4)), out)
+
+
+def _q6_k(b: np.ndarray, out: np.ndarray) -> None:
+    # block: ql[128] | qh[64] | scales int8[16] | d f16; x = (d * scale) * (q - 32)
+    n = len(b)
+    dl = (_f16(b[:, 208:210]) * b[:, 192:208].view(np.int8)).reshape(n, 16, 1)
+    ql = _nibbles(b[:, :128], 64).reshape(n, 8, 32)
+    qh = _bits_low_first(b[:, 128:192], 32, _SHIFT_2, 3).reshape(n, 8, 32)
+    q = (ql | (qh << np.uint8(4))).astype(np.int8) - np.int8(32)
+    np.multiply(dl, q.reshape(n, 16, 16), out=out.reshape(n, 16, 16))
+
+
+# ---- plain float types --------------------------------------------------------------------------
+
+
+def _f16_elems(b: np.ndarray, out: np.ndarray) -> None:
+    out[:] = b.view(_F16)
+
+
+def _bf16(b: np.ndarray, out: np.ndarray) -> None:
+    # bfloat16 is the high half of a float32
+    out.view(np.uint32)[:] = b.view("<u2").astype(np.uint32) << np.uint32(16)
+
+
+def _f32(b: np.ndarray, out: np.ndarray) -> None:
+    out[:] = b.view(_F32)
+
+
+_BlockFn = Callable[[np.ndarray, np.ndarray], None]
+
+# ggml type -> routine writing (n_blocks, block_size) float32 from (n_blocks, type_size) uint8
+_DEQUANT: dict[int, _BlockFn] = {
+    _T.F32: _f32,
+    _T.F16: _f16_elems,
+    _T.BF16: _bf16,
+    _T.Q4_0: _q4_0,
+    _T.Q4_1: _q4_1,
+    _T.Q5_0: _q5_0,
+    _T.Q5_1: _q5_1,
+    _T.Q8_0: _q8_0,
+    _T.Q2_K: _q2_k,
+    _T.Q3_K: _q3_k,
+    _T.Q4_K: _q4_k,
+    _T.Q5_K: _q5_k,
+    _T.Q6_K: _q6_k,
+}
+assert QK_K == 256, "k-quant layouts above assume 256-element super-blocks"
+
+SUPPORTED_TYPES: frozenset[int] = frozenset(int(t) for t in _DEQUANT)
+
+
+def _blocks_of(raw: np.ndarray, ggml_type: int, np_shape: tuple[int, ...]) -> np.ndarray:
+    """Validate sizes and view ``raw`` as (n_blocks, type_size) uint8 (no copy when contiguous)."""
+    block_size, type_size = block_info(ggml_type)
+    n_elems = int(np.prod(np_shape, dtype=object)) if np_shape else 1
+    if not np_shape or np_shape[-1] % block_size:
+        raise ValueError(
+            f"{type_name(ggml_type)} tensor of shape {np_shape}: last dimension is not a multiple "
+            f"of the block size {block_size}"
+        )
+    n_blocks = n_elems // block_size
+    if raw.dtype != np.uint8 or raw.size != n_blocks * type_size:
+        raise ValueError(
+            f"{type_name(ggml_type)} tensor of shape {np_shape} needs {n_blocks * type_size} bytes, "
+            f"got {raw.size} of dtype {raw.dtype}"
+        )
+    return np.ascontiguousarray(raw).reshape(n_blocks, type_size)
+
+
+def dequantize(raw: np.ndarray, ggml_type: int, np_shape: tuple[int, ...]) -> np.ndarray:
+    """Dequantize ggml tensor bytes to a new float32 array of ``np_shape`` (numpy order).
+
+    ``raw`` is uint8 of any shape holding exactly the tensor's bytes. Types outside
+    SUPPORTED_TYPES raise UnsupportedQuantType naming the type (e.g. "IQ4_XS").
+    """
+    fn = _DEQUANT.get(ggml_type)
+    if fn is None:
+        raise UnsupportedQuantType(f"archrun cannot dequantize ggml type {type_name(ggml_type)}")
+    np_shape = tuple(int(d) for d in np_shape)
+    blocks = _blocks_of(raw, ggml_type, np_shape)
+    block_size = block_info(ggml_type)[0]
+    out = np.empty((len(blocks), block_size), dtype=np.float32)
+    step = max(1, _CHUNK_ELEMENTS // block_size)
+    # random or hostile scales may be inf/NaN; they propagate like in ggml, without warnings
+    with np.errstate(all="ignore"):
+        for start in range(0, len(blocks), step):
+            fn(blocks[start : start + step], out[start : start + step])
+    return out.reshape(np_shape)
