@@ -235,6 +235,7 @@ def _build(meta: _Meta, t: _Tensors, hints: FamilyHints, block_style: str | None
     t.expect("output_norm", None, (n_embd,))
     geo = _Geometry(meta, t, hints, n_embd, n_block)
     layers = tuple(geo.layer(i) for i in range(n_block - n_nextn))
+    nextn_layers = tuple(geo.layer(i) for i in range(n_block - n_nextn, n_block))
     return Descriptor(
         architecture=meta.arch,
         n_vocab=n_vocab,
@@ -248,7 +249,7 @@ def _build(meta: _Meta, t: _Tensors, hints: FamilyHints, block_style: str | None
         tied_output=tied,
         logit_softcap=meta.get("final_logit_softcapping", float, 0.0),
         block_style=block_style or hints.block_style,
-        n_nextn=n_nextn,
+        nextn_layers=nextn_layers,
         tensor_names=t.names,
     )
 

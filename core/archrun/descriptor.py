@@ -190,8 +190,8 @@ class LayerSpec:
 class Descriptor:
     """A decoder-only transformer as data (see module docstring).
 
-    layers are the trunk's blocks; `n_nextn` extra blocks (multi-token-prediction heads)
-    follow them in the file and are not part of the trunk.
+    layers are the trunk's blocks; `nextn_layers` are the multi-token-prediction (MTP) blocks
+    that follow them in the file (block indices n_layer, n_layer+1, ...), not part of the trunk.
     """
 
     architecture: str = field(validator=v.instance_of(str))
@@ -210,7 +210,9 @@ class Descriptor:
     tied_output: bool = field(default=False, validator=v.instance_of(bool))
     logit_softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))
     block_style: str = field(default="fused", validator=v.in_(BLOCK_STYLES))
-    n_nextn: int = field(default=0, validator=_nonneg_int)
+    nextn_layers: tuple[LayerSpec, ...] = field(
+        default=(), converter=tuple, validator=v.deep_iterable(v.instance_of(LayerSpec))
+    )
     tensor_names: Mapping[str, str | None] = field(default=DEFAULT_TENSOR_NAMES, converter=_frozen_mapping)
 
     @layers.validator
@@ -234,6 +236,11 @@ class Descriptor:
     def n_layer(self) -> int:
         """Number of trunk layers."""
         return len(self.layers)
+
+    @property
+    def n_nextn(self) -> int:
+        """Number of MTP blocks after the trunk."""
+        return len(self.nextn_layers)
 
     def tensor_name(self, role: str, layer: int | None = None) -> str:
         """The GGUF tensor name holding `role` (in block `layer` for per-block roles)."""

@@ -51,7 +51,7 @@ def render_text(info: dict[str, Any]) -> str:
         f"architecture  {info['architecture']} (family: {info['family']})",
         f"tensors       {info['tensors']}  " + ", ".join(f"{k}×{v}" for k, v in info["tensor_types"].items()),
         f"dims          n_vocab={d['n_vocab']} n_embd={d['n_embd']} n_ctx={d['n_ctx']} "
-        f"layers={len(d['layers'])} nextn={d['n_nextn']}",
+        f"layers={len(d['layers'])} nextn={len(d['nextn_layers'])}",
         f"norm          {d['norm']} eps={d['norm_eps']}  embed_scale={d['embed_scale']:.4g}  "
         f"tied_output={d['tied_output']}  logit_softcap={d['logit_softcap']}",
         f"block_style   {d['block_style']}",

@@ -60,6 +60,7 @@ class Plan:
     layers: list[LayerPlan]
     softcap: Callable[[np.ndarray], np.ndarray] | None
     providers: dict[str, str]          # "slot=name" -> plugin that provides it
+    binder: _Binder                    # binds further blocks on request (e.g. a family's MTP block)
 
 
 class _Binder:
@@ -138,7 +139,7 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     output = embed if d.tied_output else b.matrix("output")
     softcap = b.op("softcap", "tanh", d.logit_softcap) if d.logit_softcap else None
     b.op("block_style", d.block_style)
-    return Plan(d, embed, output, b.vector("output_norm"), norm, ropes, layers, softcap, b.providers)
+    return Plan(d, embed, output, b.vector("output_norm"), norm, ropes, layers, softcap, b.providers, b)
 
 
 def _bind_rope(b: _Binder, spec) -> Any:
@@ -201,7 +202,10 @@ def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> Callable[[np.ndarray], np.nd
 
 @attrs.frozen
 class HostStep:
-    """Result of host_step: logits [n, vocab] and the trunk's last hidden states [n, d] (pre output norm)."""
+    """Result of host_step: logits [n, vocab] and the trunk's final hidden states [n, d].
+
+    hidden is what the output head reads (after output_norm): the state MTP heads consume.
+    """
 
     logits: np.ndarray
     hidden: np.ndarray
@@ -273,26 +277,41 @@ class Interpreter:
         return arr.astype(np.int64)
 
     def _forward(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Run ids through every layer, appending to cache; returns (logits, last hidden states)."""
-        p, d = self.plan, self.descriptor
+        """Run ids through every layer, appending to cache; returns (logits, normed final hidden states)."""
+        p = self.plan
         start = len(cache)
-        x = p.embed.rows(ids)  # [n, d]
-        if d.embed_scale != 1.0:
-            x *= F32(d.embed_scale)
-        pos = np.arange(start, start + len(ids))
-        cos_sin = [rope.cos_sin(pos) if rope is not None else None for rope in p.ropes]
+        x = self.embed(ids)
+        angles = self.rope_angles(np.arange(start, start + len(ids)))
         for lp, slot in zip(p.layers, cache.slots, strict=True):
-            x = self._block(lp, x, slot, start, cos_sin)
+            x = self.run_block(lp, x, slot, start, angles)
         cache.advance(len(ids))
-        hidden = x
-        if not all_logits:
-            x = x[-1:]
-        logits = p.output(p.norm(x, p.output_norm))
-        if p.softcap is not None:
-            logits = p.softcap(logits)
-        return logits, hidden
+        hidden = p.norm(x, p.output_norm)
+        return self.head(hidden if all_logits else hidden[-1:]), hidden
 
-    def _block(self, lp: LayerPlan, x: np.ndarray, slot: Any, start: int, cos_sin: list) -> np.ndarray:
+    # -- building blocks, public for family-side extensions (e.g. MTP heads) --------------------
+
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        """Token embeddings [n, d], scaled by the descriptor's embed_scale."""
+        x = self.plan.embed.rows(ids)
+        if self.descriptor.embed_scale != 1.0:
+            x *= F32(self.descriptor.embed_scale)
+        return x
+
+    def head(self, hidden: np.ndarray) -> np.ndarray:
+        """Output head on normed hidden states [n, d] -> logits [n, vocab] (softcapped if the model says so)."""
+        logits = self.plan.output(hidden)
+        return self.plan.softcap(logits) if self.plan.softcap is not None else logits
+
+    def rope_angles(self, positions: np.ndarray) -> list:
+        """(cos, sin) of every rope table at these positions (None for tables without rope)."""
+        return [rope.cos_sin(positions) if rope is not None else None for rope in self.plan.ropes]
+
+    def bind_block(self, index: int, spec: LayerSpec) -> LayerPlan:
+        """Bind the weights of block `index` (e.g. an MTP block after the trunk) with this model's ops."""
+        return _bind_layer(self.plan.binder, index, spec)
+
+    def run_block(self, lp: LayerPlan, x: np.ndarray, slot: Any, start: int, angles: list) -> np.ndarray:
+        """One decoder block on x [n, d]; its K/V go to `slot` at rows start..start+n-1."""
         norm, a = self.plan.norm, lp.spec.attention
         h = norm(x, lp.attn_norm)
         n = len(x)
@@ -303,7 +322,7 @@ class Interpreter:
             q, k = norm(q, lp.q_norm), norm(k, lp.k_norm)
         rope = self.plan.ropes[a.rope]
         if rope is not None:
-            cos, sin = cos_sin[a.rope]
+            cos, sin = angles[a.rope]
             q, k = rope(q, cos, sin), rope(k, cos, sin)
         o = lp.o(lp.attention(q, k, v, slot, start).reshape(n, a.n_head * a.v_head_dim))
         if lp.post_attn_norm is not None:
@@ -337,14 +356,17 @@ class HostReferenceDecoder(Interpreter):
     caps = Caps(host_step=True)
 
     def host_step(self, token_ids: Sequence[int] | np.ndarray, cache: KvCache, mtp_cache: Any = None) -> HostStep:
-        """Append token_ids; return all-position logits and the trunk's hidden states.
+        """Append token_ids; return all-position logits and the trunk's final hidden states.
 
-        mtp_cache is the seam for a family-side multi-token-prediction cache; the trunk never
-        reads it (families drive their MTP blocks with the returned hidden states).
+        mtp_cache is the nullable seam for a family-side multi-token-prediction cache: when
+        given, `mtp_cache.advance(token_ids, hidden)` is called after the trunk step so the
+        family's MTP block stays in step. The trunk never reads it.
         """
         ids = self._check_ids(token_ids)
         cache.check_room(len(ids))
         logits, hidden = self._forward(ids, cache, True)
+        if mtp_cache is not None:
+            mtp_cache.advance(ids, hidden)
         return HostStep(logits, hidden)
 
     def forward_step_batch(self, *args: Any, **kwargs: Any) -> list[np.ndarray]:

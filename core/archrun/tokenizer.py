@@ -47,6 +47,7 @@ _TYPE_TO_ATTR = np.array(
     dtype=np.int64,
 )
 
+_PREFIX = 3  # characters of a special token's text used to pre-filter candidates
 MAX_TOKEN_BYTES = 4096  # longest token text accepted; real vocabularies stay below ~300 bytes
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -551,8 +552,10 @@ class Tokenizer:
         self._clean_spaces = flags["clean_spaces"]
         self.chat_template = chat_template
         self._pieces: list[bytes | None] = [None] * len(tokens)
-        self._special_all = _special_order(tokens, attrs, ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)
-        self._special_user = [t for t in self._special_all if not attrs[t] & (ATTR_CONTROL | ATTR_UNKNOWN)]
+        # (id, text, first _PREFIX characters) of special tokens, longest text first
+        every = _special_order(tokens, attrs, ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)
+        self._special_all = [(t, tokens[t], tokens[t][:_PREFIX]) for t in every]
+        self._special_user = [s for s in self._special_all if not attrs[s[0]] & (ATTR_CONTROL | ATTR_UNKNOWN)]
 
     # -- construction --
 
@@ -684,9 +687,10 @@ class Tokenizer:
         """Split text into raw fragments and special-token ids (llama.cpp tokenizer_st_partition):
         each special text, longest first, is cut out of every fragment it occurs in."""
         parts: list[tuple[int, int] | int] = [(0, len(text))] if text else []  # (start, end) = raw text
-        for tid in self._special_all if parse_special else self._special_user:
-            needle = self._tokens[tid]
-            if needle not in text:
+        candidates = self._special_all if parse_special else self._special_user
+        present = _ngrams(text, _PREFIX) if len(text) * _PREFIX < len(candidates) else None
+        for tid, needle, prefix in candidates:
+            if (present is not None and prefix not in present) or needle not in text:
                 continue
             protected = plain_spans if self._attrs[tid] & (ATTR_CONTROL | ATTR_UNKNOWN) else ()
             split: list[tuple[int, int] | int] = []
@@ -841,6 +845,11 @@ def _cut(text: str, span: tuple[int, int], needle: str, tid: int,
     if pos < end:
         out.append((pos, end))
     return out
+
+
+def _ngrams(text: str, n: int) -> set[str]:
+    """Every substring of 1..n characters (a cheap pre-filter for special-token search)."""
+    return {text[i:i + k] for k in range(1, n + 1) for i in range(len(text) - k + 1)}
 
 
 def _check_unicode(text: str, what: str = "text") -> None:
