@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from archrun.chat import chat_tokens, render_chat
+from archrun.chat_template import chat_tokens, render_chat
 from archrun.errors import ChatTemplateError, InvalidRequest
 from archrun.tokenizer import Tokenizer
 
-chat = importlib.import_module("archrun.chat")  # the package attribute `archrun.chat` is a function
+chat = importlib.import_module("archrun.chat_template")
 GOLDENS = pathlib.Path(__file__).parent / "goldens" / "real"
 USER = [{"role": "user", "content": "hi"}]
 

@@ -73,7 +73,7 @@ def chat(model: Any, messages: Sequence[dict], *, template: str | None = None, *
     The template is the file's tokenizer.chat_template, else the family's default, else
     `template=`. Other options are those of `generate`.
     """
-    from archrun.chat import chat_tokens
+    from archrun.chat_template import chat_tokens
 
     template = template or model.tokenizer.chat_template or getattr(model, "default_chat_template", None)
     ids = chat_tokens(model.tokenizer, list(messages), template=template, add_generation_prompt=True)

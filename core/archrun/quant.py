@@ -27,13 +27,6 @@ _F32 = np.dtype("<f4")
 # small enough that the uint8/float32 temporaries stay in cache
 _CHUNK_ELEMENTS = 1 << 16
 
-# nibble / 2-bit / 1-bit shift tables, shaped to broadcast over (n_blocks, groups, k, lanes)
-_SHIFT_4 = np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-_SHIFT_2 = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
-_SHIFT_1 = np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
-_SHIFT_32 = np.arange(32, dtype=np.uint32).reshape(1, 32)
-
-
 def type_name(ggml_type: int) -> str:
     """Name of a ggml type number ("Q4_K"), or "type <n>" for numbers gguf does not know."""
     try:
@@ -69,16 +62,27 @@ def _f16(col: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(col).view(_F16).astype(np.float32)
 
 
+def _fields(packed: np.ndarray, lanes: int, bits: int) -> np.ndarray:
+    """(n, g*lanes) packed bytes -> (n, g, 8 // bits, lanes) uint8 fields, lowest bits first.
+
+    Field k of byte j is ``(byte >> (k * bits)) & mask``. Each shift runs on one contiguous
+    array (numpy is slow on short broadcast rows), then one concatenate interleaves them.
+    """
+    n = packed.shape[0]
+    x = np.ascontiguousarray(packed).reshape(n, -1, 1, lanes)
+    mask = np.uint8((1 << bits) - 1)
+    parts = [x & mask] + [(x >> np.uint8(k)) & mask for k in range(bits, 8 - bits, bits)] + [x >> np.uint8(8 - bits)]
+    return np.concatenate(parts, axis=2)
+
+
 def _nibbles(qs: np.ndarray, lanes: int) -> np.ndarray:
     """(n, g*lanes) packed bytes -> (n, g, 2, lanes) uint8: low nibbles first, then high ones."""
-    n = qs.shape[0]
-    return (qs.reshape(n, -1, 1, lanes) >> _SHIFT_4) & np.uint8(0x0F)
+    return _fields(qs, lanes, 4)
 
 
-def _bits_low_first(qh: np.ndarray, lanes: int, shifts: np.ndarray, mask: int) -> np.ndarray:
-    """(n, g*lanes) bytes -> (n, g, k, lanes) uint8 fields ``(byte >> shifts[k]) & mask``."""
-    n = qh.shape[0]
-    return (qh.reshape(n, -1, 1, lanes) >> shifts) & np.uint8(mask)
+def _times16(x: np.ndarray) -> np.ndarray:
+    """x << 4 for uint8 (a multiply: numpy's uint8 shift left is not vectorised)."""
+    return np.multiply(x, np.uint8(16), out=x)
 
 
 # ---- legacy 32-element blocks -------------------------------------------------------------------
@@ -86,8 +90,8 @@ def _bits_low_first(qh: np.ndarray, lanes: int, shifts: np.ndarray, mask: int) -
 
 def _q4_0(b: np.ndarray, out: np.ndarray) -> None:
     # block: d f16 | qs[16]; x = d * (q - 8), low nibbles are elements 0..15
-    q = _nibbles(b[:, 2:], 16).reshape(len(b), 32).astype(np.int8) - np.int8(8)
-    np.multiply(_f16(b[:, 0:2]), q, out=out)
+    q = _nibbles(b[:, 2:], 16).reshape(len(b), 32).view(np.int8)
+    np.multiply(_f16(b[:, 0:2]), np.subtract(q, np.int8(8), out=q), out=out)
 
 
 def _q4_1(b: np.ndarray, out: np.ndarray) -> None:
@@ -99,14 +103,13 @@ def _q4_1(b: np.ndarray, out: np.ndarray) -> None:
 
 def _q5_high(qh: np.ndarray) -> np.ndarray:
     """(n, 4) bytes of the little-endian uint32 of fifth bits -> (n, 32) uint8 values 0/16."""
-    bits = (np.ascontiguousarray(qh).view("<u4") >> _SHIFT_32) & np.uint32(1)
-    return bits.astype(np.uint8) << np.uint8(4)
+    return _times16(np.unpackbits(np.ascontiguousarray(qh), axis=1, bitorder="little"))
 
 
 def _q5_0(b: np.ndarray, out: np.ndarray) -> None:
     # block: d f16 | qh u32 | qs[16]; x = d * (q - 16)
-    q = (_nibbles(b[:, 6:], 16).reshape(len(b), 32) | _q5_high(b[:, 2:6])).astype(np.int8) - np.int8(16)
-    np.multiply(_f16(b[:, 0:2]), q, out=out)
+    q = np.bitwise_or(_nibbles(b[:, 6:], 16).reshape(len(b), 32), _q5_high(b[:, 2:6])).view(np.int8)
+    np.multiply(_f16(b[:, 0:2]), np.subtract(q, np.int8(16), out=q), out=out)
 
 
 def _q5_1(b: np.ndarray, out: np.ndarray) -> None:
@@ -130,7 +133,7 @@ def _q2_k(b: np.ndarray, out: np.ndarray) -> None:
     scales = b[:, :16]
     dl = (_f16(b[:, 80:82]) * (scales & np.uint8(0x0F))).reshape(n, 16, 1)
     ml = (_f16(b[:, 82:84]) * (scales >> np.uint8(4))).reshape(n, 16, 1)
-    q = _bits_low_first(b[:, 16:80], 32, _SHIFT_2, 3).reshape(n, 16, 16)
+    q = _fields(b[:, 16:80], 32, 2).reshape(n, 16, 16)
     o = out.reshape(n, 16, 16)
     np.multiply(dl, q, out=o)
     np.subtract(o, ml, out=o)
@@ -139,19 +142,21 @@ def _q2_k(b: np.ndarray, out: np.ndarray) -> None:
 def _q3_k_scales(sc: np.ndarray) -> np.ndarray:
     """(n, 12) packed 6-bit scales -> (n, 16) float32 values in -32..31."""
     n = sc.shape[0]
-    lo = (sc[:, :8].reshape(n, 1, 8) >> _SHIFT_4.reshape(1, 2, 1)).reshape(n, 16)
-    hi = (sc[:, 8:12].reshape(n, 1, 4) >> _SHIFT_2.reshape(1, 4, 1)).reshape(n, 16)
-    s = (lo & np.uint8(0x0F)) | ((hi & np.uint8(0x03)) << np.uint8(4))
-    return (s.astype(np.int8) - np.int8(32)).astype(np.float32)
+    lo = _fields(sc[:, :8], 8, 4).reshape(n, 16)
+    hi = _fields(sc[:, 8:12], 4, 2).reshape(n, 16)
+    s = (lo | _times16(hi)).view(np.int8)
+    return np.subtract(s, np.int8(32), out=s).astype(np.float32)
 
 
 def _q3_k(b: np.ndarray, out: np.ndarray) -> None:
     # block: hmask[32] | qs[64] | scales[12] | d f16; q = low2 - 4 * (1 - hbit)
     n = len(b)
     dl = (_f16(b[:, 108:110]) * _q3_k_scales(b[:, 96:108])).reshape(n, 16, 1)
-    ql = _bits_low_first(b[:, 32:96], 32, _SHIFT_2, 3).reshape(n, 16, 16)
-    qh = _bits_low_first(b[:, :32], 32, _SHIFT_1, 1).reshape(n, 16, 16) ^ np.uint8(1)
-    q = ql.astype(np.int8) - (qh << np.uint8(2)).astype(np.int8)
+    ql = _fields(b[:, 32:96], 32, 2).reshape(n, 16, 16).view(np.int8)
+    hbit = _fields(b[:, :32], 32, 1).reshape(n, 16, 16)
+    # ql - 4 * (1 - hbit) == ql - 4 + 4 * hbit
+    q = np.subtract(ql, np.int8(4), out=ql)
+    q += np.multiply(hbit, np.uint8(4), out=hbit).view(np.int8)
     np.multiply(dl, q, out=out.reshape(n, 16, 16))
 
 
@@ -184,8 +189,8 @@ def _q5_k(b: np.ndarray, out: np.ndarray) -> None:
     # block: d f16 | dmin f16 | scales[12] | qh[32] | qs[128]
     n = len(b)
     ql = _nibbles(b[:, 48:], 32).reshape(n, 8, 32)
-    qh = _bits_low_first(b[:, 16:48], 32, _SHIFT_1, 1).reshape(n, 8, 32)
-    _k_affine(b, ql | (qh << np.uint8(4)), out)
+    qh = _fields(b[:, 16:48], 32, 1).reshape(n, 8, 32)
+    _k_affine(b, np.bitwise_or(ql, _times16(qh), out=ql), out)
 
 
 def _q6_k(b: np.ndarray, out: np.ndarray) -> None:
@@ -193,8 +198,9 @@ def _q6_k(b: np.ndarray, out: np.ndarray) -> None:
     n = len(b)
     dl = (_f16(b[:, 208:210]) * b[:, 192:208].view(np.int8)).reshape(n, 16, 1)
     ql = _nibbles(b[:, :128], 64).reshape(n, 8, 32)
-    qh = _bits_low_first(b[:, 128:192], 32, _SHIFT_2, 3).reshape(n, 8, 32)
-    q = (ql | (qh << np.uint8(4))).astype(np.int8) - np.int8(32)
+    qh = _fields(b[:, 128:192], 32, 2).reshape(n, 8, 32)
+    q = np.bitwise_or(ql, _times16(qh), out=ql).view(np.int8)
+    q = np.subtract(q, np.int8(32), out=q)
     np.multiply(dl, q.reshape(n, 16, 16), out=out.reshape(n, 16, 16))
 
 
