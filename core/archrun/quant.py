@@ -27,6 +27,7 @@ _F32 = np.dtype("<f4")
 # small enough that the uint8/float32 temporaries stay in cache
 _CHUNK_ELEMENTS = 1 << 16
 
+
 def type_name(ggml_type: int) -> str:
     """Name of a ggml type number ("Q4_K"), or "type <n>" for numbers gguf does not know."""
     try:
