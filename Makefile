@@ -42,8 +42,15 @@ test: install-test models
 lint: install-test
 	$(VENV)/bin/ruff check .
 
-bench: install models
-	$(PY) bench/bench_llamacpp.py
+# The benchmark's reference: llama-cpp-python in its own venv (compiles llama.cpp: ~10+ minutes once).
+BENCH_VENV ?= .venv-bench
+$(BENCH_VENV)/.installed:
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q numpy llama-cpp-python
+	touch $@
+
+bench: install models $(BENCH_VENV)/.installed
+	$(PY) bench/bench_llamacpp.py --llama-python $(BENCH_VENV)/bin/python --threads 2
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,115 @@
+"""Benchmark archrun against llama.cpp (llama-cpp-python) on the real models, in one run.
+
+Both sides run in their own fresh process, on the same random token ids, at the same thread
+count: prefill of --prompt-tokens tokens, then --gen-tokens greedy decode steps. Prints a table
+of tok/s and the archrun/llama.cpp ratios, and writes the same as JSON (--json-out).
+
+    python bench/bench_llamacpp.py --llama-python .venv-bench/bin/python --threads 2
+
+--llama-python is an interpreter with llama-cpp-python installed (`make bench` makes one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "scripts"))
+from fetch_models import MODELS, model_path  # noqa: E402
+
+LLAMA_SNIPPET = r"""
+import json, resource, sys, time
+import numpy as np
+from llama_cpp import Llama
+path, (threads, n_prompt, n_gen, seed) = sys.argv[1], map(int, sys.argv[2:6])
+t0 = time.perf_counter()
+llm = Llama(model_path=path, n_ctx=n_prompt + n_gen + 8, n_batch=512, n_threads=threads,
+            n_threads_batch=threads, verbose=False, seed=seed)
+rng = np.random.default_rng(seed)
+ids = rng.integers(0, llm.n_vocab(), size=n_prompt).tolist()
+llm.eval(ids[:1])
+first = time.perf_counter() - t0
+llm.reset()
+t1 = time.perf_counter(); llm.eval(ids); prefill = time.perf_counter() - t1
+tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+t2 = time.perf_counter()
+for _ in range(n_gen):
+    llm.eval([tok]); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+decode = time.perf_counter() - t2
+print(json.dumps({"prefill_tok_s": n_prompt / prefill, "decode_tok_s": n_gen / decode,
+                  "load_to_first_token_s": first,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+ARCHRUN_SNIPPET = r"""
+import json, sys
+from archrun.benchmark import run_bench
+path, (threads, n_prompt, n_gen, seed) = sys.argv[1], map(int, sys.argv[2:6])
+print(json.dumps(run_bench(path, threads=threads, prompt_tokens=n_prompt, gen_tokens=n_gen, seed=seed)))
+"""
+
+
+def _run(python: str, snippet: str, args: list[str]) -> dict:
+    out = subprocess.run([python, "-c", snippet, *args], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"benchmark process failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON", sys.executable))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--gen-tokens", type=int, default=64)
+    p.add_argument("--models", nargs="*", default=list(MODELS))
+    p.add_argument("--json-out", type=Path, default=HERE / "results" / "latest.json")
+    args = p.parse_args()
+    common = [str(args.threads), str(args.prompt_tokens), str(args.gen_tokens), "0"]
+    rows = []
+    for name in args.models:
+        path = str(model_path(name))
+        ours = _run(sys.executable, ARCHRUN_SNIPPET, [path, *common])
+        ref = _run(args.llama_python, LLAMA_SNIPPET, [path, *common])
+        rows.append({"model": name, "archrun": ours, "llama.cpp": ref,
+                     "prefill_ratio": ours["prefill_tok_s"] / ref["prefill_tok_s"],
+                     "decode_ratio": ours["decode_tok_s"] / ref["decode_tok_s"]})
+        print(_row(rows[-1]), flush=True)
+    report = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.processor() or ''}".strip(),
+              "threads": args.threads, "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+              "rows": rows}
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(report, indent=2))
+    print(_table(rows))
+    return 0
+
+
+def _row(r: dict) -> str:
+    a, b = r["archrun"], r["llama.cpp"]
+    return (f"{r['model']}: prefill {a['prefill_tok_s']:.1f} vs {b['prefill_tok_s']:.1f} tok/s "
+            f"({r['prefill_ratio']:.2f}x), decode {a['decode_tok_s']:.1f} vs {b['decode_tok_s']:.1f} tok/s "
+            f"({r['decode_ratio']:.2f}x)")
+
+
+def _table(rows: list[dict]) -> str:
+    head = ("| model | prefill archrun | prefill llama.cpp | ratio | decode archrun | decode llama.cpp | ratio "
+            "| first token (s) | peak RSS MB |")
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        a, b = r["archrun"], r["llama.cpp"]
+        lines.append(
+            f"| {r['model']} | {a['prefill_tok_s']:.1f} | {b['prefill_tok_s']:.1f} | {r['prefill_ratio']:.2f} "
+            f"| {a['decode_tok_s']:.1f} | {b['decode_tok_s']:.1f} | {r['decode_ratio']:.2f} "
+            f"| {a['load_to_first_token_s']:.2f} | {a['peak_rss_mb']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
