@@ -7,6 +7,8 @@ What glm4moe files do not say (llama.cpp src/models/glm4-moe.cpp, HF modeling_gl
   the role `ffn_norm` is remapped to it and there is no post-attention (sandwich) norm;
 - block_count includes the nextn (MTP) layers; the trunk is block_count - nextn_predict_layers;
 - the default block style is host_reference (the auditable host-side shape).
+
+The MTP (nextn) draft head lives in archrun_glm4moe.mtp: MtpHead, MtpCache, verify.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 import pluggy
 
 from archrun.compile import FamilyHints
+from archrun_glm4moe.mtp import MtpCache, MtpHead, verify
+
+__all__ = ["HINTS", "MtpCache", "MtpHead", "archrun_describe_family", "archrun_families", "verify"]
 
 hookimpl = pluggy.HookimplMarker("archrun")
 
