@@ -68,8 +68,12 @@ def write_model(path: str | Path, *, arch: str = "qwen3", seed: int = 0, n_vocab
                 n_expert_used: int = 2, n_ff_exp: int = 16, n_ctx: int = 256,
                 drop_keys: tuple[str, ...] = (), drop_tensors: tuple[str, ...] = (),
                 key_overrides: dict[str, Any] | None = None,
-                tensor_overrides: dict[str, np.ndarray] | None = None) -> Path:
-    """Write a random model; return its path. Key names in drop_keys/key_overrides omit the arch prefix."""
+                tensor_overrides: dict[str, np.ndarray] | None = None,
+                quant_types: dict[str, int] | None = None) -> Path:
+    """Write a random model; return its path. Key names in drop_keys/key_overrides omit the arch prefix.
+
+    quant_types: tensor name -> ggml type for tensors given as raw uint8 blocks in tensor_overrides.
+    """
     rng = np.random.default_rng(seed)
     tensors = model_tensors(rng, n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
                             n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff, qk_norm=qk_norm,
@@ -91,7 +95,11 @@ def write_model(path: str | Path, *, arch: str = "qwen3", seed: int = 0, n_vocab
             _add(w, f"{arch}.{k}", v)
     _tokenizer(w, n_vocab)
     for name, arr in tensors.items():
-        if name not in drop_tensors:
+        if name in drop_tensors:
+            continue
+        if quant_types and name in quant_types:
+            w.add_tensor(name, arr, raw_dtype=quant_types[name])
+        else:
             w.add_tensor(name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()

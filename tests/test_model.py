@@ -112,3 +112,16 @@ def test_bad_backend_and_style(qwen3):
         archrun.load(qwen3, backend="gpu")
     with pytest.raises(archrun.ArchrunError):
         archrun.load(qwen3, block_style="diagonal")
+
+
+def test_unsupported_quant_type_is_named_at_load(synth_model):
+    import gguf
+
+    from archrun.errors import UnsupportedQuantType
+
+    # IQ4_NL blocks: 2-byte scale + 16 bytes of nibbles per 32 weights; contents do not matter
+    raw = np.zeros((64, 32 // 32 * 18), np.uint8)  # attn_q of a 32-wide model: 64 rows x 1 block
+    path = synth_model(tensor_overrides={"blk.0.attn_q.weight": raw}, quant_types={"blk.0.attn_q.weight":
+                                                                                    gguf.GGMLQuantizationType.IQ4_NL})
+    with pytest.raises(UnsupportedQuantType, match="blk.0.attn_q.weight.*IQ4_NL"):
+        archrun.load(path)

@@ -17,11 +17,12 @@ from typing import Any
 import attrs
 import numpy as np
 
+from archrun import quant
 from archrun.cache import KvCache
 from archrun.decoder import Caps
 from archrun.descriptor import Descriptor, LayerSpec, MoeSpec
-from archrun.errors import ContextOverflow, InvalidRequest, WrongBlockStyle
-from archrun.ggufio import GGUFFile
+from archrun.errors import ContextOverflow, InvalidRequest, MissingTensor, UnsupportedQuantType, WrongBlockStyle
+from archrun.ggufio import GGUFFile, TensorInfo
 from archrun.vocab import Vocabulary
 from archrun.weights import Matrix, MoeWeights
 
@@ -83,18 +84,29 @@ class _Binder:
         return self.backend
 
     def vector(self, role: str, layer: int | None = None) -> np.ndarray:
-        return np.ascontiguousarray(self.gguf.dequantize(self.d.tensor_name(role, layer)), dtype=F32)
+        return np.ascontiguousarray(self.gguf.dequantize(self._checked(role, layer).name), dtype=F32)
+
+    def _checked(self, role: str, layer: int | None) -> TensorInfo:
+        """The tensor of `role`, refused at load when archrun cannot execute its quant type."""
+        name = self.d.tensor_name(role, layer)
+        if name not in self.gguf.tensors:
+            raise MissingTensor(f"required tensor {name!r} is missing")
+        info = self.gguf.tensors[name]
+        if info.ggml_type not in quant.SUPPORTED_TYPES:
+            raise UnsupportedQuantType(f"tensor {name!r} uses quantization type {info.type_name}, "
+                                       "which archrun cannot execute")
+        return info
 
     def matrix(self, role: str, layer: int | None = None, bias_role: str | None = None) -> Matrix:
-        name = self.d.tensor_name(role, layer)
-        info = self.gguf.tensors[name]
+        info = self._checked(role, layer)
+        name = info.name
         bias = self.vector(bias_role, layer) if bias_role else None
         return Matrix(self.gguf.raw_rows(name), info.ggml_type, info.shape[0], self.backend, bias, name)
 
     def experts(self, role: str, layer: int) -> list[Matrix]:
         """Split a stacked expert tensor {n_in, n_out, E} into E matrices (views, no copy)."""
-        name = self.d.tensor_name(role, layer)
-        info = self.gguf.tensors[name]
+        info = self._checked(role, layer)
+        name = info.name
         n_in, n_out, n_exp = info.shape
         rows = self.gguf.raw_rows(name)  # [E * n_out, row_bytes]
         return [
