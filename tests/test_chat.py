@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import pathlib
 import time
 
 import pytest
 
+import archrun.chat_template as chat
 from archrun.chat_template import chat_tokens, render_chat
 from archrun.errors import ChatTemplateError, InvalidRequest
 from archrun.tokenizer import Tokenizer
 
-chat = importlib.import_module("archrun.chat_template")
 GOLDENS = pathlib.Path(__file__).parent / "goldens" / "real"
 USER = [{"role": "user", "content": "hi"}]
 
@@ -184,6 +183,20 @@ def test_chat_tokens_equal_llamacpp_tokenization_of_hf_render(model):
     for conv in golden["conversations"]:
         want = tok.encode(conv["rendered"], add_special=True, parse_special=True)
         assert chat_tokens(tok, conv["messages"]) == want
+
+
+@pytest.mark.parametrize("model", ["smollm2", "qwen25", "gemma3"])
+def test_chat_tokens_equal_llamacpp_chat_prompt_goldens(model):
+    """The recorded chat prompts: llama.cpp's tokenize(HF render, add_bos per file, special=True)."""
+    path = GOLDENS / f"{model}_prompts.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not recorded")
+    tok = real_tokenizer(model)
+    template = GEMMA_TEMPLATE if model == "gemma3" else None  # the Gemma file carries no template
+    prompts = json.loads(path.read_text(encoding="utf-8"))["chat_prompts"]
+    assert prompts
+    for prompt in prompts:
+        assert chat_tokens(tok, prompt["conversation"], template=template) == prompt["ids"]
 
 
 @pytest.mark.parametrize("model", ["smollm2", "qwen25"])
