@@ -9,6 +9,6 @@ JIT_PAR = dict(JIT, parallel=True)
 
 # Output rows are interleaved in groups of LANES: one SIMD lane per row, so a 32-element
 # block of all rows of a group is dotted with one activation block without horizontal sums.
-LANES = 16
+LANES = 32
 # Quantized activations and repacked weights use 32-element blocks for every type.
 QB = 32

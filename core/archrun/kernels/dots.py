@@ -2,37 +2,52 @@
 
 The activation x[n, n_in] is quantized once per matmul into 32-element blocks the way
 ggml's quantize_row_q8_0 does it (d = max|x| / 127, q = round-half-away(x / d)), kept as
-int16 so products need no widening. A kernel then walks row groups (LANES rows, one SIMD
-lane each, see layout.py) and 32-element blocks: the block's integer dot for every lane is
-computed in int16/int32 with no horizontal reduction, then scaled into a float32
-accumulator per lane -- the same arithmetic as llama.cpp's vec_dot_*_q8_0 / *_q8_K, with
-per-32 activation scales for every type.
+int16 so products need no widening. A kernel walks row groups (LANES rows, one SIMD lane
+each, see layout.py) and 32-element blocks: every lane's integer dot with the activation
+block is computed with no horizontal reduction, then scaled into a float32 accumulator per
+lane -- the arithmetic of llama.cpp's vec_dot_*_q8_0 / *_q8_K, with per-32 activation
+scales for every type.
 
 int16 sums wrap on purpose: a block's sum of q * x (q >= 0) can exceed int16, but the sum of
-(q - offset) * x cannot (e.g. |q - 8| <= 8 and |x| <= 127 give at most 32 * 8 * 127 = 32512),
-and wrapping arithmetic gives that sum exactly as `sum(q * x) - offset * sum(x)` mod 2^16.
+(q - offset) * x cannot (|q - 8| <= 8 and |x| <= 127 give at most 32 * 8 * 127 = 32512; 5-bit
+fields use 16-element halves), and wrapping arithmetic yields it exactly as
+`sum(q * x) - offset * sum(x)` mod 2^16. Byte fields (Q8_0, Q6_K) are summed in float32,
+which is exact for these integers (|sum| < 2^24) and cheaper than widening to int32.
 
-Kernel signature: (words, *scales, X, DX, QS, g0, g1, out) computes output rows of groups
-[g0, g1) for all n tokens; X int16 [n, nb, 32], DX f32 [n, nb], QS int32 [n, nb, 2] (sums of
-each 16-element half of X's blocks), out f32 [n, n_out].
+Kernel signature: (words, *scales, X, DX, QH, g0, g1, out) computes the output rows of
+groups [g0, g1) for all n tokens: X int16 [n, nb, 32], DX f32 [n, nb], QH int16 [n, nb, 2]
+(sums of each 16-element half of X's blocks), out f32 [n, n_out]. `<type>_par(..., out,
+chunks)` splits the groups into `chunks` ranges over numba's threads.
+
+Code-shape notes (measured; the inner lane loops must compile to 16-bit SIMD):
+- lane loops take their trip count from an array shape: a constant count is fully unrolled
+  and then loses the int16 narrowing (64-bit lanes, ~4x slower);
+- wrap offsets are computed from int16 loads (QH), never from an int64 argument, for the
+  same reason;
+- lane helpers are inlined (a call per block costs ~40%).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-from archrun.kernels._jit import JIT, LANES, QB
+from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
 
 _F32 = np.float32
-
+_I16 = np.int16
+_INLINE = dict(JIT, inline="always")
 
 # -- activation quantization -----------------------------------------------------------------
 
 
 @njit(cache=True, nogil=True)  # no fastmath: d and 1/d must round exactly as ggml/gguf-py do
-def quantize_act(x, X, DX, QS):
-    """x f32 [n, n_in] -> X int16 [n, nb, 32], DX f32 [n, nb], QS int32 [n, nb, 2] (half sums)."""
+def quantize_act(x, X, DX, QH):
+    """x f32 [n, n_in] -> X int16 [n, nb, 32], DX f32 [n, nb], QH int16 [n, nb, 2] (half sums).
+
+    X is bit-identical to the qs of gguf-py's Q8_0 quantization; DX stays float32 (Q8_0
+    would round it to f16).
+    """
     n, n_in = x.shape
     for t in range(n):
         for b in range(n_in // QB):
@@ -48,7 +63,7 @@ def quantize_act(x, X, DX, QS):
                 v = xb[e] * inv
                 a = abs(v)
                 f = np.floor(a)
-                r = np.int16(f + np.floor(_F32(2.0) * (a - f)))  # round half away from zero
+                r = _I16(f + np.floor(_F32(2.0) * (a - f)))  # round half away from zero
                 q = -r if v < 0 else r
                 X[t, b, e] = q
                 if e < QB // 2:
@@ -56,14 +71,13 @@ def quantize_act(x, X, DX, QS):
                 else:
                     h1 += q
             DX[t, b] = d
-            QS[t, b, 0] = h0
-            QS[t, b, 1] = h1
+            QH[t, b, 0] = h0
+            QH[t, b, 1] = h1
 
 
-# -- lane dot products of one 32-element block ------------------------------------------------
-
-
-_I16 = np.int16
+# -- field sums of one 32-element block, one lane per row -------------------------------------
+# Words of a block are flat, w[word * LANES + lane], so every access is a constant offset
+# from one base.
 
 
 @njit(**JIT)
@@ -88,39 +102,27 @@ def _crumb(w, x, o):
 
 
 @njit(**JIT)
-def _p(w, x):
-    """int32 of an int16 product (|byte field * x| <= 128 * 127 fits int16)."""
-    return np.int32(_I16(_I16(w) * x))
-
-
-@njit(**JIT)
-def _byte8(w, g, x, o):
-    """Eight byte fields (elements o..o+7 of lane g) times x[o:o+8], int32."""
+def _fb8(w, g, x, o):
+    """Eight byte fields (elements o..o+7 of lane g) times x[o:o+8], float32 (exact)."""
     k = o * LANES + g
-    return (_p(w[k], x[o]) + _p(w[k + LANES], x[o + 1]) + _p(w[k + 2 * LANES], x[o + 2])
-            + _p(w[k + 3 * LANES], x[o + 3]) + _p(w[k + 4 * LANES], x[o + 4])
-            + _p(w[k + 5 * LANES], x[o + 5]) + _p(w[k + 6 * LANES], x[o + 6])
-            + _p(w[k + 7 * LANES], x[o + 7]))
+    return (_F32(w[k]) * _F32(x[o]) + _F32(w[k + LANES]) * _F32(x[o + 1])
+            + _F32(w[k + 2 * LANES]) * _F32(x[o + 2]) + _F32(w[k + 3 * LANES]) * _F32(x[o + 3])
+            + _F32(w[k + 4 * LANES]) * _F32(x[o + 4]) + _F32(w[k + 5 * LANES]) * _F32(x[o + 5])
+            + _F32(w[k + 6 * LANES]) * _F32(x[o + 6]) + _F32(w[k + 7 * LANES]) * _F32(x[o + 7]))
 
 
-# Lane helpers take one block's words flat, w[word * LANES + lane], so every access is a
-# constant offset from one base; the lane loop's trip count comes from the output array so
-# LLVM vectorizes it (a constant count gets fully unrolled and loses the int16 narrowing).
-# Offsets c arrive as int16 for the same reason.
+@njit(**_INLINE)
+def _sum4(w, x, c, s):
+    """4-bit fields, 8 words: s = sum(q * x) - c, wrapped to int16."""
+    for g in range(s.shape[0]):
+        s[g] = (_nib(w[g], x, 0) + _nib(w[LANES + g], x, 4) + _nib(w[2 * LANES + g], x, 8)
+                + _nib(w[3 * LANES + g], x, 12) + _nib(w[4 * LANES + g], x, 16)
+                + _nib(w[5 * LANES + g], x, 20) + _nib(w[6 * LANES + g], x, 24)
+                + _nib(w[7 * LANES + g], x, 28) - c)
 
 
-@njit(**JIT)
-def _lanes4(w, x, c, s16):
-    """4-bit fields, 8 words: s16 = sum(q * x) - c, wrapped to int16."""
-    for g in range(s16.shape[0]):
-        s16[g] = (_nib(w[g], x, 0) + _nib(w[LANES + g], x, 4) + _nib(w[2 * LANES + g], x, 8)
-                  + _nib(w[3 * LANES + g], x, 12) + _nib(w[4 * LANES + g], x, 16)
-                  + _nib(w[5 * LANES + g], x, 20) + _nib(w[6 * LANES + g], x, 24)
-                  + _nib(w[7 * LANES + g], x, 28) - c)
-
-
-@njit(**JIT)
-def _lanes4_halves(w, x, c0, c1, sa, sb):
+@njit(**_INLINE)
+def _sum4_halves(w, x, c0, c1, sa, sb):
     """4-bit fields per 16-element half: sa, sb = sum(q * x) - c of each half (int16)."""
     for g in range(sa.shape[0]):
         sa[g] = (_nib(w[g], x, 0) + _nib(w[LANES + g], x, 4) + _nib(w[2 * LANES + g], x, 8)
@@ -129,8 +131,8 @@ def _lanes4_halves(w, x, c0, c1, sa, sb):
                  + _nib(w[6 * LANES + g], x, 24) + _nib(w[7 * LANES + g], x, 28) - c1)
 
 
-@njit(**JIT)
-def _lanes5(w, x, c0, c1, sa, sb):
+@njit(**_INLINE)
+def _sum5(w, x, c0, c1, sa, sb):
     """5-bit fields, 11 words: sa, sb = sum(q * x) - c of each 16-element half (int16).
 
     Element 3j + t is field t of word j; elements 0..15 are words 0..4 and field 0 of word 5.
@@ -147,23 +149,8 @@ def _lanes5(w, x, c0, c1, sa, sb):
                  + _I16(w10 & 31) * x[30] + _I16((w10 >> 5) & 31) * x[31] - c1)
 
 
-@njit(**JIT)
-def _lanes_bytes(w, x, s32):
-    """Byte fields, 32 per lane: s32 = sum(q * x)."""
-    for g in range(s32.shape[0]):
-        s32[g] = _byte8(w, g, x, 0) + _byte8(w, g, x, 8) + _byte8(w, g, x, 16) + _byte8(w, g, x, 24)
-
-
-@njit(**JIT)
-def _lanes_bytes_halves(w, x, sa, sb):
-    """Byte fields per 16-element half: sa, sb = sum(q * x) of each half."""
-    for g in range(sa.shape[0]):
-        sa[g] = _byte8(w, g, x, 0) + _byte8(w, g, x, 8)
-        sb[g] = _byte8(w, g, x, 16) + _byte8(w, g, x, 24)
-
-
-@njit(**JIT)
-def _lanes2_halves(w, x, sa, sb):
+@njit(**_INLINE)
+def _sum2_halves(w, x, sa, sb):
     """2-bit fields, 4 words: sa, sb = sum(q * x) of each half (at most 16 * 3 * 127)."""
     for g in range(sa.shape[0]):
         sa[g] = _crumb(w[g], x, 0) + _crumb(w[LANES + g], x, 8)
@@ -181,20 +168,22 @@ def _store(out, acc, grp):
 
 
 # -- per-type kernels -------------------------------------------------------------------------
+# Comments give each type's element value; Sx is the integer sum of the activation block.
 
 
 @njit(**JIT)
-def q4_0(W, D, X, DX, QS, g0, g1, out):
-    """Q4_0: value d * (q - 8); sum (q - 8) x fits int16 per block."""
+def q4_0(W, D, X, DX, QH, g0, g1, out):
+    """Q4_0: d * (q - 8). Block dot = d * dx * (sum(q x) - 8 Sx)."""
     n, nb = DX.shape
     s = np.empty(LANES, np.int16)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
         for b in range(nb):
+            w = W[grp, b]
             d = D[grp, b]
             for t in range(n):
-                _lanes4(W[grp, b], X[t, b], _I16(8 * (QS[t, b, 0] + QS[t, b, 1])), s)
+                _sum4(w, X[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
@@ -203,31 +192,30 @@ def q4_0(W, D, X, DX, QS, g0, g1, out):
 
 
 @njit(**JIT)
-def q4_1(W, D, M, X, DX, QS, g0, g1, out):
-    """Q4_1: value d * q + m; dot = dx * (d * (s + 8 sum x) + m * sum x)."""
+def q4_1(W, D, M, X, DX, QH, g0, g1, out):
+    """Q4_1: d * q + m. Block dot = dx * (d * sum(q x) + m * Sx)."""
     n, nb = DX.shape
     s = np.empty(LANES, np.int16)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
         for b in range(nb):
+            w = W[grp, b]
             d = D[grp, b]
             m = M[grp, b]
             for t in range(n):
-                qx = QS[t, b, 0] + QS[t, b, 1]
-                _lanes4(W[grp, b], X[t, b], _I16(8 * qx), s)
+                _sum4(w, X[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
+                sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
                 dx = DX[t, b]
-                q8 = _F32(8 * qx)
-                qf = _F32(qx)
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    a[g] += dx * (d[g] * (_F32(s[g]) + q8) + m[g] * qf)
+                    a[g] += dx * (d[g] * (_F32(s[g]) + _F32(8.0) * sx) + m[g] * sx)
         _store(out, acc, grp)
 
 
 @njit(**JIT)
-def q5_0(W, D, X, DX, QS, g0, g1, out):
-    """Q5_0: value d * (q - 16)."""
+def q5_0(W, D, X, DX, QH, g0, g1, out):
+    """Q5_0: d * (q - 16)."""
     n, nb = DX.shape
     sa = np.empty(LANES, np.int16)
     sb = np.empty(LANES, np.int16)
@@ -235,9 +223,10 @@ def q5_0(W, D, X, DX, QS, g0, g1, out):
     for grp in range(g0, g1):
         acc[:] = 0
         for b in range(nb):
+            w = W[grp, b]
             d = D[grp, b]
             for t in range(n):
-                _lanes5(W[grp, b], X[t, b], _I16(16 * QS[t, b, 0]), _I16(16 * QS[t, b, 1]), sa, sb)
+                _sum5(w, X[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
@@ -246,8 +235,8 @@ def q5_0(W, D, X, DX, QS, g0, g1, out):
 
 
 @njit(**JIT)
-def q5_1(W, D, M, X, DX, QS, g0, g1, out):
-    """Q5_1: value d * q + m."""
+def q5_1(W, D, M, X, DX, QH, g0, g1, out):
+    """Q5_1: d * q + m."""
     n, nb = DX.shape
     sa = np.empty(LANES, np.int16)
     sb = np.empty(LANES, np.int16)
@@ -255,42 +244,42 @@ def q5_1(W, D, M, X, DX, QS, g0, g1, out):
     for grp in range(g0, g1):
         acc[:] = 0
         for b in range(nb):
+            w = W[grp, b]
             d = D[grp, b]
             m = M[grp, b]
             for t in range(n):
-                qx = QS[t, b, 0] + QS[t, b, 1]
-                _lanes5(W[grp, b], X[t, b], _I16(16 * QS[t, b, 0]), _I16(16 * QS[t, b, 1]), sa, sb)
+                _sum5(w, X[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
+                sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
                 dx = DX[t, b]
-                q16 = _F32(16 * qx)
-                qf = _F32(qx)
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    a[g] += dx * (d[g] * (_F32(sa[g]) + _F32(sb[g]) + q16) + m[g] * qf)
+                    a[g] += dx * (d[g] * (_F32(sa[g]) + _F32(sb[g]) + _F32(16.0) * sx) + m[g] * sx)
         _store(out, acc, grp)
 
 
 @njit(**JIT)
-def q8_0(W, D, X, DX, QS, g0, g1, out):
-    """Q8_0: value d * q, q int8."""
+def q8_0(W, D, X, DX, QH, g0, g1, out):
+    """Q8_0: d * q, q int8."""
     n, nb = DX.shape
-    s = np.empty(LANES, np.int32)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
         for b in range(nb):
+            w = W[grp, b]
             d = D[grp, b]
             for t in range(n):
-                _lanes_bytes(W[grp, b], X[t, b], s)
+                x = X[t, b]
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    a[g] += d[g] * (dx * _F32(s[g]))
+                    isum = _fb8(w, g, x, 0) + _fb8(w, g, x, 8) + _fb8(w, g, x, 16) + _fb8(w, g, x, 24)
+                    a[g] += d[g] * (dx * isum)
         _store(out, acc, grp)
 
 
 @njit(**JIT)
-def q2_k(W, D, DM, SC, X, DX, QS, g0, g1, out):
-    """Q2_K: value d * (sc & 15) * q - dmin * (sc >> 4) per 16 elements."""
+def q2_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
+    """Q2_K: d * sc * q - dmin * mn, per 16 elements."""
     n, nb = DX.shape
     sa = np.empty(LANES, np.int16)
     sb = np.empty(LANES, np.int16)
@@ -298,26 +287,27 @@ def q2_k(W, D, DM, SC, X, DX, QS, g0, g1, out):
     for grp in range(g0, g1):
         acc[:] = 0
         for b in range(nb):
+            w = W[grp, b]
             d = D[grp, b >> 3]
             dm = DM[grp, b >> 3]
-            ca = SC[grp, 2 * b]
-            cb = SC[grp, 2 * b + 1]
+            ca, cb = SC[grp, 2 * b], SC[grp, 2 * b + 1]
+            ma, mb = MN[grp, 2 * b], MN[grp, 2 * b + 1]
             for t in range(n):
-                _lanes2_halves(W[grp, b], X[t, b], sa, sb)
+                _sum2_halves(w, X[t, b], sa, sb)
+                xa = _F32(QH[t, b, 0])
+                xb = _F32(QH[t, b, 1])
                 dx = DX[t, b]
-                qa = _F32(QS[t, b, 0])
-                qb = _F32(QS[t, b, 1])
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    isum = _F32(np.int32(ca[g] & 15) * sa[g] + np.int32(cb[g] & 15) * sb[g])
-                    msum = _F32(ca[g] >> 4) * qa + _F32(cb[g] >> 4) * qb
+                    isum = _F32(ca[g]) * _F32(sa[g]) + _F32(cb[g]) * _F32(sb[g])
+                    msum = _F32(ma[g]) * xa + _F32(mb[g]) * xb
                     a[g] += dx * (d[g] * isum - dm[g] * msum)
         _store(out, acc, grp)
 
 
 @njit(**JIT)
-def q3_k(W, D, SC, X, DX, QS, g0, g1, out):
-    """Q3_K: value d * sc * (q - 4) per 16 elements (fields store q in 0..7)."""
+def q3_k(W, D, SC, X, DX, QH, g0, g1, out):
+    """Q3_K: d * sc * (q - 4), per 16 elements (fields store q in 0..7)."""
     n, nb = DX.shape
     sa = np.empty(LANES, np.int16)
     sb = np.empty(LANES, np.int16)
@@ -325,47 +315,48 @@ def q3_k(W, D, SC, X, DX, QS, g0, g1, out):
     for grp in range(g0, g1):
         acc[:] = 0
         for b in range(nb):
+            w = W[grp, b]
             d = D[grp, b >> 3]
             ca = SC[grp, 2 * b]
             cb = SC[grp, 2 * b + 1]
             for t in range(n):
-                _lanes4_halves(W[grp, b], X[t, b], _I16(4 * QS[t, b, 0]), _I16(4 * QS[t, b, 1]), sa, sb)
+                _sum4_halves(w, X[t, b], QH[t, b, 0] * 4, QH[t, b, 1] * 4, sa, sb)
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    isum = np.int32(ca[g]) * sa[g] + np.int32(cb[g]) * sb[g]
-                    a[g] += d[g] * (dx * _F32(isum))
+                    isum = _F32(ca[g]) * _F32(sa[g]) + _F32(cb[g]) * _F32(sb[g])
+                    a[g] += d[g] * (dx * isum)
         _store(out, acc, grp)
 
 
 @njit(**JIT)
-def q4_k(W, D, DM, SC, MN, X, DX, QS, g0, g1, out):
-    """Q4_K: value d * sc * q - dmin * mn per 32 elements."""
+def q4_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
+    """Q4_K: d * sc * q - dmin * mn, per 32 elements."""
     n, nb = DX.shape
     s = np.empty(LANES, np.int16)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
         for b in range(nb):
+            w = W[grp, b]
             d = D[grp, b >> 3]
             dm = DM[grp, b >> 3]
             sc = SC[grp, b]
             mn = MN[grp, b]
             for t in range(n):
-                qx = QS[t, b, 0] + QS[t, b, 1]
-                _lanes4(W[grp, b], X[t, b], _I16(8 * qx), s)
+                _sum4(w, X[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
+                sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
                 dx = DX[t, b]
-                q8 = _F32(8 * qx)
-                qf = _F32(qx)
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    a[g] += dx * (d[g] * _F32(sc[g]) * (_F32(s[g]) + q8) - dm[g] * _F32(mn[g]) * qf)
+                    isum = _F32(s[g]) + _F32(8.0) * sx
+                    a[g] += dx * (d[g] * _F32(sc[g]) * isum - dm[g] * _F32(mn[g]) * sx)
         _store(out, acc, grp)
 
 
 @njit(**JIT)
-def q5_k(W, D, DM, SC, MN, X, DX, QS, g0, g1, out):
-    """Q5_K: value d * sc * q - dmin * mn per 32 elements."""
+def q5_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
+    """Q5_K: d * sc * q - dmin * mn, per 32 elements."""
     n, nb = DX.shape
     sa = np.empty(LANES, np.int16)
     sb = np.empty(LANES, np.int16)
@@ -373,43 +364,123 @@ def q5_k(W, D, DM, SC, MN, X, DX, QS, g0, g1, out):
     for grp in range(g0, g1):
         acc[:] = 0
         for b in range(nb):
+            w = W[grp, b]
             d = D[grp, b >> 3]
             dm = DM[grp, b >> 3]
             sc = SC[grp, b]
             mn = MN[grp, b]
             for t in range(n):
-                qx = QS[t, b, 0] + QS[t, b, 1]
-                _lanes5(W[grp, b], X[t, b], _I16(16 * QS[t, b, 0]), _I16(16 * QS[t, b, 1]), sa, sb)
+                _sum5(w, X[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
+                sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
                 dx = DX[t, b]
-                q16 = _F32(16 * qx)
-                qf = _F32(qx)
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    isum = _F32(sa[g]) + _F32(sb[g]) + q16
-                    a[g] += dx * (d[g] * _F32(sc[g]) * isum - dm[g] * _F32(mn[g]) * qf)
+                    isum = _F32(sa[g]) + _F32(sb[g]) + _F32(16.0) * sx
+                    a[g] += dx * (d[g] * _F32(sc[g]) * isum - dm[g] * _F32(mn[g]) * sx)
         _store(out, acc, grp)
 
 
 @njit(**JIT)
-def q6_k(W, D, SC, X, DX, QS, g0, g1, out):
-    """Q6_K: value d * sc * (q - 32) per 16 elements, q in 0..63."""
+def q6_k(W, D, SC, X, DX, QH, g0, g1, out):
+    """Q6_K: d * sc * (q - 32), per 16 elements, q in 0..63."""
     n, nb = DX.shape
-    sa = np.empty(LANES, np.int32)
-    sb = np.empty(LANES, np.int32)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
         for b in range(nb):
+            w = W[grp, b]
             d = D[grp, b >> 3]
             ca = SC[grp, 2 * b]
             cb = SC[grp, 2 * b + 1]
             for t in range(n):
-                _lanes_bytes_halves(W[grp, b], X[t, b], sa, sb)
-                oa = 32 * QS[t, b, 0]
-                ob = 32 * QS[t, b, 1]
+                x = X[t, b]
+                oa = _F32(32.0) * _F32(QH[t, b, 0])
+                ob = _F32(32.0) * _F32(QH[t, b, 1])
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    isum = np.int32(ca[g]) * (sa[g] - oa) + np.int32(cb[g]) * (sb[g] - ob)
-                    a[g] += d[g] * (dx * _F32(isum))
+                    sa = _fb8(w, g, x, 0) + _fb8(w, g, x, 8) - oa
+                    sb = _fb8(w, g, x, 16) + _fb8(w, g, x, 24) - ob
+                    a[g] += d[g] * (dx * (_F32(ca[g]) * sa + _F32(cb[g]) * sb))
         _store(out, acc, grp)
+
+
+# -- thread-parallel entries: split the row groups into `chunks` ranges --------------------------
+
+
+@njit(**JIT_PAR)
+def q4_0_par(W, D, X, DX, QH, out, chunks):
+    ng = W.shape[0]
+    for c in prange(chunks):
+        q4_0(W, D, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
+
+
+@njit(**JIT_PAR)
+def q4_1_par(W, D, M, X, DX, QH, out, chunks):
+    ng = W.shape[0]
+    for c in prange(chunks):
+        q4_1(W, D, M, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
+
+
+@njit(**JIT_PAR)
+def q5_0_par(W, D, X, DX, QH, out, chunks):
+    ng = W.shape[0]
+    for c in prange(chunks):
+        q5_0(W, D, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
+
+
+@njit(**JIT_PAR)
+def q5_1_par(W, D, M, X, DX, QH, out, chunks):
+    ng = W.shape[0]
+    for c in prange(chunks):
+        q5_1(W, D, M, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
+
+
+@njit(**JIT_PAR)
+def q8_0_par(W, D, X, DX, QH, out, chunks):
+    ng = W.shape[0]
+    for c in prange(chunks):
+        q8_0(W, D, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
+
+
+@njit(**JIT_PAR)
+def q2_k_par(W, D, DM, SC, MN, X, DX, QH, out, chunks):
+    ng = W.shape[0]
+    for c in prange(chunks):
+        q2_k(W, D, DM, SC, MN, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
+
+
+@njit(**JIT_PAR)
+def q3_k_par(W, D, SC, X, DX, QH, out, chunks):
+    ng = W.shape[0]
+    for c in prange(chunks):
+        q3_k(W, D, SC, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
+
+
+@njit(**JIT_PAR)
+def q4_k_par(W, D, DM, SC, MN, X, DX, QH, out, chunks):
+    ng = W.shape[0]
+    for c in prange(chunks):
+        q4_k(W, D, DM, SC, MN, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
+
+
+@njit(**JIT_PAR)
+def q5_k_par(W, D, DM, SC, MN, X, DX, QH, out, chunks):
+    ng = W.shape[0]
+    for c in prange(chunks):
+        q5_k(W, D, DM, SC, MN, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
+
+
+@njit(**JIT_PAR)
+def q6_k_par(W, D, SC, X, DX, QH, out, chunks):
+    ng = W.shape[0]
+    for c in prange(chunks):
+        q6_k(W, D, SC, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
+
+
+# ggml type -> (serial kernel, parallel kernel)
+KERNELS = {
+    2: (q4_0, q4_0_par), 3: (q4_1, q4_1_par), 6: (q5_0, q5_0_par), 7: (q5_1, q5_1_par),
+    8: (q8_0, q8_0_par), 10: (q2_k, q2_k_par), 11: (q3_k, q3_k_par), 12: (q4_k, q4_k_par),
+    13: (q5_k, q5_k_par), 14: (q6_k, q6_k_par),
+}

@@ -102,8 +102,9 @@ def _unpack_q8_0(b):  # d * q, q int8
     return np.ascontiguousarray(b[..., 2:34]).view(np.int8), (_f16(b, 0),)
 
 
-def _unpack_q2_k(b):  # d * (sc & 15) * q - dmin * (sc >> 4), per 16
-    return _crumbs_k(b[..., 16:80]), (_f16(b, 80), _f16(b, 82), np.ascontiguousarray(b[..., 0:16]))
+def _unpack_q2_k(b):  # d * sc * q - dmin * mn, per 16; sc, mn are the nibbles of one byte
+    sc = b[..., 0:16]
+    return _crumbs_k(b[..., 16:80]), (_f16(b, 80), _f16(b, 82), sc & _U8(15), sc >> _U8(4))
 
 
 def _unpack_q3_k(b):  # d * sc * (q - 4), sc signed, per 16
@@ -134,6 +135,10 @@ def _unpack_q6_k(b):  # d * sc * (q - 32), sc int8, per 16
     qh = (qh & _U8(3)).reshape(*lead, 2, 128)
     q = (ql | (qh << _U8(4))).reshape(*lead, 256)
     return q, (_f16(b, 208), np.ascontiguousarray(b[..., 192:208]).view(np.int8))
+
+
+def _unpack_half(b):  # F16 / BF16: the 16-bit pattern itself, no scales
+    return np.ascontiguousarray(b).view("<u2")[..., 0], ()
 
 
 # -- field packers: fields [rows, n_in] -> words [rows, n_in // 32, words per block]
@@ -188,6 +193,8 @@ LAYOUTS: dict[int, TypeLayout] = {
     12: TypeLayout(256, 144, _unpack_q4_k, _pack4, 8, np.uint16),  # Q4_K
     13: TypeLayout(256, 176, _unpack_q5_k, _pack5, 11, np.uint16),  # Q5_K
     14: TypeLayout(256, 210, _unpack_q6_k, _pack8, 32, np.uint8),  # Q6_K
+    1: TypeLayout(1, 2, _unpack_half, _pack8, 32, np.uint16),      # F16
+    30: TypeLayout(1, 2, _unpack_half, _pack8, 32, np.uint16),     # BF16
 }
 
 

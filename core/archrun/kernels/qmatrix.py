@@ -1,0 +1,242 @@
+"""Prepared weight matrices and their products with float32 activations.
+
+`prepare` turns a weight's GGUF bytes into a QMatrix once, at load; `matmul` multiplies
+without materialising float32 weights:
+
+- float32 weights stay a view of the file and go to BLAS;
+- quantized and 16-bit float weights are repacked (layout.py). Few tokens (decode, n <=
+  PREFILL_MIN_TOKENS): the activation is quantized to 8-bit blocks and integer kernels
+  (dots.py) read the packed blocks directly, split over numba's threads when the matrix is
+  big enough. Many tokens (prefill): tiles of rows are dequantized to float32 in a cache-sized
+  buffer and multiplied with BLAS, so each weight is decoded once for all tokens.
+
+Shapes and dtypes are validated here; the kernels do not bounds-check.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numba
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from archrun import quant
+from archrun.errors import InvalidRequest, ShapeMismatch, UnsupportedQuantType
+from archrun.kernels import dequant, dots, floatmm
+from archrun.kernels._jit import LANES, QB
+from archrun.kernels.layout import LAYOUTS, n_groups, repack
+
+F32, F16, BF16 = 0, 1, 30
+SUPPORTED_TYPES = frozenset({F32, F16, BF16, *dots.KERNELS})
+
+# n above which the float32-tile + BLAS path beats the integer kernels (measured, bench_kernels.py)
+PREFILL_MIN_TOKENS = 8
+# packed bytes below which one thread beats waking the pool (~5 us per parallel call)
+PARALLEL_MIN_BYTES = 96 * 1024
+# float32 elements per dequantized tile: ~1 MiB stays in L2 next to the BLAS panels
+TILE_ELEMENTS = 1 << 18
+
+
+@attrs.frozen(eq=False)
+class QMatrix:
+    """A weight of torch shape (n_out, n_in) prepared for `matmul`; immutable.
+
+    nbytes counts the memory it holds: the repacked copy, or for float32 the file view.
+    """
+
+    ggml_type: int
+    n_out: int
+    n_in: int
+    nbytes: int
+    arrays: tuple = attrs.field(repr=False)  # F32: (W,); otherwise (words, *scales)
+
+
+def _type_name(ggml_type: int) -> str:
+    try:
+        return GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"type {ggml_type}"
+
+
+def _check_raw(raw_rows, ggml_type: int, n_in: int) -> None:
+    if ggml_type not in SUPPORTED_TYPES:
+        raise UnsupportedQuantType(f"no kernel for ggml type {_type_name(ggml_type)}")
+    if not isinstance(raw_rows, np.ndarray) or raw_rows.dtype != np.uint8 or raw_rows.ndim != 2:
+        raise ShapeMismatch("raw_rows must be a uint8 array [n_out, row_bytes]")
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    if n_in <= 0 or n_in % block:
+        raise ShapeMismatch(f"n_in={n_in} is not a positive multiple of the {_type_name(ggml_type)} "
+                            f"block {block}")
+    if raw_rows.shape[1] != n_in // block * size or raw_rows.shape[0] == 0:
+        raise ShapeMismatch(
+            f"{_type_name(ggml_type)} rows of {n_in} elements take {n_in // block * size} bytes, "
+            f"got raw rows of shape {raw_rows.shape}"
+        )
+
+
+def prepare(raw_rows: np.ndarray, ggml_type: int, n_in: int) -> QMatrix:
+    """Prepare GGUF rows (uint8 [n_out, row_bytes], ggml shape {n_in, n_out}) for matmul.
+
+    float32 stays a zero-copy view (raw_rows may be a read-only memmap); every other type is
+    repacked once. Raises UnsupportedQuantType / ShapeMismatch.
+    """
+    _check_raw(raw_rows, ggml_type, n_in)
+    n_out = raw_rows.shape[0]
+    if ggml_type in (F16, BF16) and n_in % QB:
+        # odd widths have no lane blocks: widen to float32 (rare: norms and tiny heads)
+        w = quant.dequantize(np.ascontiguousarray(raw_rows), ggml_type, (n_out, n_in))
+        return QMatrix(ggml_type, n_out, n_in, w.nbytes, (w,))
+    if ggml_type == F32:
+        w = raw_rows.view(np.float32)
+        return QMatrix(ggml_type, n_out, n_in, w.nbytes, (w,))
+    arrays = repack(raw_rows, ggml_type, n_in)
+    for a in arrays:
+        a.flags.writeable = False
+    return QMatrix(ggml_type, n_out, n_in, sum(a.nbytes for a in arrays), arrays)
+
+
+def _check_x(w: QMatrix, x, out) -> np.ndarray:
+    if not isinstance(w, QMatrix):
+        raise TypeError("matmul expects a QMatrix from kernels.prepare")
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != w.n_in:
+        raise ShapeMismatch(f"x must be float32 [n, {w.n_in}], got {getattr(x, 'shape', None)} "
+                            f"{getattr(x, 'dtype', type(x).__name__)}")
+    if not x.flags.c_contiguous:
+        raise ShapeMismatch("x must be C-contiguous")
+    n = x.shape[0]
+    if out is None:
+        return np.empty((n, w.n_out), np.float32)
+    if (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != (n, w.n_out)
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise ShapeMismatch(f"out must be a writeable C-contiguous float32 [{n}, {w.n_out}]")
+    return out
+
+
+_threads = [0]  # cached numba thread count; 0 = not read yet (reading starts the pool)
+
+
+def _chunks(nbytes: int) -> int:
+    """Thread chunks for one product: 1 below PARALLEL_MIN_BYTES."""
+    if nbytes < PARALLEL_MIN_BYTES:
+        return 1
+    if not _threads[0]:
+        _threads[0] = numba.get_num_threads()
+    return _threads[0]
+
+
+def set_threads(n: int) -> None:
+    """Use n compute threads for the kernels (1 <= n <= numba.config.NUMBA_NUM_THREADS)."""
+    limit = numba.config.NUMBA_NUM_THREADS
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= limit:
+        raise InvalidRequest(f"threads must be an integer in 1..{limit}, got {n!r}")
+    numba.set_num_threads(int(n))
+    _threads[0] = int(n)
+
+
+def _decode(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
+    """Few tokens: quantize x to 8-bit blocks, integer kernels over all row groups."""
+    n = x.shape[0]
+    chunks = _chunks(w.nbytes)
+    if w.ggml_type in (F16, BF16):
+        if chunks > 1:
+            floatmm.half_par(w.arrays[0], w.ggml_type == BF16, x, out, chunks)
+        else:
+            floatmm.half(w.arrays[0], w.ggml_type == BF16, x, 0, w.arrays[0].shape[0], out)
+        return
+    nb = w.n_in // QB
+    X = np.empty((n, nb, QB), np.int16)
+    DX = np.empty((n, nb), np.float32)
+    QH = np.empty((n, nb, 2), np.int16)
+    dots.quantize_act(x, X, DX, QH)
+    serial, par = dots.KERNELS[w.ggml_type]
+    if chunks > 1:
+        par(*w.arrays, X, DX, QH, out, chunks)
+    else:
+        serial(*w.arrays, X, DX, QH, 0, w.arrays[0].shape[0], out)
+
+
+def _prefill(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
+    """Many tokens: dequantize tiles of row groups to float32 and multiply with BLAS."""
+    ng = w.arrays[0].shape[0]
+    step = max(1, TILE_ELEMENTS // (w.n_in * LANES))
+    tile = np.empty((w.n_in, min(step, ng) * LANES), np.float32)  # W rows of the tile, transposed
+    for g0 in range(0, ng, step):
+        g1 = min(ng, g0 + step)
+        r0, r1 = g0 * LANES, min(w.n_out, g1 * LANES)
+        if w.ggml_type in (F16, BF16):
+            dequant.deq_float16(w.arrays[0], w.ggml_type == BF16, g0, g1, tile)
+        else:
+            dequant.DEQUANT[w.ggml_type](*w.arrays, g0, g1, tile)
+        out[:, r0:r1] = x @ tile[:, :r1 - r0]
+
+
+def matmul(w: QMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """x float32 [n, n_in] (C-contiguous) -> out float32 [n, n_out] = x @ W.T.
+
+    Raises ShapeMismatch on a bad x or out.
+    """
+    out = _check_x(w, x, out)
+    if x.shape[0] == 0:
+        return out
+    if w.ggml_type == F32 or w.arrays[0].ndim == 2:
+        np.dot(x, w.arrays[0].T, out=out)
+    elif x.shape[0] <= PREFILL_MIN_TOKENS:
+        _decode(w, x, out)
+    else:
+        _prefill(w, x, out)
+    return out
+
+
+def matmul_rows(w: QMatrix, x: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """out float32 [n, len(rows)] = x @ W[rows].T: only the selected output rows.
+
+    Row groups containing a selected row are computed; rows must be integers in [0, n_out).
+    """
+    rows = np.asarray(rows)
+    bad = rows.size and (rows.dtype.kind not in "iu" or rows.min() < 0 or rows.max() >= w.n_out)
+    if rows.ndim != 1 or bad:
+        raise ShapeMismatch(f"rows must be integers in [0, {w.n_out})")
+    n = x.shape[0] if isinstance(x, np.ndarray) and x.ndim == 2 else -1
+    if out is not None and (not isinstance(out, np.ndarray) or out.shape != (n, rows.size)
+                            or out.dtype != np.float32):
+        raise ShapeMismatch(f"out must be float32 [{n}, {rows.size}]")
+    if rows.size * LANES * 2 > w.n_out or w.arrays[0].ndim == 2:
+        full = matmul(w, x)
+    else:
+        _check_x(w, x, None)
+        full = _some_rows(w, x, rows)
+    res = full[:, rows]
+    if out is None:
+        return res
+    out[...] = res
+    return out
+
+
+def _some_rows(w: QMatrix, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """[n, n_out] with only the row groups holding `rows` computed (the rest zero)."""
+    full = np.zeros((x.shape[0], w.n_out), np.float32)
+    for g in np.unique(rows // LANES):
+        part = QMatrix(w.ggml_type, min(LANES, w.n_out - g * LANES), w.n_in, 0,
+                       tuple(a[g:g + 1] for a in w.arrays))
+        full[:, g * LANES:g * LANES + part.n_out] = matmul(part, x)
+    return full
+
+
+def embedding_rows(raw_rows: np.ndarray, ggml_type: int, n_in: int, ids: np.ndarray) -> np.ndarray:
+    """float32 [len(ids), n_in]: rows `ids` of GGUF rows, dequantized exactly (token lookup).
+
+    Bit-identical to gguf.quants.dequantize of those rows. Raises InvalidRequest on ids
+    outside [0, n_out) and UnsupportedQuantType / ShapeMismatch on a bad matrix.
+    """
+    _check_raw(raw_rows, ggml_type, n_in)
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise InvalidRequest("ids must be a 1-D integer array")
+    if ids.size and (ids.min() < 0 or ids.max() >= raw_rows.shape[0]):
+        raise InvalidRequest(f"token ids must be in [0, {raw_rows.shape[0]})")
+    sel = np.ascontiguousarray(raw_rows[ids.astype(np.intp)])
+    return quant.dequantize(sel, ggml_type, (ids.size, n_in))
+
+
+__all__ = ["LAYOUTS", "QMatrix", "SUPPORTED_TYPES", "embedding_rows", "matmul", "matmul_rows", "n_groups",
+           "prepare", "set_threads"]

@@ -1,0 +1,308 @@
+"""archrun.kernels against independent references: gguf-py dequantization and plain numpy.
+
+Matmul references are float64 `x @ gguf.quants.dequantize(raw).T`. Few-token products
+quantize the activation to 8-bit blocks (as llama.cpp does), so they are checked against the
+same reference with x replaced by its gguf-py Q8_0 quantization (qs * max|x|/127, float32
+scale), which is what the kernels compute, to 1e-5; the gap to the unquantized reference is
+the activation rounding itself (~0.5% of max|ref| for Gaussian x) and gets a loose bound.
+
+Also run with NUMBA_DISABLE_JIT=1 (sizes shrink) and NUMBA_BOUNDSCHECK=1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gguf
+import numba
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from archrun import kernels
+from archrun.errors import InvalidRequest, ShapeMismatch, UnsupportedQuantType
+from archrun.kernels import dots, qmatrix
+
+T = GGMLQuantizationType
+SMALL = numba.config.DISABLE_JIT  # pure-Python kernels: keep sizes tiny
+QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+FLOAT = ["F32", "F16", "BF16"]
+TOKENS = (1, 17) if SMALL else (1, 3, 17, 64)
+N_OUT = (37,) if SMALL else (37, 71)
+# offsets of the f16 scales inside each block, so random blocks get small finite scales
+SCALE_OFFSETS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
+                 "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def random_rows(name: str, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
+    """GGUF rows of type `name`: random quant bits (every pattern valid) with sane f16 scales."""
+    if name in FLOAT:
+        f = rng.standard_normal((n_out, n_in), np.float32)
+        if name == "F32":
+            return f.view(np.uint8)
+        return gguf.quants.quantize(f, T[name]).view(np.uint8).reshape(n_out, -1)
+    block, size = GGML_QUANT_SIZES[T[name]]
+    raw = rng.integers(0, 256, (n_out, n_in // block * size), dtype=np.uint8)
+    blocks = raw.reshape(n_out, -1, size)
+    for off in SCALE_OFFSETS[name]:
+        scale = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype("<f2")
+        blocks[..., off:off + 2] = scale[..., None].view(np.uint8)
+    return raw
+
+
+def dense(raw: np.ndarray, name: str, n_in: int) -> np.ndarray:
+    return gguf.quants.dequantize(raw, T[name]).reshape(raw.shape[0], n_in).astype(np.float64)
+
+
+def q8_activation(x: np.ndarray) -> np.ndarray:
+    """x with every 32-block replaced by gguf-py's Q8_0 quants times max|x| / 127 (float32)."""
+    qs = gguf.quants.quantize(x, T.Q8_0).reshape(-1, 34)[:, 2:].view(np.int8)
+    blocks = x.reshape(-1, 32)
+    d = (np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
+    return (qs.astype(np.float64) * d).reshape(x.shape)
+
+
+def widths(name: str) -> tuple[int, ...]:
+    block = GGML_QUANT_SIZES[T[name]][0]
+    if SMALL:
+        return (256,) if block == 256 else (64,)
+    return (256, 512) if block == 256 else (96, 256)
+
+
+def cases(names):
+    return [(name, n_in) for name in names for n_in in widths(name)]
+
+
+def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+# -- matmul ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "n_in"), cases(QUANT + FLOAT))
+def test_matmul_matches_gguf_dequantize(name, n_in):
+    rng = np.random.default_rng(n_in + len(name))
+    for n_out in N_OUT:
+        raw = random_rows(name, n_out, n_in, rng)
+        w = kernels.prepare(raw, int(T[name]), n_in)
+        assert (w.ggml_type, w.n_out, w.n_in) == (int(T[name]), n_out, n_in) and w.nbytes > 0
+        ref_w = dense(raw, name, n_in)
+        for n in TOKENS:
+            x = rng.standard_normal((n, n_in), np.float32)
+            y = kernels.matmul(w, x)
+            assert y.shape == (n, n_out) and y.dtype == np.float32
+            exact = x.astype(np.float64) @ ref_w.T
+            if name in QUANT and n <= qmatrix.PREFILL_MIN_TOKENS:
+                assert rel_err(y, q8_activation(x) @ ref_w.T) < 1e-5
+                assert rel_err(y, exact) < 3e-2  # 8-bit activation rounding only
+            else:
+                assert rel_err(y, exact) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q5_0", "BF16"])
+def test_matmul_parallel_path_and_out_buffer(name, monkeypatch):
+    monkeypatch.setattr(qmatrix, "PARALLEL_MIN_BYTES", 0)  # force the thread-split kernels
+    rng = np.random.default_rng(7)
+    n_in = widths(name)[0]
+    raw = random_rows(name, 71, n_in, rng)
+    w = kernels.prepare(raw, int(T[name]), n_in)
+    x = rng.standard_normal((2, n_in), np.float32)
+    out = np.full((2, 71), np.nan, np.float32)
+    assert kernels.matmul(w, x, out) is out
+    ref = (q8_activation(x) if name != "BF16" else x.astype(np.float64)) @ dense(raw, name, n_in).T
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_matmul_zero_tokens():
+    raw = random_rows("Q4_0", 5, 64, np.random.default_rng(0))
+    y = kernels.matmul(kernels.prepare(raw, int(T.Q4_0), 64), np.zeros((0, 64), np.float32))
+    assert y.shape == (0, 5)
+
+
+def test_matmul_rows_selects_output_rows():
+    rng = np.random.default_rng(3)
+    n_out, n_in = 300 if not SMALL else 100, 256
+    raw = random_rows("Q4_K", n_out, n_in, rng)
+    w = kernels.prepare(raw, int(T.Q4_K), n_in)
+    x = rng.standard_normal((2, n_in), np.float32)
+    rows = np.array([n_out - 1, 3, 3, 40])
+    y = kernels.matmul_rows(w, x, rows)
+    ref = q8_activation(x) @ dense(raw, "Q4_K", n_in)[rows].T
+    assert y.shape == (2, 4) and rel_err(y, ref) < 1e-5
+    with pytest.raises(ShapeMismatch):
+        kernels.matmul_rows(w, x, np.array([n_out]))
+
+
+def test_activation_quantization_is_gguf_q8_0():
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 256)) * rng.uniform(0.01, 10, (3, 256))).astype(np.float32)
+    x[1, :32] = 0  # an all-zero block
+    X = np.empty((3, 8, 32), np.int16)
+    DX = np.empty((3, 8), np.float32)
+    QH = np.empty((3, 8, 2), np.int16)
+    dots.quantize_act(x, X, DX, QH)
+    qs = gguf.quants.quantize(x, T.Q8_0).reshape(3, 8, 34)[..., 2:].view(np.int8)
+    np.testing.assert_array_equal(X, qs)
+    np.testing.assert_array_equal(DX, np.abs(x.reshape(3, 8, 32)).max(-1) / np.float32(127))
+    np.testing.assert_array_equal(QH, qs.reshape(3, 8, 2, 16).sum(-1))
+
+
+def test_embedding_rows_bit_identical():
+    rng = np.random.default_rng(11)
+    for name in QUANT + FLOAT:
+        n_in = widths(name)[0]
+        raw = random_rows(name, 9, n_in, rng)
+        ids = np.array([8, 0, 3, 3])
+        got = kernels.embedding_rows(raw, int(T[name]), n_in, ids)
+        want = gguf.quants.dequantize(raw[ids], T[name]).reshape(4, n_in)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(InvalidRequest):
+        kernels.embedding_rows(raw, int(T[name]), n_in, np.array([9]))
+
+
+def test_bad_inputs_raise_shape_mismatch():
+    raw = random_rows("Q4_0", 4, 64, np.random.default_rng(0))
+    w = kernels.prepare(raw, int(T.Q4_0), 64)
+    bad_x = [np.zeros((1, 32), np.float32), np.zeros((1, 64), np.float64), np.zeros(64, np.float32),
+             np.zeros((64, 2), np.float32).T, [[0.0] * 64]]
+    for x in bad_x:
+        with pytest.raises(ShapeMismatch):
+            kernels.matmul(w, x)
+    x = np.zeros((2, 64), np.float32)
+    for out in (np.zeros((2, 5), np.float32), np.zeros((2, 4), np.float64), np.zeros((4, 2), np.float32).T):
+        with pytest.raises(ShapeMismatch):
+            kernels.matmul(w, x, out)
+    with pytest.raises(ShapeMismatch):
+        kernels.prepare(raw, int(T.Q4_0), 96)  # row bytes do not match n_in
+    with pytest.raises(ShapeMismatch):
+        kernels.prepare(raw, int(T.Q4_0), 48)  # not a block multiple
+    with pytest.raises(ShapeMismatch):
+        kernels.prepare(raw.astype(np.int16), int(T.Q4_0), 64)
+    with pytest.raises(UnsupportedQuantType):
+        kernels.prepare(raw, int(T.IQ2_XXS), 64)
+    assert int(T.IQ2_XXS) not in kernels.SUPPORTED_TYPES
+
+
+def test_prepare_keeps_f32_zero_copy_and_read_only():
+    raw = random_rows("F32", 3, 40, np.random.default_rng(0))
+    raw.flags.writeable = False
+    w = kernels.prepare(raw, int(T.F32), 40)
+    assert np.shares_memory(w.arrays[0], raw) and w.nbytes == raw.nbytes
+    q = kernels.prepare(random_rows("Q8_0", 3, 64, np.random.default_rng(0)), int(T.Q8_0), 64)
+    assert not any(a.flags.writeable for a in q.arrays)
+
+
+def test_set_threads_validates():
+    before = numba.get_num_threads()
+    kernels.set_threads(1)
+    assert numba.get_num_threads() == 1
+    kernels.set_threads(before)
+    for bad in (0, -1, 1.5, True, numba.config.NUMBA_NUM_THREADS + 1):
+        with pytest.raises(InvalidRequest):
+            kernels.set_threads(bad)
+
+
+# -- elementwise -------------------------------------------------------------------------------
+
+
+def test_rms_norm():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 96), np.float32) * 3
+    w = rng.standard_normal(96, np.float32)
+    ref = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(kernels.rms_norm(x, w, 1e-6), ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ShapeMismatch):
+        kernels.rms_norm(x, w[:10], 1e-6)
+
+
+def _rope_ref(x, cos, sin, n_rot, neox):
+    out = x.astype(np.float64).copy()
+    half = n_rot // 2
+    for i in range(half):
+        a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+        c, s = cos[:, None, i], sin[:, None, i]
+        out[..., a] = x[..., a] * c - x[..., b] * s
+        out[..., b] = x[..., b] * c + x[..., a] * s
+    return out
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("n_rot", [64, 32])
+def test_rope(neox, n_rot):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 4, 64), np.float32)
+    ang = rng.uniform(0, 100, (3, n_rot // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    got = kernels.rope(x, cos, sin, n_rot, neox)
+    np.testing.assert_allclose(got, _rope_ref(x, cos, sin, n_rot, neox), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[..., n_rot:], x[..., n_rot:])
+    with pytest.raises(ShapeMismatch):
+        kernels.rope(x, cos[:, :3], sin[:, :3], n_rot, neox)
+
+
+def _attention_ref(q, k, v, q_pos, k_pos, scale, window):
+    n, n_head, _ = q.shape
+    group = n_head // k.shape[1]
+    out = np.zeros((n, n_head, v.shape[2]))
+    for i in range(n):
+        vis = (k_pos <= q_pos[i]) & ((window == 0) | (k_pos > q_pos[i] - window))
+        for h in range(n_head):
+            s = (k[vis, h // group].astype(np.float64) @ q[i, h]) * scale
+            p = np.exp(s - s.max())
+            out[i, h] = (p / p.sum()) @ v[vis, h // group]
+    return out
+
+
+@pytest.mark.parametrize(("n_head", "n_kv", "window", "n"), [(4, 2, 0, 3), (6, 1, 5, 4), (2, 2, 0, 1)])
+def test_attention(n_head, n_kv, window, n):
+    rng = np.random.default_rng(n_head * 10 + n_kv)
+    n_t = 11
+    q = rng.standard_normal((n, n_head, 16), np.float32)
+    k = rng.standard_normal((n_t, n_kv, 16), np.float32)
+    v = rng.standard_normal((n_t, n_kv, 8), np.float32)
+    k_pos = rng.permutation(n_t).astype(np.int64)  # e.g. a ring buffer: positions in any order
+    q_pos = np.arange(n_t - n, n_t, dtype=np.int64)
+    got = kernels.attention(q, k, v, q_pos, k_pos, 0.25, window)
+    ref = _attention_ref(q, k, v, q_pos, k_pos, 0.25, window)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_parallel_path_matches():
+    rng = np.random.default_rng(2)
+    n_t = 8 if SMALL else 300
+    q = rng.standard_normal((4, 8, 64), np.float32)
+    k = rng.standard_normal((n_t, 2, 64), np.float32)
+    v = rng.standard_normal((n_t, 2, 64), np.float32)
+    q_pos = np.arange(n_t - 4, n_t, dtype=np.int64)
+    k_pos = np.arange(n_t, dtype=np.int64)
+    got = kernels.attention(q, k, v, q_pos, k_pos, 0.125, 0)
+    np.testing.assert_allclose(got, _attention_ref(q, k, v, q_pos, k_pos, 0.125, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_bad_shapes():
+    q = np.zeros((1, 3, 8), np.float32)
+    k = np.zeros((2, 2, 8), np.float32)
+    pos = np.zeros(1, np.int64), np.zeros(2, np.int64)
+    with pytest.raises(ShapeMismatch):
+        kernels.attention(q, k, k, *pos, 1.0, 0)  # 3 heads over 2 kv heads
+    with pytest.raises(ShapeMismatch):
+        kernels.attention(q[:, :2], k, k, pos[0].astype(np.int32), pos[1], 1.0, 0)
+    with pytest.raises(ShapeMismatch):
+        kernels.attention(q[:, :2], k, k[:1], *pos, 1.0, 0)
+
+
+def test_gated_activations():
+    rng = np.random.default_rng(4)
+    gate = (rng.standard_normal((3, 50)) * 4).astype(np.float32)
+    up = rng.standard_normal((3, 50), np.float32)
+    g64 = gate.astype(np.float64)
+    silu = g64 / (1 + np.exp(-g64))
+    gelu = 0.5 * g64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (g64 + 0.044715 * g64**3)))
+    np.testing.assert_allclose(kernels.swiglu(gate, up), silu * up, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(kernels.geglu_tanh(gate, up), gelu * up, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ShapeMismatch):
+        kernels.swiglu(gate, up[:, :10])
+    with pytest.raises(ShapeMismatch):
+        kernels.geglu_tanh(gate.astype(np.float64), up)
