@@ -1,18 +1,67 @@
 """Fast factories of the core vocabulary, backed by archrun.kernels (numba).
 
-Each factory has the same contract as its reference twin in archrun_blocks.reference; the
-conformance kit checks them against each other. Until a kernel exists for a slot the
-reference is used (Op.fast is None).
+Each factory has the same contract as its reference twin in archrun_blocks.reference (the
+plugin's tests check every pair on random inputs); only the inner computation is swapped
+for a kernel. Shapes and validation stay with the callers, which build them from the
+descriptor, so the kernels never see an unchecked index.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from archrun import kernels
+from archrun.descriptor import AttentionSpec, RopeSpec
 from archrun_blocks import reference
 
-rms_norm = None
-rope_neox = None
-rope_norm = None
-causal_attention = None
-swiglu = None
-geglu_tanh = None
-_ = reference
+F32 = np.float32
+
+
+def rms_norm(eps: float):
+    """RMSNorm over the last axis (any leading shape)."""
+
+    def norm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        shape = x.shape
+        out = kernels.rms_norm(np.ascontiguousarray(x, dtype=F32).reshape(-1, shape[-1]), w, eps)
+        return out.reshape(shape)
+
+    return norm
+
+
+class _FastRope(reference.Rope):
+    def __call__(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        return kernels.rope(np.ascontiguousarray(x, dtype=F32), cos, sin, self.n_rot, self.neox)
+
+
+def rope_neox(spec: RopeSpec, freq_factors: np.ndarray | None = None) -> reference.Rope:
+    return _FastRope(spec, freq_factors, neox=True)
+
+
+def rope_norm(spec: RopeSpec, freq_factors: np.ndarray | None = None) -> reference.Rope:
+    return _FastRope(spec, freq_factors, neox=False)
+
+
+def _attend(q, k, v, q_pos, k_pos, scale: float, window: int) -> np.ndarray:
+    return kernels.attention(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
+                             np.ascontiguousarray(q_pos, dtype=np.int64),
+                             np.ascontiguousarray(k_pos, dtype=np.int64), scale, window)
+
+
+def causal_attention(spec: AttentionSpec) -> reference.CausalAttention:
+    op = reference.CausalAttention(spec)
+    op.attend = _attend
+    return op
+
+
+def swiglu():
+    def act(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return kernels.swiglu(np.ascontiguousarray(gate), np.ascontiguousarray(up))
+
+    return act
+
+
+def geglu_tanh():
+    def act(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return kernels.geglu_tanh(np.ascontiguousarray(gate), np.ascontiguousarray(up))
+
+    return act

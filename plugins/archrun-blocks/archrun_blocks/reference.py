@@ -150,6 +150,7 @@ class CausalAttention:
 
     def __init__(self, spec: AttentionSpec):
         self.spec = spec
+        self.attend = attend  # [n,H,hd] x [T,KV,hd] x [T,KV,vd] -> [n,H,vd]; fast twins swap in a kernel
 
     def new_slot(self, capacity: int, max_rewind: int = 64) -> KvSlot | RingKvSlot:
         s = self.spec
@@ -165,11 +166,11 @@ class CausalAttention:
             keys, values = np.concatenate([old_k, k]), np.concatenate([old_v, v])
             k_pos = np.concatenate([old_pos, q_pos])
             slot.write(k, v, start)
-            return attend(q, keys, values, q_pos, k_pos, self.spec.scale, self.spec.window)
+            return self.attend(q, keys, values, q_pos, k_pos, self.spec.scale, self.spec.window)
         end = start + n
         slot.k[start:end] = k
         slot.v[start:end] = v
-        return attend(q, slot.k[:end], slot.v[:end], q_pos, np.arange(end), self.spec.scale, self.spec.window)
+        return self.attend(q, slot.k[:end], slot.v[:end], q_pos, np.arange(end), self.spec.scale, self.spec.window)
 
 
 # -- FFN activations, gating, MoE --------------------------------------------------------------
