@@ -39,15 +39,26 @@ def _golden(model: str, ref: str) -> tuple[dict, dict]:
     return json.loads(spec_path.read_text()), {k: z[k] for k in z.files}
 
 
-_MODELS: dict[tuple[str, str], object] = {}
+class Loaded:
+    """One real model's goldens and its archrun models, loaded once per test module per model."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._models: dict[str, object] = {}
+
+    def model(self, backend: str):
+        if backend not in self._models:
+            self._models[backend] = archrun.load(real_model(self.name), backend=backend)
+        return self._models[backend]
+
+    def golden(self, ref: str) -> tuple[dict, dict]:
+        return _golden(self.name, ref)
 
 
-def _model(name: str, backend: str):
-    key = (name, backend)
-    if key not in _MODELS:
-        _MODELS.clear()  # keep one model in memory at a time
-        _MODELS[key] = archrun.load(real_model(name), backend=backend)
-    return _MODELS[key]
+@pytest.fixture(scope="module", params=MODELS)
+def real(request):
+    """Parametrized per model at module scope, so pytest groups the tests by model (one load each)."""
+    return Loaded(request.param)
 
 
 def _stored(logits: np.ndarray, g: dict, prefix: str) -> tuple[np.ndarray, np.ndarray]:
@@ -74,10 +85,9 @@ def _agree_until_near_tie(ours: list[int], ref: np.ndarray, margins: np.ndarray)
         assert a == b, f"greedy step {step}: {a} != {b} (reference margin {m:.2f})"
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_reference_backend_matches_hf(name):
-    spec, g = _golden(name, "hf")
-    model = _model(name, "reference")
+def test_reference_backend_matches_hf(real):
+    spec, g = real.golden("hf")
+    model = real.model("reference")
     for prompt, p in spec["prompts"].items():
         logits = model.logits(p["ids"])
         got, ref = _stored(logits, g, prompt)
@@ -89,10 +99,9 @@ def test_reference_backend_matches_hf(name):
         np.testing.assert_array_equal(logits.argmax(1)[clear], g[f"{prompt}.top_ids"][clear, 0])
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_reference_greedy_chains_match_hf(name):
-    spec, g = _golden(name, "hf")
-    model = _model(name, "reference")
+def test_reference_greedy_chains_match_hf(real):
+    spec, g = real.golden("hf")
+    model = real.model("reference")
     for prompt, p in spec["prompts"].items():
         if len(p["ids"]) > 200:
             continue  # the long gemma prompt is checked position by position above
@@ -101,10 +110,9 @@ def test_reference_greedy_chains_match_hf(name):
 
 
 @pytest.mark.parametrize("backend", ["reference", "fast"])
-@pytest.mark.parametrize("name", MODELS)
-def test_argmax_matches_llamacpp_away_from_near_ties(name, backend):
-    spec, g = _golden(name, "llamacpp")
-    model = _model(name, backend)
+def test_argmax_matches_llamacpp_away_from_near_ties(real, backend):
+    spec, g = real.golden("llamacpp")
+    model = real.model(backend)
     for prompt, p in spec["prompts"].items():
         logits = model.logits(p["ids"])
         clear = g[f"{prompt}.margin"] > MARGIN
@@ -114,20 +122,19 @@ def test_argmax_matches_llamacpp_away_from_near_ties(name, backend):
             _agree_until_near_tie(_greedy(model, p["ids"], len(ref)), ref, g[f"{prompt}.greedy_margin"])
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_fast_backend_matches_hf_away_from_near_ties(name):
-    spec, g = _golden(name, "hf")
-    model = _model(name, "fast")
+def test_fast_backend_matches_hf_away_from_near_ties(real):
+    spec, g = real.golden("hf")
+    model = real.model("fast")
     for prompt, p in spec["prompts"].items():
         logits = model.logits(p["ids"])
         clear = g[f"{prompt}.margin"] > MARGIN
         np.testing.assert_array_equal(logits.argmax(1)[clear], g[f"{prompt}.top_ids"][clear, 0])
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_no_cache_prefill_and_stepwise_agree(name):
-    spec, _ = _golden(name, "hf")
-    model = _model(name, "reference")
+@pytest.mark.parametrize("backend", ["reference", "fast"])
+def test_no_cache_prefill_and_stepwise_agree(real, backend):
+    spec, _ = real.golden("hf")
+    model = real.model(backend)
     ids = next(iter(spec["prompts"].values()))["ids"][:40]
     full = model.logits(ids)
     cache = model.init_cache(len(ids))
@@ -135,14 +142,22 @@ def test_no_cache_prefill_and_stepwise_agree(name):
     steps = [model.forward_step([t], cache) for t in ids[24:]]
     ours = np.concatenate([prefill, np.stack(steps)])
     span = full.max(axis=1) - full.min(axis=1)
-    assert (np.abs(ours - full).max(axis=1) / span).max() <= TOL
+    err = (np.abs(ours - full).max(axis=1) / span).max()
+    if backend == "reference":
+        assert err <= TOL
+    else:  # decode quantizes activations to 8 bits, prefill does not: llama.cpp-style bounds
+        top2 = np.sort(full, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > MARGIN
+        np.testing.assert_array_equal(ours.argmax(1)[clear], full.argmax(1)[clear])
+        assert err <= 0.1
 
 
-@pytest.mark.parametrize("name", ["smollm2", "qwen25"])
-def test_chat_greedy_generation_matches_references(name):
-    spec, hf = _golden(name, "hf")
-    _, lc = _golden(name, "llamacpp")
-    model = _model(name, "reference")
+def test_chat_greedy_generation_matches_references(real):
+    if real.name == "gemma3":
+        pytest.skip("the Gemma 3 file carries no chat template; see test_gemma3_run_and_chat")
+    spec, hf = real.golden("hf")
+    _, lc = real.golden("llamacpp")
+    model = real.model("reference")
     assert len(spec["chat_prompts"]) >= 3
     for i, chat in enumerate(spec["chat_prompts"]):
         ref = hf[f"chat{i}.greedy_ids"].tolist()
