@@ -167,3 +167,25 @@ def test_chat_greedy_generation_matches_references(real):
         if len(ours) < len(ref):  # stopped early: HF's next token must end generation too
             assert gen.finish_reason == "stop" and ref[len(ours)] in model.tokenizer.eog_ids
         _agree_until_near_tie(ours, lc[f"chat{i}.greedy_ids"][: len(ours)], lc[f"chat{i}.greedy_margin"][: len(ours)])
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_gemma3_run_and_chat_follow_the_hf_greedy_chain(command, capsys, monkeypatch):
+    """`archrun run --chat` / `archrun chat` on Gemma 3 (family default template) reproduce HF's greedy ids."""
+    import io
+
+    from archrun.cli import main
+
+    spec, hf = _golden("gemma3", "hf")
+    question = spec["chat_prompts"][0]["conversation"][-1]["content"]
+    ref = hf["chat0.greedy_ids"].tolist()
+    opts = ["--backend", "reference", "--temp", "0", "-n", str(len(ref))]
+    path = str(real_model("gemma3"))
+    if command == "run":
+        assert main(["run", path, "--chat", "-p", question, *opts]) == 0
+    else:
+        monkeypatch.setattr("sys.stdin", io.StringIO(question + "\n"))
+        assert main(["chat", path, *opts]) == 0
+    tok = archrun.Tokenizer.from_gguf(path)
+    eog = next((i for i, t in enumerate(ref) if t in tok.eog_ids), len(ref))
+    assert capsys.readouterr().out == tok.decode(ref[:eog]) + "\n"
