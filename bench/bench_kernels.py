@@ -2,6 +2,9 @@
 
     PYTHONPATH=core python bench/bench_kernels.py [--synthetic] [--models] [--threads N] [--seconds S]
 
+--threads N sets numba's and OpenBLAS's thread counts (use 1 on a busy machine: 2-thread
+barriers stall for milliseconds when another process holds a core).
+
 Synthetic: random GGUF blocks of every type on realistic (n_out, n_in) shapes; enough copies
 are cycled that weights stream from DRAM, not L3. Models: the real matrices of the GGUF
 files in ~/.cache/archrun/models (read raw with gguf-py's GGUFReader); for each model the
@@ -15,13 +18,18 @@ Baselines: numpy `x @ W.T` on pre-dequantized float32 weights, and dequantize-pe
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+if __name__ == "__main__" and "--threads" in sys.argv:  # BLAS reads its thread count at import
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", sys.argv[sys.argv.index("--threads") + 1])
 
-from archrun import kernels, quant
+import numpy as np  # noqa: E402
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader  # noqa: E402
+
+from archrun import kernels, quant  # noqa: E402
 
 MODELS = Path.home() / ".cache" / "archrun" / "models"
 # llama.cpp llama-bench, 2 threads, this machine class (docs/PERFORMANCE.md): decode tok/s
@@ -105,10 +113,15 @@ def bench_type_shape(type_name: str, shape: tuple[int, int], seconds: float, rng
 
 
 def model_matrices(path: Path) -> list[tuple[str, int, np.ndarray, int]]:
-    """(name, ggml_type, raw uint8 rows, n_in) of every 2-D weight of a GGUF file."""
+    """(name, ggml_type, raw uint8 rows, n_in) of every 2-D weight a decoded token multiplies.
+
+    token_embd is included only when it doubles as the output matrix (tied embeddings).
+    """
+    tensors = GGUFReader(path).tensors
+    tied = not any(t.name == "output.weight" for t in tensors)
     found = []
-    for t in GGUFReader(path).tensors:
-        if len(t.shape) != 2 or t.name == "token_embd.weight" and _has_output(path):
+    for t in tensors:
+        if len(t.shape) != 2 or (t.name == "token_embd.weight" and not tied):
             continue
         n_in, n_out = int(t.shape[0]), int(t.shape[1])
         raw = np.asarray(t.data).reshape(n_out, -1).view(np.uint8)
@@ -116,13 +129,9 @@ def model_matrices(path: Path) -> list[tuple[str, int, np.ndarray, int]]:
     return found
 
 
-def _has_output(path: Path) -> bool:
-    return any(t.name == "output.weight" for t in GGUFReader(path).tensors)
-
-
 def bench_model(path: Path, seconds: float) -> None:
-    start = time.perf_counter()
     found = model_matrices(path)
+    start = time.perf_counter()
     mats = [kernels.prepare(raw, t, n_in) for _, t, raw, n_in in found]
     load = time.perf_counter() - start
     gguf_bytes = sum(raw.nbytes for _, _, raw, _ in found)

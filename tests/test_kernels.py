@@ -93,7 +93,7 @@ def test_matmul_matches_gguf_dequantize(name, n_in):
             y = kernels.matmul(w, x)
             assert y.shape == (n, n_out) and y.dtype == np.float32
             exact = x.astype(np.float64) @ ref_w.T
-            if name in QUANT and n <= qmatrix.PREFILL_MIN_TOKENS:
+            if qmatrix.quantizes_activations(w, n):
                 assert rel_err(y, q8_activation(x) @ ref_w.T) < 1e-5
                 assert rel_err(y, exact) < 3e-2  # 8-bit activation rounding only
             else:

@@ -9,9 +9,9 @@ Float16/bfloat16 matrices use the same layout with one 16-bit value per field.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-from archrun.kernels._jit import JIT, LANES, QB
+from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
 
 _F32 = np.float32
 _INLINE = dict(JIT, inline="always")
@@ -19,95 +19,113 @@ _INLINE = dict(JIT, inline="always")
 
 # Each block becomes value = A * q + B per lane, with (A, B) per 16-element half (A0/B0 for
 # elements 0..15, A1/B1 for 16..31; per-32 types pass the same pair twice). The emitters
-# write the 32 tile rows of one block: the lane loop (runtime trip count) is the vectorized
-# one, the word and field loops have constant counts and unroll inside it.
+# write the 32 tile rows of one block, one contiguous row slice per field, lanes innermost
+# (a runtime trip count keeps that loop vectorized; fields are truncated to int32 before
+# conversion so it stays 32-bit SIMD).
 
 
 @njit(**_INLINE)
-def _emit4(w, A0, B0, A1, B1, blk):
+def _row(row, a, b, w, j, sh, mask):
+    """row[g] = a[g] * ((w[j * LANES + g] >> sh) & mask) + b[g]."""
+    for g in range(a.shape[0]):
+        row[g] = a[g] * _F32(np.int32((np.int32(w[j * LANES + g]) >> sh) & mask)) + b[g]
+
+
+@njit(**_INLINE)
+def _emit4(w, A0, B0, A1, B1, tile, r0, c0):
     """4-bit fields, 8 words: element 4j + k is bits 4k of word j."""
-    for g in range(A0.shape[0]):
-        for j in range(8):
-            v = np.int32(w[j * LANES + g])
-            a, b = (A0[g], B0[g]) if j < 4 else (A1[g], B1[g])
-            for k in range(4):
-                blk[4 * j + k, g] = a * _F32(np.int32((v >> (4 * k)) & 15)) + b
+    for j in range(8):
+        a, b = (A0, B0) if j < 4 else (A1, B1)
+        for k in range(4):
+            _row(tile[r0 + 4 * j + k, c0:c0 + LANES], a, b, w, j, 4 * k, 15)
 
 
 @njit(**_INLINE)
-def _emit5(w, A0, B0, A1, B1, blk):
+def _emit5(w, A0, B0, A1, B1, tile, r0, c0):
     """5-bit fields, 11 words: element 3j + k is bits 5k of word j."""
-    for g in range(A0.shape[0]):
-        for e in range(QB):
-            v = np.int32(w[(e // 3) * LANES + g])
-            a, b = (A0[g], B0[g]) if e < 16 else (A1[g], B1[g])
-            blk[e, g] = a * _F32(np.int32((v >> (5 * (e % 3))) & 31)) + b
+    for e in range(QB):
+        a, b = (A0, B0) if e < 16 else (A1, B1)
+        _row(tile[r0 + e, c0:c0 + LANES], a, b, w, e // 3, 5 * (e % 3), 31)
 
 
 @njit(**_INLINE)
-def _emit2(w, A0, B0, A1, B1, blk):
+def _emit2(w, A0, B0, A1, B1, tile, r0, c0):
     """2-bit fields, 4 words: element 8j + k is bits 2k of word j."""
-    for g in range(A0.shape[0]):
-        for e in range(QB):
-            v = np.int32(w[(e >> 3) * LANES + g])
-            a, b = (A0[g], B0[g]) if e < 16 else (A1[g], B1[g])
-            blk[e, g] = a * _F32(np.int32((v >> (2 * (e & 7))) & 3)) + b
+    for e in range(QB):
+        a, b = (A0, B0) if e < 16 else (A1, B1)
+        _row(tile[r0 + e, c0:c0 + LANES], a, b, w, e >> 3, 2 * (e & 7), 3)
 
 
 @njit(**_INLINE)
-def _emit8(w, A0, B0, A1, B1, blk):
+def _emit8(w, A0, B0, A1, B1, tile, r0, c0):
     """Byte fields: element e is w[e * LANES + lane]."""
-    for g in range(A0.shape[0]):
-        for e in range(QB):
-            a, b = (A0[g], B0[g]) if e < 16 else (A1[g], B1[g])
-            blk[e, g] = a * _F32(w[e * LANES + g]) + b
+    for e in range(QB):
+        a, b = (A0, B0) if e < 16 else (A1, B1)
+        row = tile[r0 + e, c0:c0 + LANES]
+        for g in range(a.shape[0]):
+            row[g] = a[g] * _F32(w[e * LANES + g]) + b[g]
 
 
 @njit(**JIT)
-def _emit(bits, w, A0, B0, A1, B1, blk):
+def _emit(bits, w, A0, B0, A1, B1, tile, r0, c0):
     if bits == 4:
-        _emit4(w, A0, B0, A1, B1, blk)
+        _emit4(w, A0, B0, A1, B1, tile, r0, c0)
     elif bits == 5:
-        _emit5(w, A0, B0, A1, B1, blk)
+        _emit5(w, A0, B0, A1, B1, tile, r0, c0)
     elif bits == 2:
-        _emit2(w, A0, B0, A1, B1, blk)
+        _emit2(w, A0, B0, A1, B1, tile, r0, c0)
     else:
-        _emit8(w, A0, B0, A1, B1, blk)
+        _emit8(w, A0, B0, A1, B1, tile, r0, c0)
 
 
-@njit(**JIT)
+@njit(**JIT_PAR)
 def _affine(W, D, M, bits, offset, g0, g1, tile):
     """Legacy 32-blocks: value d * (q - offset) + m (M may be empty: no min)."""
     nb = W.shape[1]
-    a = np.empty(LANES, np.float32)
-    c = np.zeros(LANES, np.float32)
-    for grp in range(g0, g1):
+    off = _F32(offset)
+    for grp in prange(g0, g1):
+        c = np.empty(LANES, np.float32)
         for b in range(nb):
             d = D[grp, b]
-            for g in range(LANES):
-                a[g] = d[g]
-                c[g] = (M[grp, b, g] if M.shape[0] else _F32(0.0)) - d[g] * _F32(offset)
-            c0 = (grp - g0) * LANES
-            _emit(bits, W[grp, b], a, c, a, c, tile[b * QB:(b + 1) * QB, c0:c0 + LANES])
+            if M.shape[0]:
+                m = M[grp, b]
+                for g in range(c.shape[0]):
+                    c[g] = m[g] - d[g] * off
+            else:
+                for g in range(c.shape[0]):
+                    c[g] = -d[g] * off
+            _emit(bits, W[grp, b], d, c, d, c, tile, b * QB, (grp - g0) * LANES)
 
 
 @njit(**JIT)
+def _kscales(d, sc, dm, mn, off, a, c):
+    """a = d * sc, c = -dmin * mn - a * off over lanes (dm/mn empty: no min)."""
+    for g in range(a.shape[0]):
+        a[g] = d[g] * _F32(sc[g])
+        c[g] = -a[g] * off
+    if dm.shape[0]:
+        for g in range(a.shape[0]):
+            c[g] -= dm[g] * _F32(mn[g])
+
+
+@njit(**JIT_PAR)
 def _kquant(W, D, DM, SC, MN, bits, offset, sub, g0, g1, tile):
     """K-quants: value d * sc * (q - offset) - dmin * mn per `sub` elements (DM/MN may be empty)."""
     nb = W.shape[1]
     per = QB // sub  # sub-blocks per 32-block (1 or 2)
-    a = np.empty((2, LANES), np.float32)
-    c = np.empty((2, LANES), np.float32)
-    for grp in range(g0, g1):
+    none_f = np.empty(0, np.float32)
+    none_u = np.empty(0, np.uint8)
+    off = _F32(offset)
+    for grp in prange(g0, g1):
+        a = np.empty((2, LANES), np.float32)
+        c = np.empty((2, LANES), np.float32)
         for b in range(nb):
-            for h in range(2):
-                j = b * per + h * (per - 1)
-                for g in range(LANES):
-                    a[h, g] = D[grp, b >> 3, g] * _F32(SC[grp, j, g])
-                    mins = DM[grp, b >> 3, g] * _F32(MN[grp, j, g]) if DM.shape[0] else _F32(0.0)
-                    c[h, g] = -mins - a[h, g] * _F32(offset)
-            c0 = (grp - g0) * LANES
-            _emit(bits, W[grp, b], a[0], c[0], a[1], c[1], tile[b * QB:(b + 1) * QB, c0:c0 + LANES])
+            d = D[grp, b >> 3]
+            dm = DM[grp, b >> 3] if DM.shape[0] else none_f
+            for h in range(per):
+                j = b * per + h
+                _kscales(d, SC[grp, j], dm, MN[grp, j] if DM.shape[0] else none_u, off, a[h], c[h])
+            _emit(bits, W[grp, b], a[0], c[0], a[per - 1], c[per - 1], tile, b * QB, (grp - g0) * LANES)
 
 
 _NONE_F = np.zeros((0, 0, 0), np.float32)
@@ -168,28 +186,20 @@ def deq_q6_k(W, D, SC, g0, g1, tile):
 
 
 @njit(**JIT)
-def _half_bits(h):
-    """float32 bit pattern of an IEEE half (normal, zero, inf/nan); subnormals are fixed later."""
-    u = np.uint32(h)
-    em = u & np.uint32(0x7FFF)
-    e = u & np.uint32(0x7C00)
-    bits = (em << np.uint32(13)) + np.uint32(112 << 23)
-    if e == np.uint32(0x7C00):
-        bits += np.uint32(112 << 23)  # inf / nan keep an all-ones exponent
-    elif e == 0:
-        bits += np.uint32(1 << 23)  # subnormal: 2^-14 * (1 + m/1024), minus 2^-14 below
-    return bits | ((u & np.uint32(0x8000)) << np.uint32(16))
-
-
-@njit(**JIT)
 def _f16_block(w, bits, vals):
-    """One block's 32 * LANES halves -> float32 vals (bits: uint32 scratch viewed by vals)."""
+    """One block's IEEE halves -> float32 vals (bits: uint32 scratch viewed by vals).
+
+    Shifting exponent and mantissa into float32 position gives the value times 2^-112
+    (subnormals included, sign in place); the multiply by 2^112 restores it. Inf and NaN keep
+    their all-ones exponent.
+    """
     for i in range(w.shape[0]):
-        bits[i] = _half_bits(w[i])
+        h = np.int32(w[i])
+        u = h & 0x7FFF
+        inf = ((u + 0x400) >> 15) * 0x7F800000  # exponent all ones: float32 inf/nan exponent
+        bits[i] = np.uint32((u << 13) | inf | ((h & 0x8000) << 16))
     for i in range(w.shape[0]):
-        if w[i] & 0x7C00 == 0:  # subnormal or zero: remove the implicit 2^-14
-            v = abs(vals[i]) - _F32(6.103515625e-05)
-            vals[i] = -v if w[i] & 0x8000 else v
+        vals[i] *= _F32(5.192296858534828e33)  # 2^112
 
 
 @njit(**JIT)
@@ -208,13 +218,13 @@ def float16_block(w, is_bf16, bits, vals):
         _f16_block(w, bits, vals)
 
 
-@njit(**JIT)
+@njit(**JIT_PAR)
 def deq_float16(W, is_bf16, g0, g1, tile):
     """F16 / BF16 lanes -> tile."""
     nb = W.shape[1]
-    bits = np.empty(QB * LANES, np.uint32)
-    vals = bits.view(np.float32)
-    for grp in range(g0, g1):
+    for grp in prange(g0, g1):
+        bits = np.empty(QB * LANES, np.uint32)
+        vals = bits.view(np.float32)
         for b in range(nb):
             float16_block(W[grp, b], is_bf16, bits, vals)
             c0 = (grp - g0) * LANES

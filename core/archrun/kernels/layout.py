@@ -36,13 +36,16 @@ def _f16(blocks: np.ndarray, off: int) -> np.ndarray:
 
 def _nibbles_lohi(qs: np.ndarray) -> np.ndarray:
     """[..., 16] bytes -> [..., 32] fields: low nibbles are elements 0..15, high 16..31."""
-    return np.concatenate([qs & _U8(15), qs >> _U8(4)], axis=-1)
+    qs = np.ascontiguousarray(qs)
+    out = np.empty(qs.shape[:-1] + (32,), _U8)
+    np.bitwise_and(qs, _U8(15), out=out[..., :16])
+    np.right_shift(qs, _U8(4), out=out[..., 16:])
+    return out
 
 
 def _bits32(qh: np.ndarray) -> np.ndarray:
     """[..., 4] bytes (a little-endian uint32) -> [..., 32] bits, bit j = element j."""
-    word = np.ascontiguousarray(qh).view("<u4")  # [..., 1]
-    return ((word >> np.arange(32, dtype=np.uint32)) & 1).astype(_U8)
+    return np.unpackbits(np.ascontiguousarray(qh), axis=-1, bitorder="little")
 
 
 def _crumbs_k(qs: np.ndarray) -> np.ndarray:
@@ -153,9 +156,11 @@ def _pack4(q: np.ndarray) -> np.ndarray:
 def _pack5(q: np.ndarray) -> np.ndarray:
     """3 fields per uint16 word (element 3j + t at bits 5t), 11 words per block."""
     f = q.reshape(q.shape[0], -1, QB).astype(np.uint16)
-    f = np.concatenate([f, np.zeros(f.shape[:-1] + (1,), np.uint16)], axis=-1)
-    f = f.reshape(f.shape[0], f.shape[1], 11, 3)
-    return f[..., 0] | (f[..., 1] << 5) | (f[..., 2] << 10)
+    words = np.empty(f.shape[:-1] + (11,), np.uint16)
+    t = f[..., :30].reshape(f.shape[0], f.shape[1], 10, 3)
+    np.bitwise_or(t[..., 0] | (t[..., 1] << 5), t[..., 2] << 10, out=words[..., :10])
+    words[..., 10] = f[..., 30] | (f[..., 31] << 5)
+    return words
 
 
 def _pack2(q: np.ndarray) -> np.ndarray:

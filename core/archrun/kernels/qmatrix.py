@@ -5,10 +5,11 @@ without materialising float32 weights:
 
 - float32 weights stay a view of the file and go to BLAS;
 - quantized and 16-bit float weights are repacked (layout.py). Few tokens (decode, n <=
-  PREFILL_MIN_TOKENS): the activation is quantized to 8-bit blocks and integer kernels
-  (dots.py) read the packed blocks directly, split over numba's threads when the matrix is
-  big enough. Many tokens (prefill): tiles of rows are dequantized to float32 in a cache-sized
-  buffer and multiplied with BLAS, so each weight is decoded once for all tokens.
+  INT_MAX_TOKENS[type]): the activation is quantized to 8-bit blocks and integer kernels
+  (dots.py; float kernels for F16/BF16) read the packed blocks directly, split over numba's
+  threads when the matrix is big enough. Many tokens (prefill): tiles of rows are dequantized
+  to float32 in a cache-sized buffer (dequant.py) and multiplied with BLAS, so each weight is
+  decoded once for all tokens.
 
 Shapes and dtypes are validated here; the kernels do not bounds-check.
 """
@@ -24,13 +25,14 @@ from archrun import quant
 from archrun.errors import InvalidRequest, ShapeMismatch, UnsupportedQuantType
 from archrun.kernels import dequant, dots, floatmm
 from archrun.kernels._jit import LANES, QB
-from archrun.kernels.layout import LAYOUTS, n_groups, repack
+from archrun.kernels.layout import repack
 
 F32, F16, BF16 = 0, 1, 30
 SUPPORTED_TYPES = frozenset({F32, F16, BF16, *dots.KERNELS})
 
-# n above which the float32-tile + BLAS path beats the integer kernels (measured, bench_kernels.py)
-PREFILL_MIN_TOKENS = 8
+# Token counts up to which the integer kernels beat float32 tiles + BLAS (bench_kernels.py):
+# 4-bit-ish types decode ~2.5x more elements per cycle than byte-sized and 16-bit ones.
+INT_MAX_TOKENS = {t: 24 for t in dots.KERNELS} | {8: 6, 14: 6, F16: 4, BF16: 4}
 # packed bytes below which one thread beats waking the pool (~5 us per parallel call)
 PARALLEL_MIN_BYTES = 96 * 1024
 # float32 elements per dequantized tile: ~1 MiB stays in L2 next to the BLAS panels
@@ -49,6 +51,11 @@ class QMatrix:
     n_in: int
     nbytes: int
     arrays: tuple = attrs.field(repr=False)  # F32: (W,); otherwise (words, *scales)
+
+    @property
+    def dense(self) -> bool:
+        """Held as a float32 matrix (BLAS for every n)."""
+        return self.arrays[0].ndim == 2
 
 
 def _type_name(ggml_type: int) -> str:
@@ -90,8 +97,9 @@ def prepare(raw_rows: np.ndarray, ggml_type: int, n_in: int) -> QMatrix:
         w = raw_rows.view(np.float32)
         return QMatrix(ggml_type, n_out, n_in, w.nbytes, (w,))
     arrays = repack(raw_rows, ggml_type, n_in)
-    for a in arrays:
-        a.flags.writeable = False
+    if ggml_type not in (F16, BF16):  # (read-only 16-bit float lanes compile to a 3x slower kernel)
+        for a in arrays:
+            a.flags.writeable = False
     return QMatrix(ggml_type, n_out, n_in, sum(a.nbytes for a in arrays), arrays)
 
 
@@ -133,8 +141,13 @@ def set_threads(n: int) -> None:
     _threads[0] = int(n)
 
 
+def quantizes_activations(w: QMatrix, n: int) -> bool:
+    """Whether matmul(w, x) with n tokens quantizes x to 8-bit blocks (the integer path)."""
+    return not w.dense and w.ggml_type not in (F16, BF16) and n <= INT_MAX_TOKENS[w.ggml_type]
+
+
 def _decode(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
-    """Few tokens: quantize x to 8-bit blocks, integer kernels over all row groups."""
+    """Few tokens: integer kernels (float kernels for 16-bit floats) over all row groups."""
     n = x.shape[0]
     chunks = _chunks(w.nbytes)
     if w.ggml_type in (F16, BF16):
@@ -178,9 +191,9 @@ def matmul(w: QMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     out = _check_x(w, x, out)
     if x.shape[0] == 0:
         return out
-    if w.ggml_type == F32 or w.arrays[0].ndim == 2:
+    if w.dense:
         np.dot(x, w.arrays[0].T, out=out)
-    elif x.shape[0] <= PREFILL_MIN_TOKENS:
+    elif x.shape[0] <= INT_MAX_TOKENS[w.ggml_type]:
         _decode(w, x, out)
     else:
         _prefill(w, x, out)
@@ -200,7 +213,7 @@ def matmul_rows(w: QMatrix, x: np.ndarray, rows: np.ndarray, out: np.ndarray | N
     if out is not None and (not isinstance(out, np.ndarray) or out.shape != (n, rows.size)
                             or out.dtype != np.float32):
         raise ShapeMismatch(f"out must be float32 [{n}, {rows.size}]")
-    if rows.size * LANES * 2 > w.n_out or w.arrays[0].ndim == 2:
+    if rows.size * LANES * 2 > w.n_out or w.dense:
         full = matmul(w, x)
     else:
         _check_x(w, x, None)
@@ -238,5 +251,5 @@ def embedding_rows(raw_rows: np.ndarray, ggml_type: int, n_in: int, ids: np.ndar
     return quant.dequantize(sel, ggml_type, (ids.size, n_in))
 
 
-__all__ = ["LAYOUTS", "QMatrix", "SUPPORTED_TYPES", "embedding_rows", "matmul", "matmul_rows", "n_groups",
-           "prepare", "set_threads"]
+__all__ = ["QMatrix", "SUPPORTED_TYPES", "embedding_rows", "matmul", "matmul_rows", "prepare",
+           "quantizes_activations", "set_threads"]
