@@ -16,8 +16,9 @@ which is exact for these integers (|sum| < 2^24) and cheaper than widening to in
 
 Kernel signature: (words, *scales, X, DX, QH, g0, g1, out) computes the output rows of
 groups [g0, g1) for all n tokens: X int16 [n, nb, 32], DX f32 [n, nb], QH int16 [n, nb, 2]
-(sums of each 16-element half of X's blocks), out f32 [n, n_out]. `<type>_par(..., out,
-chunks)` splits the groups into `chunks` ranges over numba's threads.
+(sums of each 16-element half of X's blocks), out f32 [n, n_out]. The entry
+`<type>_run(words, *scales, x, out, chunks)` quantizes x f32 [n, n_in] and splits the groups
+into `chunks` ranges over numba's threads (1: no parallel region).
 
 Code-shape notes (measured; the inner lane loops must compile to 16-bit SIMD):
 - lane loops take their trip count from an array shape: a constant count is fully unrolled
@@ -405,82 +406,133 @@ def q6_k(W, D, SC, X, DX, QH, g0, g1, out):
         _store(out, acc, grp)
 
 
-# -- thread-parallel entries: split the row groups into `chunks` ranges --------------------------
+# -- entries: quantize x, then split the row groups into `chunks` ranges over the threads ----
+
+
+@njit(**JIT)
+def _quantized(x):
+    """Scratch X, DX, QH for x, filled by quantize_act."""
+    n, n_in = x.shape
+    nb = n_in // QB
+    X = np.empty((n, nb, QB), np.int16)
+    DX = np.empty((n, nb), np.float32)
+    QH = np.empty((n, nb, 2), np.int16)
+    quantize_act(x, X, DX, QH)
+    return X, DX, QH
 
 
 @njit(**JIT_PAR)
-def q4_0_par(W, D, X, DX, QH, out, chunks):
+def q4_0_run(W, D, x, out, chunks):
+    X, DX, QH = _quantized(x)
     ng = W.shape[0]
+    if chunks == 1:  # no parallel region: no thread wake-up
+        q4_0(W, D, X, DX, QH, 0, ng, out)
+        return
     for c in prange(chunks):
         q4_0(W, D, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
 
 @njit(**JIT_PAR)
-def q4_1_par(W, D, M, X, DX, QH, out, chunks):
+def q4_1_run(W, D, M, x, out, chunks):
+    X, DX, QH = _quantized(x)
     ng = W.shape[0]
+    if chunks == 1:  # no parallel region: no thread wake-up
+        q4_1(W, D, M, X, DX, QH, 0, ng, out)
+        return
     for c in prange(chunks):
         q4_1(W, D, M, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
 
 @njit(**JIT_PAR)
-def q5_0_par(W, D, X, DX, QH, out, chunks):
+def q5_0_run(W, D, x, out, chunks):
+    X, DX, QH = _quantized(x)
     ng = W.shape[0]
+    if chunks == 1:  # no parallel region: no thread wake-up
+        q5_0(W, D, X, DX, QH, 0, ng, out)
+        return
     for c in prange(chunks):
         q5_0(W, D, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
 
 @njit(**JIT_PAR)
-def q5_1_par(W, D, M, X, DX, QH, out, chunks):
+def q5_1_run(W, D, M, x, out, chunks):
+    X, DX, QH = _quantized(x)
     ng = W.shape[0]
+    if chunks == 1:  # no parallel region: no thread wake-up
+        q5_1(W, D, M, X, DX, QH, 0, ng, out)
+        return
     for c in prange(chunks):
         q5_1(W, D, M, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
 
 @njit(**JIT_PAR)
-def q8_0_par(W, D, X, DX, QH, out, chunks):
+def q8_0_run(W, D, x, out, chunks):
+    X, DX, QH = _quantized(x)
     ng = W.shape[0]
+    if chunks == 1:  # no parallel region: no thread wake-up
+        q8_0(W, D, X, DX, QH, 0, ng, out)
+        return
     for c in prange(chunks):
         q8_0(W, D, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
 
 @njit(**JIT_PAR)
-def q2_k_par(W, D, DM, SC, MN, X, DX, QH, out, chunks):
+def q2_k_run(W, D, DM, SC, MN, x, out, chunks):
+    X, DX, QH = _quantized(x)
     ng = W.shape[0]
+    if chunks == 1:  # no parallel region: no thread wake-up
+        q2_k(W, D, DM, SC, MN, X, DX, QH, 0, ng, out)
+        return
     for c in prange(chunks):
         q2_k(W, D, DM, SC, MN, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
 
 @njit(**JIT_PAR)
-def q3_k_par(W, D, SC, X, DX, QH, out, chunks):
+def q3_k_run(W, D, SC, x, out, chunks):
+    X, DX, QH = _quantized(x)
     ng = W.shape[0]
+    if chunks == 1:  # no parallel region: no thread wake-up
+        q3_k(W, D, SC, X, DX, QH, 0, ng, out)
+        return
     for c in prange(chunks):
         q3_k(W, D, SC, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
 
 @njit(**JIT_PAR)
-def q4_k_par(W, D, DM, SC, MN, X, DX, QH, out, chunks):
+def q4_k_run(W, D, DM, SC, MN, x, out, chunks):
+    X, DX, QH = _quantized(x)
     ng = W.shape[0]
+    if chunks == 1:  # no parallel region: no thread wake-up
+        q4_k(W, D, DM, SC, MN, X, DX, QH, 0, ng, out)
+        return
     for c in prange(chunks):
         q4_k(W, D, DM, SC, MN, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
 
 @njit(**JIT_PAR)
-def q5_k_par(W, D, DM, SC, MN, X, DX, QH, out, chunks):
+def q5_k_run(W, D, DM, SC, MN, x, out, chunks):
+    X, DX, QH = _quantized(x)
     ng = W.shape[0]
+    if chunks == 1:  # no parallel region: no thread wake-up
+        q5_k(W, D, DM, SC, MN, X, DX, QH, 0, ng, out)
+        return
     for c in prange(chunks):
         q5_k(W, D, DM, SC, MN, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
 
 @njit(**JIT_PAR)
-def q6_k_par(W, D, SC, X, DX, QH, out, chunks):
+def q6_k_run(W, D, SC, x, out, chunks):
+    X, DX, QH = _quantized(x)
     ng = W.shape[0]
+    if chunks == 1:  # no parallel region: no thread wake-up
+        q6_k(W, D, SC, X, DX, QH, 0, ng, out)
+        return
     for c in prange(chunks):
         q6_k(W, D, SC, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
 
-# ggml type -> (serial kernel, parallel kernel)
+# ggml type -> entry (words, *scales, x, out, chunks)
 KERNELS = {
-    2: (q4_0, q4_0_par), 3: (q4_1, q4_1_par), 6: (q5_0, q5_0_par), 7: (q5_1, q5_1_par),
-    8: (q8_0, q8_0_par), 10: (q2_k, q2_k_par), 11: (q3_k, q3_k_par), 12: (q4_k, q4_k_par),
-    13: (q5_k, q5_k_par), 14: (q6_k, q6_k_par),
+    2: q4_0_run, 3: q4_1_run, 6: q5_0_run, 7: q5_1_run, 8: q8_0_run, 10: q2_k_run, 11: q3_k_run,
+    12: q4_k_run, 13: q5_k_run, 14: q6_k_run,
 }

@@ -46,7 +46,11 @@ def half(W, is_bf16, x, g0, g1, out):
 
 
 @njit(**JIT_PAR)
-def half_par(W, is_bf16, x, out, chunks):
+def half_run(W, is_bf16, x, out, chunks):
+    """Entry: the row groups split into `chunks` ranges over numba's threads (1: none)."""
     ng = W.shape[0]
+    if chunks == 1:
+        half(W, is_bf16, x, 0, ng, out)
+        return
     for c in prange(chunks):
         half(W, is_bf16, x, c * ng // chunks, (c + 1) * ng // chunks, out)

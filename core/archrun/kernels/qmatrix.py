@@ -103,20 +103,25 @@ def prepare(raw_rows: np.ndarray, ggml_type: int, n_in: int) -> QMatrix:
     return QMatrix(ggml_type, n_out, n_in, sum(a.nbytes for a in arrays), arrays)
 
 
+_F32_DTYPE = np.dtype(np.float32)
+
+
+def _is_f32(a) -> bool:
+    return isinstance(a, np.ndarray) and (a.dtype is _F32_DTYPE or a.dtype == _F32_DTYPE)
+
+
 def _check_x(w: QMatrix, x, out) -> np.ndarray:
+    """Validate x float32 [n, n_in] C-contiguous and out (or allocate it); returns out."""
     if not isinstance(w, QMatrix):
         raise TypeError("matmul expects a QMatrix from kernels.prepare")
-    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != w.n_in:
-        raise ShapeMismatch(f"x must be float32 [n, {w.n_in}], got {getattr(x, 'shape', None)} "
+    if not _is_f32(x) or x.ndim != 2 or x.shape[1] != w.n_in or not x.flags.c_contiguous:
+        raise ShapeMismatch(f"x must be C-contiguous float32 [n, {w.n_in}], got {getattr(x, 'shape', None)} "
                             f"{getattr(x, 'dtype', type(x).__name__)}")
-    if not x.flags.c_contiguous:
-        raise ShapeMismatch("x must be C-contiguous")
-    n = x.shape[0]
     if out is None:
-        return np.empty((n, w.n_out), np.float32)
-    if (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != (n, w.n_out)
-            or not out.flags.c_contiguous or not out.flags.writeable):
-        raise ShapeMismatch(f"out must be a writeable C-contiguous float32 [{n}, {w.n_out}]")
+        return np.empty((x.shape[0], w.n_out), np.float32)
+    if (not _is_f32(out) or out.shape != (x.shape[0], w.n_out) or not out.flags.c_contiguous
+            or not out.flags.writeable):
+        raise ShapeMismatch(f"out must be a writeable C-contiguous float32 [{x.shape[0]}, {w.n_out}]")
     return out
 
 
@@ -148,24 +153,11 @@ def quantizes_activations(w: QMatrix, n: int) -> bool:
 
 def _decode(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
     """Few tokens: integer kernels (float kernels for 16-bit floats) over all row groups."""
-    n = x.shape[0]
-    chunks = _chunks(w.nbytes)
-    if w.ggml_type in (F16, BF16):
-        if chunks > 1:
-            floatmm.half_par(w.arrays[0], w.ggml_type == BF16, x, out, chunks)
-        else:
-            floatmm.half(w.arrays[0], w.ggml_type == BF16, x, 0, w.arrays[0].shape[0], out)
-        return
-    nb = w.n_in // QB
-    X = np.empty((n, nb, QB), np.int16)
-    DX = np.empty((n, nb), np.float32)
-    QH = np.empty((n, nb, 2), np.int16)
-    dots.quantize_act(x, X, DX, QH)
-    serial, par = dots.KERNELS[w.ggml_type]
-    if chunks > 1:
-        par(*w.arrays, X, DX, QH, out, chunks)
+    chunks = 1 if w.nbytes < PARALLEL_MIN_BYTES else (_threads[0] or _chunks(w.nbytes))
+    if w.ggml_type == F16 or w.ggml_type == BF16:
+        floatmm.half_run(w.arrays[0], w.ggml_type == BF16, x, out, chunks)
     else:
-        serial(*w.arrays, X, DX, QH, 0, w.arrays[0].shape[0], out)
+        dots.KERNELS[w.ggml_type](*w.arrays, x, out, chunks)
 
 
 def _prefill(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
