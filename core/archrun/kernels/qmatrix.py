@@ -23,7 +23,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from archrun import quant
 from archrun.errors import InvalidRequest, ShapeMismatch, UnsupportedQuantType
-from archrun.kernels import dequant, dots, floatmm
+from archrun.kernels import dequant, dots, floatmm, runtime
 from archrun.kernels._jit import LANES, QB
 from archrun.kernels.layout import repack
 
@@ -87,6 +87,7 @@ def prepare(raw_rows: np.ndarray, ggml_type: int, n_in: int) -> QMatrix:
     float32 stays a zero-copy view (raw_rows may be a read-only memmap); every other type is
     repacked once. Raises UnsupportedQuantType / ShapeMismatch.
     """
+    runtime.configure()
     _check_raw(raw_rows, ggml_type, n_in)
     n_out = raw_rows.shape[0]
     if ggml_type in (F16, BF16) and n_in % QB:
@@ -142,6 +143,7 @@ def set_threads(n: int) -> None:
     limit = numba.config.NUMBA_NUM_THREADS
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= limit:
         raise InvalidRequest(f"threads must be an integer in 1..{limit}, got {n!r}")
+    runtime.configure()
     numba.set_num_threads(int(n))
     _threads[0] = int(n)
 
