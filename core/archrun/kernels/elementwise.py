@@ -20,15 +20,23 @@ _F32 = np.float32
 _ATTN_PARALLEL_WORK = 1 << 18
 
 
-def _need(cond: bool, what: str) -> None:
+def _need(cond: bool, what) -> None:
+    """Raise ShapeMismatch(what()) unless cond: `what` is a callable, so messages are built only on failure."""
     if not cond:
-        raise ShapeMismatch(what)
+        raise ShapeMismatch(what())
+
+
+_F32_DTYPE = np.dtype(np.float32)
 
 
 def _f32(a, name: str, ndim: int) -> None:
-    _need(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == ndim,
-          f"{name} must be a float32 array with {ndim} dims, got {getattr(a, 'dtype', type(a).__name__)} "
-          f"{getattr(a, 'shape', '')}")
+    # hot path (every op of every token): compare first, format the message only on failure
+    if isinstance(a, np.ndarray) and a.dtype is _F32_DTYPE and a.ndim == ndim:
+        return
+    if isinstance(a, np.ndarray) and a.dtype == _F32_DTYPE and a.ndim == ndim:
+        return
+    raise ShapeMismatch(f"{name} must be a float32 array with {ndim} dims, got "
+                        f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
 
 
 # -- RMSNorm -----------------------------------------------------------------------------------
@@ -52,7 +60,7 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x[n, d] / sqrt(mean(x^2) + eps) * w[d] -> float32 [n, d]."""
     _f32(x, "x", 2)
     _f32(w, "w", 1)
-    _need(w.shape[0] == x.shape[1], f"norm weight {w.shape} does not match x {x.shape}")
+    _need(w.shape[0] == x.shape[1], lambda: f"norm weight {w.shape} does not match x {x.shape}")
     out = np.empty(x.shape, np.float32)
     _rms_norm(np.ascontiguousarray(x), np.ascontiguousarray(w), float(eps), out)
     return out
@@ -93,9 +101,9 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool
     _f32(sin, "sin", 2)
     n, _, hd = x.shape
     _need(isinstance(n_rot, (int, np.integer)) and 0 < n_rot <= hd and n_rot % 2 == 0,
-          f"n_rot={n_rot!r} must be even and in 1..{hd}")
+          lambda: f"n_rot={n_rot!r} must be even and in 1..{hd}")
     _need(cos.shape == (n, n_rot // 2) and sin.shape == cos.shape,
-          f"cos/sin {cos.shape}/{sin.shape} must be [{n}, {n_rot // 2}]")
+          lambda: f"cos/sin {cos.shape}/{sin.shape} must be [{n}, {n_rot // 2}]")
     out = np.empty(x.shape, np.float32)
     _rope(np.ascontiguousarray(x), np.ascontiguousarray(cos), np.ascontiguousarray(sin),
           int(n_rot), bool(neox), out)
@@ -163,13 +171,13 @@ def _check_attention(q, k, v, q_pos, k_pos, window) -> None:
         _f32(a, name, 3)
     n, n_head, hd = q.shape
     n_t, n_kv, _ = k.shape
-    _need(k.shape[2] == hd, f"k head_dim {k.shape[2]} != q head_dim {hd}")
-    _need(v.shape[:2] == (n_t, n_kv), f"v {v.shape} does not match k {k.shape}")
-    _need(n_kv > 0 and n_head % n_kv == 0, f"{n_head} query heads do not group over {n_kv} kv heads")
+    _need(k.shape[2] == hd, lambda: f"k head_dim {k.shape[2]} != q head_dim {hd}")
+    _need(v.shape[:2] == (n_t, n_kv), lambda: f"v {v.shape} does not match k {k.shape}")
+    _need(n_kv > 0 and n_head % n_kv == 0, lambda: f"{n_head} query heads do not group over {n_kv} kv heads")
     for p, m, name in ((q_pos, n, "q_pos"), (k_pos, n_t, "k_pos")):
         _need(isinstance(p, np.ndarray) and p.dtype == np.int64 and p.shape == (m,),
-              f"{name} must be int64 [{m}]")
-    _need(isinstance(window, (int, np.integer)) and window >= 0, f"window={window!r} must be >= 0")
+              lambda name=name, m=m: f"{name} must be int64 [{m}]")
+    _need(isinstance(window, (int, np.integer)) and window >= 0, lambda: f"window={window!r} must be >= 0")
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray,
@@ -215,7 +223,7 @@ def _geglu_tanh(gate, up, out):
 def _gated(kernel, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     _f32(gate, "gate", gate.ndim if isinstance(gate, np.ndarray) else 2)
     _need(isinstance(up, np.ndarray) and up.dtype == np.float32 and up.shape == gate.shape,
-          f"up {getattr(up, 'shape', None)} must be float32 shaped like gate {gate.shape}")
+          lambda: f"up {getattr(up, 'shape', None)} must be float32 shaped like gate {gate.shape}")
     out = np.empty(gate.shape, np.float32)
     kernel(np.ascontiguousarray(gate).reshape(-1), np.ascontiguousarray(up).reshape(-1), out.reshape(-1))
     return out
