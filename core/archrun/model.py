@@ -35,9 +35,7 @@ class LayerPlan:
 
     spec: LayerSpec
     attn_norm: np.ndarray
-    q: Matrix
-    k: Matrix
-    v: Matrix
+    qkv: Callable[[np.ndarray], list[np.ndarray]]  # h[n, d] -> [q, k, v] (one product when fusable)
     o: Matrix
     attention: Any                     # bound attention op (makes this layer's cache slot)
     ffn_norm: np.ndarray
@@ -103,6 +101,26 @@ class _Binder:
         bias = self.vector(bias_role, layer) if bias_role else None
         return Matrix(self.gguf.raw_rows(name), info.ggml_type, info.shape[0], self.backend, bias, name)
 
+    def projections(self, roles: tuple[str, ...], layer: int,
+                    bias_roles: tuple[str | None, ...] | None = None) -> Callable[[np.ndarray], list[np.ndarray]]:
+        """x[n, d] -> [x @ W_r.T (+ b_r) for r in roles].
+
+        On the fast backend, weights of one quant type are stacked into one matrix at load, so a
+        token pays one kernel call and one activation quantization instead of len(roles).
+        """
+        bias_roles = bias_roles or (None,) * len(roles)
+        infos = [self._checked(r, layer) for r in roles]
+        same = len({(t.ggml_type, t.shape[0]) for t in infos}) == 1
+        biases = [br is not None for br in bias_roles]
+        if self.backend != "fast" or not same or (any(biases) and not all(biases)):
+            mats = [self.matrix(r, layer, br) for r, br in zip(roles, bias_roles, strict=True)]
+            return lambda x: [m(x) for m in mats]
+        raw = np.concatenate([self.gguf.raw_rows(t.name) for t in infos])
+        bias = np.concatenate([self.vector(br, layer) for br in bias_roles]) if all(biases) else None
+        stacked = Matrix(raw, infos[0].ggml_type, infos[0].shape[0], self.backend, bias, "+".join(roles))
+        cuts = np.cumsum([t.shape[1] for t in infos])[:-1].tolist()
+        return lambda x: np.split(stacked(x), cuts, axis=1)
+
     def experts(self, role: str, layer: int) -> list[Matrix]:
         """Split a stacked expert tensor {n_in, n_out, E} into E matrices (views, no copy)."""
         info = self._checked(role, layer)
@@ -167,9 +185,8 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     lp = LayerPlan(
         spec=spec,
         attn_norm=b.vector("attn_norm", i),
-        q=b.matrix("attn_q", i, "attn_q.bias" if bias else None),
-        k=b.matrix("attn_k", i, "attn_k.bias" if bias else None),
-        v=b.matrix("attn_v", i, "attn_v.bias" if bias else None),
+        qkv=b.projections(("attn_q", "attn_k", "attn_v"), i,
+                          ("attn_q.bias", "attn_k.bias", "attn_v.bias") if bias else (None, None, None)),
         o=b.matrix("attn_output", i, "attn_output.bias" if a.output_bias else None),
         attention=b.op("attention", a.kind, a),
         ffn_norm=b.vector("ffn_norm", i),
@@ -186,10 +203,10 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
 
 def _bind_dense(b: _Binder, i: int, kind: str) -> Callable[[np.ndarray], np.ndarray]:
     act = b.op("ffn", kind)
-    gate, up, down = b.matrix("ffn_gate", i), b.matrix("ffn_up", i), b.matrix("ffn_down", i)
+    gate_up, down = b.projections(("ffn_gate", "ffn_up"), i), b.matrix("ffn_down", i)
 
     def ffn(x: np.ndarray) -> np.ndarray:  # x [n, d] -> [n, d]
-        return down(act(gate(x), up(x)))
+        return down(act(*gate_up(x)))
 
     return ffn
 
@@ -327,9 +344,10 @@ class Interpreter:
         norm, a = self.plan.norm, lp.spec.attention
         h = norm(x, lp.attn_norm)
         n = len(x)
-        q = lp.q(h).reshape(n, a.n_head, a.head_dim)
-        k = lp.k(h).reshape(n, a.n_head_kv, a.head_dim)
-        v = lp.v(h).reshape(n, a.n_head_kv, a.v_head_dim)
+        q, k, v = lp.qkv(h)
+        q = q.reshape(n, a.n_head, a.head_dim)
+        k = k.reshape(n, a.n_head_kv, a.head_dim)
+        v = v.reshape(n, a.n_head_kv, a.v_head_dim)
         if lp.q_norm is not None:  # per-head RMSNorm before rope
             q, k = norm(q, lp.q_norm), norm(k, lp.k_norm)
         rope = self.plan.ropes[a.rope]
