@@ -43,6 +43,8 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
         vocab = build_vocabulary(pm)
         plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress)
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
+        if backend == "fast":
+            gguf.release_pages()  # the kernels hold repacked copies; file pages would double the RSS
     except BaseException:
         gguf.close()
         raise

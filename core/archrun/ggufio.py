@@ -481,6 +481,15 @@ class GGUFFile:
         info = self._info(name)
         return quant.dequantize(self.raw(name), info.ggml_type, info.np_shape)
 
+    def release_pages(self) -> None:
+        """Let the kernel drop this file's resident pages (they are re-read on demand).
+
+        Called after weights were repacked into their own buffers, so peak memory is the
+        repacked model plus what is still touched (e.g. embedding rows), not that plus the file.
+        """
+        if hasattr(mmap, "MADV_DONTNEED") and not self._mm.closed:
+            self._mm.madvise(mmap.MADV_DONTNEED)
+
     def close(self) -> None:
         """Drop the map; views handed out by ``raw`` stay valid and keep it alive until freed."""
         self._u8 = None
