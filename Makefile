@@ -33,7 +33,7 @@ models: $(VENV)/.installed
 
 demo: install
 	$(PY) scripts/fetch_models.py smollm2
-	$(VENV)/bin/archrun run $(SMOLLM2) --chat -p "What is the capital of France? Answer in one sentence." -n 48
+	$(VENV)/bin/archrun run $(SMOLLM2) --chat -p "What is the capital of France? Answer in one sentence." -n 48 --temp 0
 
 # Two xdist workers share the two cores, so each runs the kernels on one thread; the kernel
 # tests then run once more on two threads with bounds checking on, and the small-fixture tests
