@@ -95,11 +95,12 @@ class _Binder:
                                        "which archrun cannot execute")
         return info
 
-    def matrix(self, role: str, layer: int | None = None, bias_role: str | None = None) -> Matrix:
+    def matrix(self, role: str, layer: int | None = None, bias_role: str | None = None,
+               lazy: bool = False) -> Matrix:
         info = self._checked(role, layer)
         name = info.name
         bias = self.vector(bias_role, layer) if bias_role else None
-        return Matrix(self.gguf.raw_rows(name), info.ggml_type, info.shape[0], self.backend, bias, name)
+        return Matrix(self.gguf.raw_rows(name), info.ggml_type, info.shape[0], self.backend, bias, name, lazy)
 
     def projections(self, roles: tuple[str, ...], layer: int,
                     bias_roles: tuple[str | None, ...] | None = None) -> Callable[[np.ndarray], list[np.ndarray]]:
@@ -163,9 +164,11 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     layers = []
     for i, spec in enumerate(d.layers):
         layers.append(_bind_layer(b, i, spec))
+        if backend == "fast":
+            gguf.release_pages()  # this layer is repacked: keep file + copies from piling up
         if progress:
             progress("binding weights", i + 1, d.n_layer)
-    embed = b.matrix("token_embd")
+    embed = b.matrix("token_embd", lazy=not d.tied_output)
     output = embed if d.tied_output else b.matrix("output")
     softcap = b.op("softcap", "tanh", d.logit_softcap) if d.logit_softcap else None
     b.op("block_style", d.block_style)

@@ -24,7 +24,7 @@ class Matrix:
     """
 
     def __init__(self, raw_rows: np.ndarray, ggml_type: int, n_in: int, backend: str,
-                 bias: np.ndarray | None = None, name: str = ""):
+                 bias: np.ndarray | None = None, name: str = "", lazy: bool = False):
         self.raw_rows = raw_rows  # uint8 [n_out, row_bytes], usually a memmap view
         self.ggml_type = ggml_type
         self.n_in = n_in
@@ -32,7 +32,10 @@ class Matrix:
         self.bias = bias
         self.name = name
         self._dense: np.ndarray | None = None
-        self._q = _prepare_fast(raw_rows, ggml_type, n_in) if backend == "fast" else None
+        self._fast = backend == "fast"
+        # lazy: kernel-ready copy made on the first product (a token embedding that is only
+        # looked up row by row never needs one)
+        self._q = _prepare_fast(raw_rows, ggml_type, n_in) if self._fast and not lazy else None
 
     @property
     def dense(self) -> np.ndarray:
@@ -44,6 +47,9 @@ class Matrix:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if x.ndim != 2 or x.shape[1] != self.n_in:
             raise ShapeMismatch(f"{self.name}: input {x.shape} does not match n_in={self.n_in}")
+        if self._fast and self._q is None:
+            self._q = _prepare_fast(self.raw_rows, self.ggml_type, self.n_in)
+            self._fast = self._q is not None
         if self._q is not None:
             from archrun import kernels
 
@@ -58,7 +64,7 @@ class Matrix:
         """float32 [len(ids), n_in]: the selected rows, dequantized exactly."""
         if self._dense is not None:
             return self._dense[ids]
-        if self._q is not None:
+        if self._fast:
             from archrun import kernels
 
             return kernels.embedding_rows(self.raw_rows, self.ggml_type, self.n_in, ids)
