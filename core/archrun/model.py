@@ -11,7 +11,9 @@ with WrongBlockStyle.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -161,18 +163,29 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     b = _Binder(d, gguf, vocab, backend)
     norm = b.op("norm", d.norm, d.norm_eps)
     ropes = [_bind_rope(b, spec) for spec in d.rope_tables]
-    layers = []
-    for i, spec in enumerate(d.layers):
-        layers.append(_bind_layer(b, i, spec))
-        if backend == "fast":
-            gguf.release_pages()  # this layer is repacked: keep file + copies from piling up
-        if progress:
-            progress("binding weights", i + 1, d.n_layer)
+    layers = _bind_layers(b, gguf, progress)
     embed = b.matrix("token_embd", lazy=not d.tied_output)
     output = embed if d.tied_output else b.matrix("output")
     softcap = b.op("softcap", "tanh", d.logit_softcap) if d.logit_softcap else None
     b.op("block_style", d.block_style)
     return Plan(d, embed, output, b.vector("output_norm"), norm, ropes, layers, softcap, b.providers, b)
+
+
+def _bind_layers(b: _Binder, gguf: GGUFFile, progress: Callable[[str, int, int], None] | None) -> list[LayerPlan]:
+    """Bind every trunk layer; on the fast backend two layers are repacked at a time (numpy
+    releases the GIL), and the file's pages are released as layers finish so the mapped file
+    and the repacked copies do not pile up."""
+    specs = list(enumerate(b.d.layers))
+    workers = min(2, os.cpu_count() or 1) if b.backend == "fast" else 1
+    layers: list[LayerPlan] = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for lp in pool.map(lambda item: _bind_layer(b, *item), specs):
+            layers.append(lp)
+            if b.backend == "fast":
+                gguf.release_pages()
+            if progress:
+                progress("binding weights", len(layers), len(specs))
+    return layers
 
 
 def _bind_rope(b: _Binder, spec) -> Any:
