@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+import pluggy
 from attrs import field, frozen
 from attrs import validators as v
 
@@ -44,6 +45,7 @@ MAX_HEADS = 4096
 MAX_EXPERTS = 4096
 
 GATING = {1: "softmax", 2: "sigmoid"}  # GGUF expert_gating_func numbering
+_hookimpl = pluggy.HookimplMarker("archrun")
 
 
 @frozen
@@ -69,6 +71,25 @@ class FamilyHints:
     moe_weights_norm: bool = False
     chat_template: str | None = None
     generic: bool = False  # True only for the built-in fallback
+
+
+class FamilyPlugin:
+    """A family plugin made from architecture -> FamilyHints: implements both family hooks.
+
+    A family package needs only `plugin = FamilyPlugin({...})` and the entry point
+    `[project.entry-points.archrun] name = "package:plugin"`.
+    """
+
+    def __init__(self, hints: Mapping[str, FamilyHints]):
+        self.hints = MappingProxyType(dict(hints))
+
+    @_hookimpl
+    def archrun_describe_family(self, architecture: str) -> FamilyHints | None:
+        return self.hints.get(architecture)
+
+    @_hookimpl
+    def archrun_families(self) -> list[str]:
+        return sorted(self.hints)
 
 
 GENERIC_HINTS = FamilyHints(name="generic", generic=True)

@@ -11,11 +11,7 @@ What gemma3 files do not say (llama.cpp src/models/gemma3.cpp, HF modeling_gemma
 
 from __future__ import annotations
 
-import pluggy
-
-from archrun.compile import FamilyHints
-
-hookimpl = pluggy.HookimplMarker("archrun")
+from archrun.compile import FamilyHints, FamilyPlugin
 
 # Gemma's turn format (system text is prepended to the first user turn, as Gemma's own template does).
 CHAT_TEMPLATE = (
@@ -45,11 +41,4 @@ HINTS = {
 }
 
 
-@hookimpl
-def archrun_describe_family(architecture: str) -> FamilyHints | None:
-    return HINTS.get(architecture)
-
-
-@hookimpl
-def archrun_families() -> list[str]:
-    return sorted(HINTS)
+plugin = FamilyPlugin(HINTS)

@@ -13,14 +13,10 @@ The MTP (nextn) draft head lives in archrun_glm4moe.mtp: MtpHead, MtpCache, veri
 
 from __future__ import annotations
 
-import pluggy
-
-from archrun.compile import FamilyHints
+from archrun.compile import FamilyHints, FamilyPlugin
 from archrun_glm4moe.mtp import MtpCache, MtpHead, verify
 
 __all__ = ["HINTS", "MtpCache", "MtpHead", "archrun_describe_family", "archrun_families", "verify"]
-
-hookimpl = pluggy.HookimplMarker("archrun")
 
 HINTS = {
     "glm4moe": FamilyHints(
@@ -33,11 +29,4 @@ HINTS = {
 }
 
 
-@hookimpl
-def archrun_describe_family(architecture: str) -> FamilyHints | None:
-    return HINTS.get(architecture)
-
-
-@hookimpl
-def archrun_families() -> list[str]:
-    return sorted(HINTS)
+plugin = FamilyPlugin(HINTS)

@@ -7,20 +7,9 @@ rope scaling arrives as a `rope_freqs` tensor, which the generic compiler picks 
 
 from __future__ import annotations
 
-import pluggy
-
-from archrun.compile import FamilyHints
-
-hookimpl = pluggy.HookimplMarker("archrun")
+from archrun.compile import FamilyHints, FamilyPlugin
 
 HINTS = {"llama": FamilyHints(name="llama", rope_pairing="norm")}
 
 
-@hookimpl
-def archrun_describe_family(architecture: str) -> FamilyHints | None:
-    return HINTS.get(architecture)
-
-
-@hookimpl
-def archrun_families() -> list[str]:
-    return sorted(HINTS)
+plugin = FamilyPlugin(HINTS)

@@ -11,11 +11,7 @@ from the file by the generic compiler.
 
 from __future__ import annotations
 
-import pluggy
-
-from archrun.compile import FamilyHints
-
-hookimpl = pluggy.HookimplMarker("archrun")
+from archrun.compile import FamilyHints, FamilyPlugin
 
 HINTS = {
     "qwen2": FamilyHints(name="qwen2", rope_pairing="neox"),
@@ -24,11 +20,4 @@ HINTS = {
 }
 
 
-@hookimpl
-def archrun_describe_family(architecture: str) -> FamilyHints | None:
-    return HINTS.get(architecture)
-
-
-@hookimpl
-def archrun_families() -> list[str]:
-    return sorted(HINTS)
+plugin = FamilyPlugin(HINTS)
