@@ -6,9 +6,8 @@ vocabulary columns, max/min and the top-1/top-2 margin; per prompt a 16-token gr
 
 Tolerances (see docs/testing.md):
 - HF (exact float32 dequantization): the reference backend must be within 1e-3 of the logit
-  range at every stored entry, give the same argmax wherever HF's own top-2 margin exceeds that
-  tolerance (a closer call is a tie no float32 implementation can be held to), and the same
-  16-token greedy chains.
+  range at every stored entry, give the same argmax at every position, and the same 16-token
+  greedy chains.
 - llama.cpp (quantizes activations to 8 bits inside its matmuls, ~1-2 logits off): argmax equal
   wherever llama.cpp's margin exceeds 1.0; greedy chains equal up to the first step whose margin
   is below 1.0. The fast backend, which quantizes activations the same way, is held to these
@@ -94,9 +93,8 @@ def test_reference_backend_matches_hf(real):
         span = g[f"{prompt}.max"] - g[f"{prompt}.min"]
         err = np.abs(got - ref).max(axis=1) / span
         assert err.max() <= TOL, f"{prompt}: max error {err.max():.2e} of the logit range"
-        clear = g[f"{prompt}.margin"] > TOL * span
-        assert clear.mean() > 0.9
-        np.testing.assert_array_equal(logits.argmax(1)[clear], g[f"{prompt}.top_ids"][clear, 0])
+        # identical argmax at every position (HF margins go down to ~0.01 logit here; measured: 0 flips)
+        np.testing.assert_array_equal(logits.argmax(1), g[f"{prompt}.top_ids"][:, 0])
 
 
 def test_reference_greedy_chains_match_hf(real):
