@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-import attrs
 import numpy as np
 import pluggy
 from attrs import field, frozen
@@ -456,7 +455,3 @@ def _warn(arch: str, unused: tuple[str, ...], assumptions: tuple[str, ...]) -> N
         warnings.warn(f"{arch}: metadata keys not used by archrun: {', '.join(unused)}", ArchrunWarning,
                       stacklevel=3)
 
-
-def evolve_block_style(descriptor: Descriptor, block_style: str) -> Descriptor:
-    """The same descriptor with another block style (users may audit any model in host_reference)."""
-    return attrs.evolve(descriptor, block_style=block_style)
