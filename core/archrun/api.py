@@ -41,6 +41,10 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     try:
         compiled = compile_gguf(gguf, plugins=pm, block_style=block_style)
         vocab = build_vocabulary(pm)
+        if backend == "fast":
+            from archrun.kernels.warmup import warm_up
+
+            warm_up({t.ggml_type for t in gguf.tensors.values()}, progress)
         plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress)
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
         if backend == "fast":
