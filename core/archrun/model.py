@@ -121,8 +121,9 @@ class _Binder:
         raw = np.concatenate([self.gguf.raw_rows(t.name) for t in infos])
         bias = np.concatenate([self.vector(br, layer) for br in bias_roles]) if all(biases) else None
         stacked = Matrix(raw, infos[0].ggml_type, infos[0].shape[0], self.backend, bias, "+".join(roles))
-        cuts = np.cumsum([t.shape[1] for t in infos])[:-1].tolist()
-        return lambda x: np.split(stacked(x), cuts, axis=1)
+        ends = np.cumsum([t.shape[1] for t in infos]).tolist()
+        spans = list(zip([0, *ends[:-1]], ends, strict=True))  # column range of each role
+        return lambda x: [y[:, a:b] for y in (stacked(x),) for a, b in spans]
 
     def experts(self, role: str, layer: int) -> list[Matrix]:
         """Split a stacked expert tensor {n_in, n_out, E} into E matrices (views, no copy)."""
