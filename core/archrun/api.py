@@ -41,14 +41,13 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     try:
         compiled = compile_gguf(gguf, plugins=pm, block_style=block_style)
         vocab = build_vocabulary(pm)
-        if backend == "fast":
-            from archrun.kernels.warmup import warm_up
-
-            warm_up({t.ggml_type for t in gguf.tensors.values()}, progress)
-        plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress)
+        plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress)  # refuses bad input first
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
         if backend == "fast":
             gguf.release_pages()  # the kernels hold repacked copies; file pages would double the RSS
+            from archrun.kernels.warmup import warm_up
+
+            warm_up({t.ggml_type for t in gguf.tensors.values()}, progress)  # compile before the first token
     except BaseException:
         gguf.close()
         raise
