@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import GOLDENS
-from gguf_rename import rename_architecture
 
 import archrun
+from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.errors import ArchrunWarning
 
 TINY = GOLDENS / "tiny"
@@ -57,7 +57,7 @@ def test_fixture_set_covers_level0():
 @pytest.mark.parametrize("name", fixtures("qwen3")[:1])
 def test_unknown_architecture_with_qwen3_layout_loads_generically(name, tmp_path):
     ids, ref = golden(name)
-    path = rename_architecture(TINY / f"{name}.gguf", tmp_path / "renamed.gguf", "qwen3-mystery")
+    path = rewrite_gguf(TINY / f"{name}.gguf", tmp_path / "renamed.gguf", architecture="qwen3-mystery")
     with pytest.warns(ArchrunWarning, match="qwen3-mystery.*assuming") as record:
         model = archrun.load(path)
     assumptions = " ".join(str(w.message) for w in record)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import archrun
+from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.errors import InvalidRequest, MissingTensor, WrongBlockStyle
 from archrun_glm4moe.mtp import MtpHead, verify
 
@@ -312,23 +313,7 @@ def test_bad_requests_are_refused(tmp_path):
         MtpHead(archrun.load(broken))
 
 
+
 def copy_without(src: Path, dst: Path, drop: tuple[str, ...]) -> Path:
     """Write dst: src without the tensors whose names contain any of `drop` (metadata copied)."""
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment"):
-            continue
-        if f.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1])
-        else:
-            w.add_key_value(key, f.contents(), f.types[0])
-    for t in r.tensors:
-        if not any(d in t.name for d in drop):
-            w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(x) for x in reversed(t.shape)),
-                         raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    return rewrite_gguf(src, dst, drop_tensors=drop)
