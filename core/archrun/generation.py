@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -35,9 +35,9 @@ class GenerationResult:
 class Generation:
     """An iterator of text pieces; `.result` holds the GenerationResult once it is exhausted."""
 
-    def __init__(self, pieces: Iterator[str]):
-        self._pieces = pieces
-        self.result: GenerationResult | None = None
+    def __init__(self, run: Callable[[Generation], Iterator[str]]):
+        self.result: GenerationResult | None = None  # set by `run` when it finishes
+        self._pieces = run(self)
 
     def __iter__(self) -> Iterator[str]:
         return self
@@ -98,9 +98,7 @@ def _start(model: Any, ids: list[int], max_tokens: int | None, stop: Any, sampli
         raise InvalidRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
     budget = n_ctx - len(ids) if max_tokens is None else min(max_tokens, n_ctx - len(ids))
     sampler = Sampler(params, model.descriptor.n_vocab)
-    gen = Generation(iter(()))
-    gen._pieces = _run(gen, model, ids, budget, stops, sampler)
-    return gen
+    return Generation(lambda gen: _run(gen, model, ids, budget, stops, sampler))
 
 
 def _check_stops(stop: Any) -> tuple[str, ...]:
