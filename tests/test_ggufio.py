@@ -578,3 +578,30 @@ def test_real_model_agrees_with_gguf_reader(model: str) -> None:
                 np.testing.assert_array_equal(got, np.asarray(want))
             else:
                 assert got == pytest.approx(want) if isinstance(want, float) else got == want, key
+
+
+def _mapped_rss_kib(path: pathlib.Path) -> int:
+    """Resident KiB of this process's mappings of `path` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in pathlib.Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef" and "-" in line.split()[0]:
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/smaps").exists(), reason="needs /proc/self/smaps")
+def test_release_view_drops_resident_pages_and_keeps_the_data(tmp_path: pathlib.Path) -> None:
+    data = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB
+    path = write_gguf(tmp_path / "big.gguf", tensors={"w": data, "v": data[:8]})
+    with open_gguf(path) as f:
+        rows = f.raw_rows("w")
+        assert np.array_equal(rows.view(np.float32), data)  # every page resident now
+        assert _mapped_rss_kib(path) >= 4096
+        ggufio.release_view(rows[: rows.shape[0] // 2])
+        assert _mapped_rss_kib(path) <= 2048 + 8
+        assert np.array_equal(rows.view(np.float32), data)  # re-read on demand
+        ggufio.release_view(np.zeros(8, np.uint8))  # not a view of a mapping: ignored
+    ggufio.release_view(rows)  # closed file: ignored
+    assert np.array_equal(rows.view(np.float32), data)

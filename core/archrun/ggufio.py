@@ -32,7 +32,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from archrun import quant
 from archrun.errors import MissingTensor, ModelLoadError
 
-__all__ = ["GGUFFile", "TensorInfo", "open_gguf"]
+__all__ = ["GGUFFile", "TensorInfo", "open_gguf", "release_view"]
 
 _V = GGUFValueType
 _MAGIC = b"GGUF"
@@ -517,6 +517,26 @@ def _map_file(path: pathlib.Path) -> mmap.mmap:
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as e:
         raise ModelLoadError(f"cannot open {path}: {e.strerror or e}") from None
+
+
+def release_view(view: np.ndarray) -> None:
+    """Let the OS drop the resident pages under `view` if it is a view of a GGUFFile's mapping.
+
+    For callers that copied a tensor's bytes into their own buffers (the fast backend's
+    repack): the pages are re-read from the page cache if the view is used again. Any other
+    array (or a closed file) is left alone. Pages only partly under the view are dropped too.
+    """
+    owner = view
+    while isinstance(owner.base, np.ndarray):  # numpy collapses views onto the frombuffer array
+        owner = owner.base
+    mm = owner.base.obj if isinstance(owner.base, memoryview) else None
+    if not isinstance(mm, mmap.mmap) or mm.closed or not hasattr(mmap, "MADV_DONTNEED") or view.size == 0:
+        return
+    start = view.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+    end = start + view.nbytes
+    page = mmap.PAGESIZE
+    first = start // page * page
+    mm.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:

@@ -1,7 +1,8 @@
 """Repacking GGUF blocks into the lane-interleaved layout the kernels read.
 
-Every quantized type is unpacked (numpy, at load) into integer fields in natural element
-order plus its scales, then packed again:
+Every quantized type is unpacked into integer fields in natural element order plus its
+scales, then packed again (numpy in `repack_reference`, the definition; one jitted kernel per
+type in `repack`, which load uses: ~1 G weights/s per thread, bit-identical):
 
 - fields go into uint16 words, several per word, in natural order inside each 32-element
   block (4-bit: 4 per word; 5-bit: 3 per word, 11 words per block; 2-bit: 8 per word); 8-bit
@@ -11,17 +12,21 @@ order plus its scales, then packed again:
 - f16 scales become float32; K-quant sub-scales become one byte each.
 
 The repacked matrix is at most ~1.35x the GGUF bytes (Q3_K; Q4_K 1.06x, Q4_1 1.2x,
-Q5_0 1.18x, Q6_K 1.31x) and is built a few thousand rows at a time, so load-time temporaries
-stay small. Rows are padded with zero rows to a multiple of LANES.
+Q5_0 1.18x, Q6_K 1.31x) and is built a few MB of GGUF rows at a time, whose file pages are
+released as soon as they are repacked, so load-time temporaries stay small. Rows are padded
+with zero rows to a multiple of LANES.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
+from numba import njit
 
-from archrun.kernels._jit import LANES, QB
+from archrun.kernels._jit import JIT, LANES, QB
 
 # rows unpacked per chunk while repacking: bounds the float/uint8 temporaries (~8 MB)
 _CHUNK_ROWS = 2048
@@ -217,11 +222,12 @@ def _lanes(a: np.ndarray, ng: int) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(a, 1, -1))
 
 
-def repack(raw_rows: np.ndarray, ggml_type: int, n_in: int) -> tuple[np.ndarray, ...]:
-    """GGUF rows uint8 [n_out, row_bytes] -> (words, *scales) in the lane layout.
+def repack_reference(raw_rows: np.ndarray, ggml_type: int, n_in: int) -> tuple[np.ndarray, ...]:
+    """GGUF rows uint8 [n_out, row_bytes] -> (words, *scales) in the lane layout, with numpy.
 
     words [ng, n_in // 32, words * LANES] (word-major, lane-minor within a block); scales
-    [ng, n_blocks_or_sub, LANES] in the order the type's unpacker returns them.
+    [ng, n_blocks_or_sub, LANES] in the order the type's unpacker returns them. The readable
+    definition of the layout: `repack` (jitted, used at load) must match it bit for bit.
     """
     lay = LAYOUTS[ggml_type]
     n_out = raw_rows.shape[0]
@@ -249,3 +255,355 @@ def unpack_rows(raw_rows: np.ndarray, ggml_type: int, n_in: int) -> tuple[np.nda
     blocks = np.asarray(raw_rows).reshape(raw_rows.shape[0], n_in // lay.block, lay.type_size)
     fields, sc = lay.unpack(blocks)
     return fields.reshape(raw_rows.shape[0], n_in), sc
+
+
+# -- jitted repack (used at load) ---------------------------------------------------------------
+# One kernel per type writes row groups [g0, g1) of the lane layout straight from the GGUF
+# rows, reading the same bytes as the numpy unpackers above; `repack` must equal
+# `repack_reference` bit for bit (tests/test_kernels.py checks every type on random blocks).
+# Kernel arguments: raw read-only uint8 [n_out, row_bytes], g0, g1, words, *scales, where f16
+# scales are written as float32 bit patterns (uint32 views of the float32 scale arrays).
+# Fields go through a small int32 scratch f (one GGUF block) in natural element order.
+
+_INL = dict(JIT, inline="always")
+
+
+@njit(**_INL)
+def _h2f(lo, hi):
+    """float32 bits of the little-endian f16 bytes (lo, hi), exactly as numpy converts them."""
+    h = np.int64(lo) | (np.int64(hi) << 8)
+    sign = (h & 0x8000) << 16
+    e = h & 0x7C00
+    m = h & 0x03FF
+    if e == 0x7C00:  # inf / nan (payload kept)
+        return sign | 0x7F800000 | (m << 13)
+    if e != 0:  # normal: rebias the exponent by 127 - 15
+        return sign | (((h & 0x7FFF) + 0x1C000) << 13)
+    if m == 0:
+        return sign
+    shift = 0  # subnormal m * 2^-24: normalise
+    m <<= 1
+    while (m & 0x0400) == 0:
+        m <<= 1
+        shift += 1
+    return sign | ((127 - 15 - shift) << 23) | ((m & 0x03FF) << 13)
+
+
+@njit(**_INL)
+def _nibbles(row, o, f, f0):
+    """16 bytes at row[o:] -> f[f0:f0 + 32]: low nibbles are elements 0..15, high 16..31."""
+    for i in range(16):
+        q = np.int32(row[o + i])
+        f[f0 + i] = q & 15
+        f[f0 + 16 + i] = q >> 4
+
+
+@njit(**_INL)
+def _high_bits(row, o, f, shift):
+    """f[j] |= bit j of the little-endian uint32 at row[o:], shifted left by `shift` (j < 32)."""
+    qh = (np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16)
+          | (np.int64(row[o + 3]) << 24))
+    for j in range(32):
+        f[j] |= np.int32((qh >> j) & 1) << shift
+
+
+@njit(**_INL)
+def _put4(words, g, blk, lane, f, f0):
+    """Fields f[f0:f0 + 32] -> the 8 words of 32-block blk: element 4j + t at bits 4t of word j."""
+    for j in range(8):
+        o = f0 + 4 * j
+        words[g, blk, j * LANES + lane] = f[o] | (f[o + 1] << 4) | (f[o + 2] << 8) | (f[o + 3] << 12)
+
+
+@njit(**_INL)
+def _put5(words, g, blk, lane, f, f0):
+    """Fields f[f0:f0 + 32] -> 11 words: element 3j + t at bits 5t of word j."""
+    for j in range(10):
+        o = f0 + 3 * j
+        words[g, blk, j * LANES + lane] = f[o] | (f[o + 1] << 5) | (f[o + 2] << 10)
+    words[g, blk, 10 * LANES + lane] = f[f0 + 30] | (f[f0 + 31] << 5)
+
+
+@njit(**_INL)
+def _put2(words, g, blk, lane, f, f0):
+    """Fields f[f0:f0 + 32] -> 4 words: element 8j + t at bits 2t of word j."""
+    for j in range(4):
+        o = f0 + 8 * j
+        w = 0
+        for t in range(8):
+            w |= f[o + t] << (2 * t)
+        words[g, blk, j * LANES + lane] = w
+
+
+@njit(**_INL)
+def _put8(words, g, blk, lane, f, f0):
+    """Fields f[f0:f0 + 32] -> 32 one-field words (bytes or 16-bit patterns)."""
+    for t in range(QB):
+        words[g, blk, t * LANES + lane] = f[f0 + t]
+
+
+@njit(**_INL)
+def _lanes_of(raw, g):
+    """Real (non-padding) rows in group g."""
+    return min(LANES, raw.shape[0] - g * LANES)
+
+
+@njit(**JIT)
+def _rp_q4_0(raw, g0, g1, words, d):
+    f = np.empty(QB, np.int32)
+    for g in range(g0, g1):
+        for lane in range(_lanes_of(raw, g)):
+            row = raw[g * LANES + lane]
+            for b in range(words.shape[1]):
+                o = 18 * b
+                d[g, b, lane] = _h2f(row[o], row[o + 1])
+                _nibbles(row, o + 2, f, 0)
+                _put4(words, g, b, lane, f, 0)
+
+
+@njit(**JIT)
+def _rp_q4_1(raw, g0, g1, words, d, m):
+    f = np.empty(QB, np.int32)
+    for g in range(g0, g1):
+        for lane in range(_lanes_of(raw, g)):
+            row = raw[g * LANES + lane]
+            for b in range(words.shape[1]):
+                o = 20 * b
+                d[g, b, lane] = _h2f(row[o], row[o + 1])
+                m[g, b, lane] = _h2f(row[o + 2], row[o + 3])
+                _nibbles(row, o + 4, f, 0)
+                _put4(words, g, b, lane, f, 0)
+
+
+@njit(**JIT)
+def _rp_q5_0(raw, g0, g1, words, d):
+    f = np.empty(QB, np.int32)
+    for g in range(g0, g1):
+        for lane in range(_lanes_of(raw, g)):
+            row = raw[g * LANES + lane]
+            for b in range(words.shape[1]):
+                o = 22 * b
+                d[g, b, lane] = _h2f(row[o], row[o + 1])
+                _nibbles(row, o + 6, f, 0)
+                _high_bits(row, o + 2, f, 4)
+                _put5(words, g, b, lane, f, 0)
+
+
+@njit(**JIT)
+def _rp_q5_1(raw, g0, g1, words, d, m):
+    f = np.empty(QB, np.int32)
+    for g in range(g0, g1):
+        for lane in range(_lanes_of(raw, g)):
+            row = raw[g * LANES + lane]
+            for b in range(words.shape[1]):
+                o = 24 * b
+                d[g, b, lane] = _h2f(row[o], row[o + 1])
+                m[g, b, lane] = _h2f(row[o + 2], row[o + 3])
+                _nibbles(row, o + 8, f, 0)
+                _high_bits(row, o + 4, f, 4)
+                _put5(words, g, b, lane, f, 0)
+
+
+@njit(**JIT)
+def _rp_q8_0(raw, g0, g1, words, d):
+    for g in range(g0, g1):
+        for lane in range(_lanes_of(raw, g)):
+            row = raw[g * LANES + lane]
+            for b in range(words.shape[1]):
+                o = 34 * b
+                d[g, b, lane] = _h2f(row[o], row[o + 1])
+                for t in range(QB):  # the int8 quants, bit for bit
+                    words[g, b, t * LANES + lane] = np.int8(row[o + 2 + t])
+
+
+@njit(**JIT)
+def _rp_q2_k(raw, g0, g1, words, d, dmin, sc, mn):
+    f = np.empty(256, np.int32)
+    for g in range(g0, g1):
+        for lane in range(_lanes_of(raw, g)):
+            row = raw[g * LANES + lane]
+            for b in range(words.shape[1] // 8):
+                o = 84 * b
+                d[g, b, lane] = _h2f(row[o + 80], row[o + 81])
+                dmin[g, b, lane] = _h2f(row[o + 82], row[o + 83])
+                for k in range(16):  # 4-bit scale and min of each 16 elements
+                    sc[g, 16 * b + k, lane] = row[o + k] & 15
+                    mn[g, 16 * b + k, lane] = row[o + k] >> 4
+                for e in range(256):  # element h*128 + s*32 + l: bits 2s of byte 32h + l
+                    h, s, l = e >> 7, (e >> 5) & 3, e & 31
+                    f[e] = (np.int32(row[o + 16 + 32 * h + l]) >> (2 * s)) & 3
+                for sub in range(8):
+                    _put2(words, g, 8 * b + sub, lane, f, 32 * sub)
+
+
+@njit(**JIT)
+def _rp_q3_k(raw, g0, g1, words, d, sc):
+    f = np.empty(256, np.int32)
+    for g in range(g0, g1):
+        for lane in range(_lanes_of(raw, g)):
+            row = raw[g * LANES + lane]
+            for b in range(words.shape[1] // 8):
+                o = 110 * b
+                d[g, b, lane] = _h2f(row[o + 108], row[o + 109])
+                for k in range(16):  # 6-bit scales: low nibble from bytes 0..7, high crumb from 8..11
+                    lo = (np.int32(row[o + 96 + (k & 7)]) >> (4 * (k >> 3))) & 15
+                    hi = (np.int32(row[o + 104 + (k & 3)]) >> (2 * (k >> 2))) & 3
+                    sc[g, 16 * b + k, lane] = (lo | (hi << 4)) - 32
+                for e in range(256):  # crumbs of qs plus the high bit i of hmask byte l (e = 32i + l)
+                    h, s, l = e >> 7, (e >> 5) & 3, e & 31
+                    q = (np.int32(row[o + 32 + 32 * h + l]) >> (2 * s)) & 3
+                    f[e] = q | (((np.int32(row[o + l]) >> (e >> 5)) & 1) << 2)
+                for sub in range(8):
+                    _put4(words, g, 8 * b + sub, lane, f, 32 * sub)
+
+
+@njit(**_INL)
+def _scale_min_k4_jit(row, o, sc, mn, g, k0, lane):
+    """Q4_K/Q5_K 12 packed bytes at row[o:] -> 8 scales and 8 mins (6 bits each)."""
+    for j in range(4):
+        a, c, md = np.int32(row[o + j]), np.int32(row[o + 4 + j]), np.int32(row[o + 8 + j])
+        sc[g, k0 + j, lane] = a & 63
+        mn[g, k0 + j, lane] = c & 63
+        sc[g, k0 + 4 + j, lane] = (md & 15) | ((a >> 2) & 48)
+        mn[g, k0 + 4 + j, lane] = (md >> 4) | ((c >> 2) & 48)
+
+
+@njit(**JIT)
+def _rp_q4_k(raw, g0, g1, words, d, dmin, sc, mn):
+    f = np.empty(256, np.int32)
+    for g in range(g0, g1):
+        for lane in range(_lanes_of(raw, g)):
+            row = raw[g * LANES + lane]
+            for b in range(words.shape[1] // 8):
+                o = 144 * b
+                d[g, b, lane] = _h2f(row[o], row[o + 1])
+                dmin[g, b, lane] = _h2f(row[o + 2], row[o + 3])
+                _scale_min_k4_jit(row, o + 4, sc, mn, g, 8 * b, lane)
+                for c in range(4):  # 32 bytes -> elements 64c + l (low nibble), 64c + 32 + l (high)
+                    for i in range(32):
+                        q = np.int32(row[o + 16 + 32 * c + i])
+                        f[64 * c + i] = q & 15
+                        f[64 * c + 32 + i] = q >> 4
+                for sub in range(8):
+                    _put4(words, g, 8 * b + sub, lane, f, 32 * sub)
+
+
+@njit(**JIT)
+def _rp_q5_k(raw, g0, g1, words, d, dmin, sc, mn):
+    f = np.empty(256, np.int32)
+    for g in range(g0, g1):
+        for lane in range(_lanes_of(raw, g)):
+            row = raw[g * LANES + lane]
+            for b in range(words.shape[1] // 8):
+                o = 176 * b
+                d[g, b, lane] = _h2f(row[o], row[o + 1])
+                dmin[g, b, lane] = _h2f(row[o + 2], row[o + 3])
+                _scale_min_k4_jit(row, o + 4, sc, mn, g, 8 * b, lane)
+                for c in range(4):
+                    for i in range(32):
+                        q = np.int32(row[o + 48 + 32 * c + i])
+                        hb = np.int32(row[o + 16 + i])  # bit k of byte i: element 32k + i
+                        f[64 * c + i] = (q & 15) | (((hb >> (2 * c)) & 1) << 4)
+                        f[64 * c + 32 + i] = (q >> 4) | (((hb >> (2 * c + 1)) & 1) << 4)
+                for sub in range(8):
+                    _put5(words, g, 8 * b + sub, lane, f, 32 * sub)
+
+
+@njit(**JIT)
+def _rp_q6_k(raw, g0, g1, words, d, sc):
+    for g in range(g0, g1):
+        for lane in range(_lanes_of(raw, g)):
+            row = raw[g * LANES + lane]
+            for b in range(words.shape[1] // 8):
+                o = 210 * b
+                d[g, b, lane] = _h2f(row[o + 208], row[o + 209])
+                for k in range(16):
+                    sc[g, 16 * b + k, lane] = np.int8(row[o + 192 + k])
+                for h in range(2):  # element 128h + 32k + l: nibble of ql, crumb k of qh[32h + l]
+                    blk = 8 * b + 4 * h
+                    for l in range(QB):
+                        a = np.int32(row[o + 64 * h + l])
+                        c = np.int32(row[o + 64 * h + 32 + l])
+                        q = np.int32(row[o + 128 + 32 * h + l])
+                        k = l * LANES + lane
+                        words[g, blk, k] = (a & 15) | ((q & 3) << 4)
+                        words[g, blk + 1, k] = (c & 15) | (((q >> 2) & 3) << 4)
+                        words[g, blk + 2, k] = (a >> 4) | (((q >> 4) & 3) << 4)
+                        words[g, blk + 3, k] = (c >> 4) | (((q >> 6) & 3) << 4)
+
+
+@njit(**JIT)
+def _rp_half(raw, g0, g1, words):
+    f = np.empty(QB, np.int32)
+    for g in range(g0, g1):
+        for lane in range(_lanes_of(raw, g)):
+            row = raw[g * LANES + lane]
+            for b in range(words.shape[1]):
+                for t in range(QB):
+                    f[t] = np.int32(row[64 * b + 2 * t]) | (np.int32(row[64 * b + 2 * t + 1]) << 8)
+                _put8(words, g, b, lane, f, 0)
+
+
+# type -> (kernel, scale arrays as (dtype, entries per GGUF block)), in the unpackers' order
+_F4 = np.float32
+_KERNELS: dict[int, tuple[Callable, tuple]] = {
+    2: (_rp_q4_0, ((_F4, 1),)),
+    3: (_rp_q4_1, ((_F4, 1), (_F4, 1))),
+    6: (_rp_q5_0, ((_F4, 1),)),
+    7: (_rp_q5_1, ((_F4, 1), (_F4, 1))),
+    8: (_rp_q8_0, ((_F4, 1),)),
+    10: (_rp_q2_k, ((_F4, 1), (_F4, 1), (_U8, 16), (_U8, 16))),
+    11: (_rp_q3_k, ((_F4, 1), (np.int8, 16))),
+    12: (_rp_q4_k, ((_F4, 1), (_F4, 1), (_U8, 8), (_U8, 8))),
+    13: (_rp_q5_k, ((_F4, 1), (_F4, 1), (_U8, 8), (_U8, 8))),
+    14: (_rp_q6_k, ((_F4, 1), (np.int8, 16))),
+    1: (_rp_half, ()),
+    30: (_rp_half, ()),
+}
+
+# raw bytes per repack task: big matrices are split over threads, and the file pages of each
+# finished task are released at once (the repacked copy replaces them in memory)
+_TASK_BYTES = 4 << 20
+_pool: list[ThreadPoolExecutor] = []
+
+
+def _threads() -> int:
+    return max(1, min(8, numba.config.NUMBA_NUM_THREADS))
+
+
+def repack(raw_rows: np.ndarray, ggml_type: int, n_in: int) -> tuple[np.ndarray, ...]:
+    """GGUF rows uint8 [n_out, row_bytes] -> (words, *scales) in the lane layout (see
+    `repack_reference` for the shapes), with the jitted kernels.
+
+    Matrices above _TASK_BYTES are split into row-group ranges run on a small thread pool
+    (the kernels release the GIL); when raw_rows is a view of a GGUF file mapping, the pages
+    of each finished range are handed back to the OS (archrun.ggufio.release_view).
+    """
+    from archrun.ggufio import release_view
+
+    lay = LAYOUTS[ggml_type]
+    kernel, scale_specs = _KERNELS[ggml_type]
+    raw = np.ascontiguousarray(raw_rows).view()
+    raw.flags.writeable = False  # one compiled variant per type: file views are read-only
+    n_out, row_bytes = raw.shape
+    ng = n_groups(n_out)
+    nblk = n_in // lay.block
+    words = np.zeros((ng, n_in // QB, lay.words * LANES), lay.word_dtype)
+    scales = [np.zeros((ng, nblk * per, LANES), dt) for dt, per in scale_specs]
+    outs = [words, *(s.view(np.uint32) if s.dtype == np.float32 else s for s in scales)]
+    step = max(1, _TASK_BYTES // (row_bytes * LANES))  # groups per task
+
+    def task(g0: int) -> None:
+        g1 = min(ng, g0 + step)
+        kernel(raw, g0, g1, *outs)
+        release_view(raw_rows[g0 * LANES:g1 * LANES])
+
+    starts = range(0, ng, step)
+    if len(starts) > 1 and _threads() > 1:
+        if not _pool:
+            _pool.append(ThreadPoolExecutor(_threads(), thread_name_prefix="archrun-repack"))
+        list(_pool[0].map(task, starts))
+    else:
+        for g0 in starts:
+            task(g0)
+    return (words, *scales)
