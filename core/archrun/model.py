@@ -31,17 +31,55 @@ from archrun.weights import Matrix, MoeWeights
 F32 = np.float32
 
 
+class Projections:
+    """Bound products sharing one input: x[n, d] -> [x @ W_r.T (+ b_r) for each role r].
+
+    matrices: one Matrix per role, or a single stacked Matrix whose output columns `spans`
+    (one (start, end) per role) split back into the roles.
+    """
+
+    def __init__(self, matrices: list[Matrix], spans: list[tuple[int, int]] | None = None):
+        self.matrices = matrices
+        self.spans = spans
+
+    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+        if self.spans is None:
+            return [m(x) for m in self.matrices]
+        y = self.matrices[0](x)
+        return [y[:, a:b] for a, b in self.spans]
+
+
+class DenseFfn:
+    """A bound gated FFN: x[n, d] -> down(act(gate x, up x)) [n, d]."""
+
+    def __init__(self, act: Callable[[np.ndarray, np.ndarray], np.ndarray], gate_up: Projections, down: Matrix):
+        self.act, self.gate_up, self.down = act, gate_up, down
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.down(self.act(*self.gate_up(x)))
+
+
+class MoeFfn:
+    """A bound mixture-of-experts FFN: x[n, d] -> moe(x, weights) [n, d]."""
+
+    def __init__(self, moe: Callable[[np.ndarray, MoeWeights], np.ndarray], weights: MoeWeights):
+        self.moe, self.weights = moe, weights
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.moe(x, self.weights)
+
+
 @attrs.define
 class LayerPlan:
     """Bound ops and weights of one block."""
 
     spec: LayerSpec
     attn_norm: np.ndarray
-    qkv: Callable[[np.ndarray], list[np.ndarray]]  # h[n, d] -> [q, k, v] (one product when fusable)
+    qkv: Projections                   # h[n, d] -> [q, k, v] (one stacked product when the types allow)
     o: Matrix
     attention: Any                     # bound attention op (makes this layer's cache slot)
     ffn_norm: np.ndarray
-    ffn: Callable[[np.ndarray], np.ndarray]
+    ffn: DenseFfn | MoeFfn
     q_norm: np.ndarray | None = None
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
@@ -105,7 +143,7 @@ class _Binder:
         return Matrix(self.gguf.raw_rows(name), info.ggml_type, info.shape[0], self.backend, bias, name, lazy)
 
     def projections(self, roles: tuple[str, ...], layer: int,
-                    bias_roles: tuple[str | None, ...] | None = None) -> Callable[[np.ndarray], list[np.ndarray]]:
+                    bias_roles: tuple[str | None, ...] | None = None) -> Projections:
         """x[n, d] -> [x @ W_r.T (+ b_r) for r in roles].
 
         On the fast backend, weights of one quant type are stacked into one matrix at load, so a
@@ -116,14 +154,12 @@ class _Binder:
         same = len({(t.ggml_type, t.shape[0]) for t in infos}) == 1
         biases = [br is not None for br in bias_roles]
         if self.backend != "fast" or not same or (any(biases) and not all(biases)):
-            mats = [self.matrix(r, layer, br) for r, br in zip(roles, bias_roles, strict=True)]
-            return lambda x: [m(x) for m in mats]
-        raw = np.concatenate([self.gguf.raw_rows(t.name) for t in infos])
+            return Projections([self.matrix(r, layer, br) for r, br in zip(roles, bias_roles, strict=True)])
+        raw = [self.gguf.raw_rows(t.name) for t in infos]  # Matrix stacks them, keeping no joined copy
         bias = np.concatenate([self.vector(br, layer) for br in bias_roles]) if all(biases) else None
         stacked = Matrix(raw, infos[0].ggml_type, infos[0].shape[0], self.backend, bias, "+".join(roles))
         ends = np.cumsum([t.shape[1] for t in infos]).tolist()
-        spans = list(zip([0, *ends[:-1]], ends, strict=True))  # column range of each role
-        return lambda x: [y[:, a:b] for y in (stacked(x),) for a, b in spans]
+        return Projections([stacked], list(zip([0, *ends[:-1]], ends, strict=True)))
 
     def experts(self, role: str, layer: int) -> list[Matrix]:
         """Split a stacked expert tensor {n_in, n_out, E} into E matrices (views, no copy)."""
@@ -218,17 +254,11 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     return lp
 
 
-def _bind_dense(b: _Binder, i: int, kind: str) -> Callable[[np.ndarray], np.ndarray]:
-    act = b.op("ffn", kind)
-    gate_up, down = b.projections(("ffn_gate", "ffn_up"), i), b.matrix("ffn_down", i)
-
-    def ffn(x: np.ndarray) -> np.ndarray:  # x [n, d] -> [n, d]
-        return down(act(*gate_up(x)))
-
-    return ffn
+def _bind_dense(b: _Binder, i: int, kind: str) -> DenseFfn:
+    return DenseFfn(b.op("ffn", kind), b.projections(("ffn_gate", "ffn_up"), i), b.matrix("ffn_down", i))
 
 
-def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> Callable[[np.ndarray], np.ndarray]:
+def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> MoeFfn:
     gating = b.op("gating", spec.gating)
     act = b.op("ffn", spec.expert_kind)
     moe = b.op("moe", spec.kind, spec, gating, act)
@@ -243,7 +273,7 @@ def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> Callable[[np.ndarray], np.nd
         down=b.experts("ffn_down_exps", i),
         shared=shared,
     )
-    return lambda x: moe(x, weights)
+    return MoeFfn(moe, weights)
 
 
 @attrs.frozen
@@ -382,9 +412,31 @@ class Interpreter:
 
 
 class FusedDecoder(Interpreter):
-    """The fast decoder shape: batched decode entries; refuses host_step."""
+    """The fast decoder shape: one-token steps run each layer as one fused kernel call
+    (archrun.fusion) when every op of the model can; batched decode entries; refuses host_step."""
 
     caps = Caps(batch=True)
+
+    def __init__(self, plan: Plan, gguf: GGUFFile, tokenizer_factory: Callable[[], Any] | None = None,
+                 chat_template: str | None = None):
+        super().__init__(plan, gguf, tokenizer_factory, chat_template)
+        from archrun.fusion import fuse_layers
+
+        # None: some layer runs op by op (reference backend, or an op without a kernel description)
+        self.fused_blocks = fuse_layers(plan)
+
+    def _forward(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> tuple[np.ndarray, np.ndarray]:
+        if len(ids) != 1 or self.fused_blocks is None:
+            return super()._forward(ids, cache, all_logits)
+        p = self.plan
+        start = len(cache)
+        x = np.ascontiguousarray(self.embed(ids)[0])
+        angles = self.rope_angles(np.array([start]))
+        for fb, slot in zip(self.fused_blocks, cache.slots, strict=True):
+            fb(x, slot, start, angles)
+        cache.advance(1)
+        hidden = p.norm(x[None, :], p.output_norm)
+        return self.head(hidden), hidden
 
     def forward_step_batch(self, batch: Sequence[Sequence[int]], caches: Sequence[KvCache]) -> list[np.ndarray]:
         """One forward_step per (token_ids, cache) pair; returns the last-position logits of each."""

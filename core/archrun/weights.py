@@ -38,6 +38,11 @@ class Matrix:
         self._q = _prepare_fast(raw_rows, ggml_type, n_in) if self._fast and not lazy else None
 
     @property
+    def prepared(self):
+        """The kernel-ready archrun.kernels.QMatrix (fast backend, after preparation), else None."""
+        return self._q
+
+    @property
     def dense(self) -> np.ndarray:
         """float32 [n_out, n_in], dequantized on first use and kept."""
         if self._dense is None:

@@ -139,6 +139,13 @@ def _chunks(nbytes: int) -> int:
     return _threads[0]
 
 
+def current_threads() -> int:
+    """The compute threads the kernels split products over."""
+    if not _threads[0]:
+        _threads[0] = numba.get_num_threads()
+    return _threads[0]
+
+
 def set_threads(n: int) -> None:
     """Use n compute threads for the kernels (1 <= n <= numba.config.NUMBA_NUM_THREADS)."""
     limit = numba.config.NUMBA_NUM_THREADS

@@ -1,0 +1,103 @@
+"""Fused decode blocks: one jitted call per layer for a single token (the fused block style's fast path).
+
+A layer can run fused when every op bound to it describes itself to the kernel through a
+`kernel` attribute (archrun.kernels.block: NormKernel, RopeKernel, AttentionKernel,
+ActKernel) and every weight is prepared for the fast kernels. Ops from other plugins that
+do not, and the reference backend, keep the op-by-op path, which computes the same block.
+The core only moves these descriptions and arrays into the kernel: it knows no math.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from archrun.errors import ContextOverflow
+from archrun.kernels import block, qmatrix
+from archrun.weights import Matrix
+
+_EMPTY_F32 = np.empty(0, np.float32)
+
+
+def _vec(v: np.ndarray | None) -> np.ndarray:
+    return _EMPTY_F32 if v is None else np.ascontiguousarray(v, dtype=np.float32)
+
+
+def _uniforms(matrices: list[Matrix], width: int) -> tuple | None:
+    """`width` uniform matrices (absent ones padding a stacked product), or None if one is not prepared."""
+    prepared = [m.prepared for m in matrices]
+    if any(q is None for q in prepared):
+        return None
+    us = [block.uniform(q, m.bias) for q, m in zip(prepared, matrices, strict=True)]
+    return tuple(us + [block.absent_matrix()] * (width - len(us)))
+
+
+class FusedBlock:
+    """One layer's decode step as one kernel call: `fb(x, slot, start, angles)` updates x f32 [d] in place."""
+
+    def __init__(self, args: tuple, attention: block.AttentionKernel, rope: int, parallel: bool):
+        self._args = args           # (qkv, o, gate_up, down, vecs, geo, eps, scale)
+        self._slot_arrays = attention.slot_arrays
+        self._rope = rope           # index into the per-token rope angles (-1: no rope)
+        self._parallel = parallel   # big enough to split products over the threads
+
+    def __call__(self, x: np.ndarray, slot: Any, start: int, angles: list) -> None:
+        k, v, kpos, ring = self._slot_arrays(slot)
+        if ring:
+            row = start % k.shape[0]
+        elif start < k.shape[0]:
+            row = start
+        else:
+            raise ContextOverflow(f"position {start} is past the cache slot's {k.shape[0]} rows")
+        if self._rope >= 0:
+            cos, sin = angles[self._rope]
+            cos, sin = cos[0], sin[0]
+        else:
+            cos = sin = _EMPTY_F32
+        chunks = qmatrix.current_threads() if self._parallel else 1
+        qkv, o, gate_up, down, vecs, geo, eps, scale = self._args
+        block.decode_block(x, qkv, o, gate_up, down, vecs, geo, eps, scale, k, v, kpos, ring, row, start,
+                           cos, sin, chunks)
+
+
+def fuse_layer(lp: Any, norm: Any, ropes: list) -> FusedBlock | None:
+    """The fused decode step of a bound layer (archrun.model.LayerPlan), or None when it must run op by op."""
+    from archrun.model import DenseFfn
+
+    a = lp.spec.attention
+    rope = ropes[a.rope]
+    norm_k = getattr(norm, "kernel", None)
+    attn_k = getattr(lp.attention, "kernel", None)
+    rope_k = getattr(rope, "kernel", None) if rope is not None else block.RopeKernel(0, False)
+    if not isinstance(lp.ffn, DenseFfn):
+        return None
+    act_k = getattr(lp.ffn.act, "kernel", None)
+    if not (isinstance(norm_k, block.NormKernel) and isinstance(attn_k, block.AttentionKernel)
+            and isinstance(rope_k, block.RopeKernel) and isinstance(act_k, block.ActKernel)):
+        return None
+    qkv = _uniforms(lp.qkv.matrices, 3)
+    o = _uniforms([lp.o], 3)
+    gate_up = _uniforms(lp.ffn.gate_up.matrices, 3)
+    down = _uniforms([lp.ffn.down], 3)
+    if qkv is None or o is None or gate_up is None or down is None:
+        return None
+    vecs = tuple(_vec(v) for v in (lp.attn_norm, lp.q_norm, lp.k_norm, lp.post_attn_norm, lp.ffn_norm,
+                                   lp.post_ffn_norm))
+    n_ff = lp.ffn.down.n_in
+    geo = (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim, rope_k.n_rot, int(rope_k.neox), attn_k.window,
+           act_k.kind, n_ff)
+    args = (qkv, o, gate_up, down, vecs, tuple(int(g) for g in geo), float(norm_k.eps), float(attn_k.scale))
+    parallel = lp.o.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES
+    return FusedBlock(args, attn_k, a.rope if rope is not None else -1, parallel)
+
+
+def fuse_layers(plan: Any) -> list[FusedBlock] | None:
+    """Fused steps of every trunk layer, or None when any layer must run op by op."""
+    blocks = []
+    for lp in plan.layers:
+        fb = fuse_layer(lp, plan.norm, plan.ropes)
+        if fb is None:
+            return None
+        blocks.append(fb)
+    return blocks

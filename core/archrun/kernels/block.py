@@ -1,0 +1,427 @@
+"""One decoder block for one token in one jitted call: the decode fast path.
+
+`decode_block` runs the interpreter's generic block (archrun.model.Interpreter.run_block) for a
+single token, with every step inside one numba function: RMSNorm, the q/k/v products from
+8-bit-quantized activations, per-head q/k norms, rotary embedding, the K/V cache write,
+causal (optionally windowed) grouped-query attention over the cached rows, the output
+product, optional post-norms, the residuals, and the gated FFN. The per-token Python work is
+one call per layer, with no allocation outside the kernel.
+
+What the block computes is data, given by the ops bound to the layer (their `kernel`
+descriptions: NormKernel, RopeKernel, AttentionKernel, ActKernel) and by the weights:
+
+- every matrix is passed as a *uniform matrix* (`uniform(qmatrix, bias)`): one tuple type for
+  every quantization, so one compiled kernel serves every model; the kind field selects the
+  product kernel at run time (dots.py for quantized types, floatmm.py for 16-bit floats, a
+  float32 dot for dense float32);
+- absent optional vectors (q/k norms, post-norms, biases) are empty arrays.
+
+The numerics are those of the op-by-op fast path: activations are quantized once per product
+exactly as kernels.matmul does for one token, norms sum squares in float64, softmax runs in
+float32 after max subtraction.
+
+Validation happens when the block is built (FusedBlock in archrun.fusion) and per call on
+the few per-token values (cache row, position); the kernels do not bounds-check.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+from numba import njit, prange
+
+from archrun.kernels import dots, floatmm
+from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
+from archrun.kernels.qmatrix import BF16, F16, QMatrix
+
+_F32 = np.float32
+
+# Activation kinds of the gated FFN (ActKernel.kind).
+ACT_SWIGLU, ACT_GEGLU_TANH = 0, 1
+_GELU_C = _F32(math.sqrt(2.0 / math.pi))
+
+
+# -- what a bound op tells the fused block (the op's `kernel` attribute) -------------------------
+
+
+@attrs.frozen
+class NormKernel:
+    """An RMSNorm op: x / sqrt(mean(x^2) + eps) * w."""
+
+    eps: float
+
+
+@attrs.frozen
+class RopeKernel:
+    """A rotary op on the first n_rot dims of each head; neox pairs (i, i + n_rot/2), else (2i, 2i+1)."""
+
+    n_rot: int
+    neox: bool
+
+
+@attrs.frozen
+class AttentionKernel:
+    """Causal grouped-query attention with softmax scale and optional window (0: global).
+
+    slot_arrays(slot) -> (k [cap, KV, hd], v [cap, KV, vd], pos int64 [cap], ring: bool):
+    the cache arrays of one of the op's slots; a ring slot keeps each row's position in pos
+    (-1: empty) and stores position p at row p % cap; a plain slot stores p at row p.
+    """
+
+    scale: float
+    window: int
+    slot_arrays: object = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen
+class ActKernel:
+    """A gated FFN activation: ACT_SWIGLU or ACT_GEGLU_TANH."""
+
+    kind: int
+
+# Uniform matrix fields: (kind, wu16, wi8, wu8, wh, wf, d, m, scu, sci, mn, bias, n_out)
+# kind: the ggml type, or 0 for a dense float32 matrix wf [n_out, n_in].
+_KIND, _WU16, _WI8, _WU8, _WH, _WF, _D, _M, _SCU, _SCI, _MN, _BIAS, _NOUT = range(13)
+
+
+def _ro(a: np.ndarray) -> np.ndarray:
+    """A read-only view (one array type per field, whatever the source's flags)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _empty(dtype, ndim: int) -> np.ndarray:
+    return _ro(np.empty((0,) * ndim, dtype))
+
+
+def _rw_empty(dtype, ndim: int) -> np.ndarray:
+    return np.empty((0,) * ndim, dtype)
+
+
+def uniform(w: QMatrix, bias: np.ndarray | None = None) -> tuple:
+    """The kernel-side tuple of a prepared matrix (and optional float32 bias [n_out])."""
+    f = [_empty(np.uint16, 3), _empty(np.int8, 3), _empty(np.uint8, 3), _rw_empty(np.uint16, 3),
+         _empty(np.float32, 2), _empty(np.float32, 3), _empty(np.float32, 3), _empty(np.uint8, 3),
+         _empty(np.int8, 3), _empty(np.uint8, 3)]
+    kind = w.ggml_type
+    a = w.arrays
+    if w.dense:
+        kind, f[4] = 0, _ro(a[0])
+    elif kind in (F16, BF16):
+        f[3] = a[0]  # writable: read-only 16-bit lanes compile to a slower kernel
+    elif kind == 8:  # Q8_0: int8 fields
+        f[1], f[5] = _ro(a[0]), _ro(a[1])
+    elif kind == 14:  # Q6_K: byte fields, int8 sub-scales
+        f[2], f[5], f[8] = _ro(a[0]), _ro(a[1]), _ro(a[2])
+    elif kind == 11:  # Q3_K: int8 sub-scales
+        f[0], f[5], f[8] = _ro(a[0]), _ro(a[1]), _ro(a[2])
+    elif kind in (10, 12, 13):  # Q2_K, Q4_K, Q5_K: d, dmin, scales, mins
+        f[0], f[5], f[6], f[7], f[9] = (_ro(x) for x in a)
+    elif kind in (3, 7):  # Q4_1, Q5_1: d, m
+        f[0], f[5], f[6] = (_ro(x) for x in a)
+    else:  # Q4_0, Q5_0: d
+        f[0], f[5] = (_ro(x) for x in a)
+    b = _ro(np.ascontiguousarray(bias, dtype=np.float32)) if bias is not None else _empty(np.float32, 1)
+    return (np.int64(kind), *f, b, np.int64(w.n_out))
+
+
+def absent_matrix() -> tuple:
+    """A uniform matrix with no rows (an unused slot of a product group)."""
+    f = [_empty(np.uint16, 3), _empty(np.int8, 3), _empty(np.uint8, 3), _rw_empty(np.uint16, 3),
+         _empty(np.float32, 2), _empty(np.float32, 3), _empty(np.float32, 3), _empty(np.uint8, 3),
+         _empty(np.int8, 3), _empty(np.uint8, 3)]
+    return (np.int64(-1), *f, _empty(np.float32, 1), np.int64(0))
+
+
+# -- products -----------------------------------------------------------------------------------
+
+
+@njit(**JIT)
+def _groups(m):
+    """Row groups of LANES rows of a uniform matrix."""
+    return (m[_NOUT] + LANES - 1) // LANES
+
+
+@njit(**JIT)
+def _dense_rows(W, xf, g0, g1, out):
+    """out[0, r] = W[r] . xf[0] for the rows of groups [g0, g1)."""
+    r1 = min(g1 * LANES, W.shape[0])
+    x = xf[0]
+    for r in range(g0 * LANES, r1):
+        w = W[r]
+        s = _F32(0.0)
+        for e in range(w.shape[0]):
+            s += w[e] * x[e]
+        out[0, r] = s
+
+
+@njit(**JIT)
+def _mv(m, xf, X, DX, QH, g0, g1, out):
+    """Rows of groups [g0, g1) of out [1, n_out] = m @ x (x as float xf [1, n_in] and quantized X/DX/QH)."""
+    k = m[_KIND]
+    if k == 0:
+        _dense_rows(m[_WF], xf, g0, g1, out)
+    elif k == F16 or k == BF16:  # noqa: SIM109 (a tuple test compiles to a slower branch chain in numba)
+        floatmm.half(m[_WH], k == BF16, xf, g0, g1, out)
+    elif k == 2:
+        dots.q4_0(m[_WU16], m[_D], X, DX, QH, g0, g1, out)
+    elif k == 3:
+        dots.q4_1(m[_WU16], m[_D], m[_M], X, DX, QH, g0, g1, out)
+    elif k == 6:
+        dots.q5_0(m[_WU16], m[_D], X, DX, QH, g0, g1, out)
+    elif k == 7:
+        dots.q5_1(m[_WU16], m[_D], m[_M], X, DX, QH, g0, g1, out)
+    elif k == 8:
+        dots.q8_0(m[_WI8], m[_D], X, DX, QH, g0, g1, out)
+    elif k == 10:
+        dots.q2_k(m[_WU16], m[_D], m[_M], m[_SCU], m[_MN], X, DX, QH, g0, g1, out)
+    elif k == 11:
+        dots.q3_k(m[_WU16], m[_D], m[_SCI], X, DX, QH, g0, g1, out)
+    elif k == 12:
+        dots.q4_k(m[_WU16], m[_D], m[_M], m[_SCU], m[_MN], X, DX, QH, g0, g1, out)
+    elif k == 13:
+        dots.q5_k(m[_WU16], m[_D], m[_M], m[_SCU], m[_MN], X, DX, QH, g0, g1, out)
+    elif k == 14:
+        dots.q6_k(m[_WU8], m[_D], m[_SCI], X, DX, QH, g0, g1, out)
+
+
+@njit(**JIT)
+def _chunk(m, c, chunks, xf, X, DX, QH, out):
+    """Chunk c of `chunks` of m's row groups."""
+    ng = _groups(m)
+    if ng:
+        _mv(m, xf, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
+
+
+@njit(**JIT)
+def _add_bias(m, o):
+    b = m[_BIAS]
+    for i in range(b.shape[0]):
+        o[0, i] += b[i]
+
+
+@njit(**JIT)
+def _product_range(c, chunks, xf, X, DX, QH, out, kind, wu16, wi8, wu8, wh, wf, d, m, scu, sci, mn, bias, n_out):
+    """Chunk c of one matrix given field by field (parallel regions cannot capture tuples of arrays)."""
+    _chunk((kind, wu16, wi8, wu8, wh, wf, d, m, scu, sci, mn, bias, n_out), c, chunks, xf, X, DX, QH, out)
+
+
+@njit(**JIT_PAR)
+def _products(m0, m1, m2, xf, X, DX, QH, y, chunks):
+    """y[0] = [m0 @ x | m1 @ x | m2 @ x] (+ biases); row groups of all three split over `chunks` threads."""
+    n0, n1, n2 = m0[_NOUT], m1[_NOUT], m2[_NOUT]
+    o0 = y[:, :n0]
+    o1 = y[:, n0:n0 + n1]
+    o2 = y[:, n0 + n1:n0 + n1 + n2]
+    if chunks == 1:  # no parallel region: no thread wake-up
+        _chunk(m0, 0, 1, xf, X, DX, QH, o0)
+        _chunk(m1, 0, 1, xf, X, DX, QH, o1)
+        _chunk(m2, 0, 1, xf, X, DX, QH, o2)
+    else:
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12 = m0
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12 = m1
+        c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12 = m2
+        for c in prange(chunks):
+            _product_range(c, chunks, xf, X, DX, QH, o0, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12)
+            _product_range(c, chunks, xf, X, DX, QH, o1, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12)
+            _product_range(c, chunks, xf, X, DX, QH, o2, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12)
+    _add_bias(m0, o0)
+    _add_bias(m1, o1)
+    _add_bias(m2, o2)
+
+
+@njit(**JIT)
+def _product_group(ms, x, y, chunks):
+    """y[:] = [m @ x for m in ms] (3 uniform matrices, absent ones empty) for x f32 [n_in]; x is
+    quantized once (8-bit blocks) when n_in allows."""
+    xf = x.reshape(1, x.shape[0])
+    if x.shape[0] % QB == 0:
+        X, DX, QH = dots._quantized(xf)
+    else:  # only float kernels take such widths (checked when the block is built)
+        X = np.empty((1, 0, QB), np.int16)
+        DX = np.empty((1, 0), np.float32)
+        QH = np.empty((1, 0, 2), np.int16)
+    _products(ms[0], ms[1], ms[2], xf, X, DX, QH, y.reshape(1, y.shape[0]), chunks)
+
+
+# -- elementwise steps ------------------------------------------------------------------------
+
+
+@njit(**JIT)
+def _rms(x, w, eps, out):
+    """out = x / sqrt(mean(x^2) + eps) * w (sum of squares in float64, as kernels.rms_norm)."""
+    ss = 0.0
+    for i in range(x.shape[0]):
+        ss += np.float64(x[i]) * x[i]
+    r = _F32(1.0 / math.sqrt(ss / x.shape[0] + eps))
+    for i in range(x.shape[0]):
+        out[i] = x[i] * r * w[i]
+
+
+@njit(**JIT)
+def _rms_heads(v, n_head, hd, w, eps):
+    """Per-head RMSNorm of v [n_head * hd] in place."""
+    for h in range(n_head):
+        seg = v[h * hd:(h + 1) * hd]
+        _rms(seg, w, eps, seg)
+
+
+@njit(**JIT)
+def _rope_heads(v, n_head, hd, n_rot, neox, cos, sin):
+    """Rotate the first n_rot dims of every head of v [n_head * hd] in place."""
+    half = n_rot // 2
+    for h in range(n_head):
+        xi = v[h * hd:(h + 1) * hd]
+        for i in range(half):
+            ia = i if neox else 2 * i
+            ib = i + half if neox else 2 * i + 1
+            a = xi[ia]
+            b = xi[ib]
+            xi[ia] = a * cos[i] - b * sin[i]
+            xi[ib] = b * cos[i] + a * sin[i]
+
+
+@njit(**JIT)
+def _act(gu, f, kind, out):
+    """out[i] = act(gate[i]) * up[i], gate = gu[:f], up = gu[f:2f]."""
+    for i in range(f):
+        g = gu[i]
+        if kind == ACT_SWIGLU:
+            a = g / (_F32(1.0) + np.exp(-g))
+        else:
+            a = _F32(0.5) * g * (_F32(1.0) + np.tanh(_GELU_C * (g + _F32(0.044715) * g * g * g)))
+        out[i] = a * gu[f + i]
+
+
+# -- attention ----------------------------------------------------------------------------------
+
+
+@njit(**JIT)
+def _visible_rows(kpos, ring, pos, window, rows):
+    """Cache rows the query at `pos` sees, in rows[:count]; returns count.
+
+    Plain slots hold position r at row r (rows 0..pos); rings record each row's position in
+    kpos (-1: empty), and rows past a rewind hold positions > pos.
+    """
+    lo = pos - window if window > 0 else -1
+    count = 0
+    if ring:
+        for r in range(kpos.shape[0]):
+            p = kpos[r]
+            if p >= 0 and p <= pos and p > lo:
+                rows[count] = r
+                count += 1
+    else:
+        for r in range(max(0, lo + 1), pos + 1):
+            rows[count] = r
+            count += 1
+    return count
+
+
+@njit(**JIT)
+def _attend(q, kc, vc, rows, count, n_head, scale, out):
+    """Grouped-query attention of one token: q [H * hd], cache kc [cap, KV, hd], vc [cap, KV, vd] -> out [H * vd]."""
+    n_kv, hd = kc.shape[1], kc.shape[2]
+    vd = vc.shape[2]
+    group = n_head // n_kv
+    p = np.empty(count, np.float32)
+    for h in range(n_head):
+        kv = h // group
+        qh = q[h * hd:(h + 1) * hd]
+        m = -np.inf
+        for j in range(count):
+            kj = kc[rows[j], kv]
+            s = _F32(0.0)
+            for e in range(hd):
+                s += qh[e] * kj[e]
+            s *= scale
+            p[j] = s
+            m = max(m, s)
+        tot = _F32(0.0)
+        for j in range(count):
+            e_ = _F32(math.exp(p[j] - m))
+            p[j] = e_
+            tot += e_
+        o = out[h * vd:(h + 1) * vd]
+        o[:] = 0
+        inv = _F32(1.0) / tot
+        for j in range(count):
+            vj = vc[rows[j], kv]
+            wj = p[j] * inv
+            for e in range(vd):
+                o[e] += wj * vj[e]
+
+
+# -- the block ----------------------------------------------------------------------------------
+
+
+@njit(**JIT)
+def _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks):
+    """x += attention sub-block (pre-norm, q/k/v, q/k norms, rope, cache write, attention, o, post-norm)."""
+    n_head, n_kv, hd, vd, n_rot, neox, window = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
+    attn_norm, q_norm, k_norm, post_attn_norm = vecs[0], vecs[1], vecs[2], vecs[3]
+    h = np.empty(x.shape[0], np.float32)
+    _rms(x, attn_norm, eps, h)
+    nq, nk = n_head * hd, n_kv * hd
+    y = np.empty(nq + nk + n_kv * vd, np.float32)
+    _product_group(qkv, h, y, chunks)
+    q, k, v = y[:nq], y[nq:nq + nk], y[nq + nk:]
+    if q_norm.shape[0]:
+        _rms_heads(q, n_head, hd, q_norm, eps)
+        _rms_heads(k, n_kv, hd, k_norm, eps)
+    if n_rot:
+        _rope_heads(q, n_head, hd, n_rot, neox, cos, sin)
+        _rope_heads(k, n_kv, hd, n_rot, neox, cos, sin)
+    kc[row] = k.reshape(n_kv, hd)
+    vc[row] = v.reshape(n_kv, vd)
+    if ring:
+        kpos[row] = pos
+    rows = np.empty(kc.shape[0], np.int64)
+    count = _visible_rows(kpos, ring, pos, window, rows)
+    att = np.empty(n_head * vd, np.float32)
+    _attend(q, kc, vc, rows, count, n_head, scale, att)
+    o = np.empty(x.shape[0], np.float32)
+    _product_group(o_mat, att, o, chunks)
+    if post_attn_norm.shape[0]:
+        _rms(o, post_attn_norm, eps, o)
+    for i in range(x.shape[0]):
+        x[i] += o[i]
+
+
+@njit(**JIT)
+def _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks):
+    """x += gated FFN sub-block (pre-norm, gate/up, activation, down, post-norm)."""
+    act, n_ff = geo[7], geo[8]
+    ffn_norm, post_ffn_norm = vecs[4], vecs[5]
+    h = np.empty(x.shape[0], np.float32)
+    _rms(x, ffn_norm, eps, h)
+    gu = np.empty(2 * n_ff, np.float32)
+    _product_group(gate_up, h, gu, chunks)
+    a = np.empty(n_ff, np.float32)
+    _act(gu, n_ff, act, a)
+    f = np.empty(x.shape[0], np.float32)
+    _product_group(down, a, f, chunks)
+    if post_ffn_norm.shape[0]:
+        _rms(f, post_ffn_norm, eps, f)
+    for i in range(x.shape[0]):
+        x[i] += f[i]
+
+
+@njit(**JIT)
+def decode_block(x, qkv, o_mat, gate_up, down, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin,
+                 chunks):
+    """One decoder block with a dense gated FFN on one token; x f32 [d] is updated in place.
+
+    Each product group is 3 uniform matrices whose outputs are concatenated, absent ones
+    padding: qkv (q, k, v) or (stacked q|k|v, -, -); o_mat (o, -, -); gate_up (gate, up, -) or
+    (stacked gate|up, -, -); down (down, -, -).
+    vecs: (attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, post_ffn_norm) float32, empty
+    when absent. geo: (n_head, n_kv, head_dim, v_head_dim, n_rot, neox, window, act, n_ff).
+    The token's K/V go to cache row `row` of kc [cap, KV, hd] / vc [cap, KV, vd] (ring slots
+    also record kpos[row] = pos); cos/sin [n_rot / 2] are the rotary angles at `pos`.
+    """
+    _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks)
+    _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks)

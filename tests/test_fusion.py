@@ -1,0 +1,103 @@
+"""Fused decode blocks (archrun.fusion): one kernel call per layer computes what the op-by-op block computes.
+
+The op-by-op path (Interpreter.run_block) is itself checked against HF transformers and
+llama.cpp; here every weight type, stacked and unstacked products, biases and q/k norms are
+run through both on the same inputs. HF agreement of fused decoding is checked by the
+token-by-token tests of test_tiny_hf.py and test_sliding_cache.py, which run it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as T
+from gguf_fixtures import random_quant_tensor
+from test_tiny_hf import LEVEL0, TINY, fixtures
+
+import archrun
+from archrun.model import Interpreter
+
+QUANT = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.BF16]
+ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+D, HEADS, KV, HD, FF = 256, 4, 2, 64, 256  # every n_in a multiple of the K-quant block (256)
+
+
+def _raw(rng, ggml_type, rows, cols):
+    qt = random_quant_tensor(rng, ggml_type, (rows, cols))
+    return qt.data.reshape(rows, -1)
+
+
+def _layer_types(t):
+    """Layer 0: one type everywhere (stacked q|k|v and gate|up); layer 1: mixed types (separate products)."""
+    i = QUANT.index(t) if t in QUANT else 0
+    other = [QUANT[(i + j) % len(QUANT)] for j in (1, 2)]
+    return [dict.fromkeys(ROLES, t), dict(zip(ROLES, (t, *other, t, t, other[0], t), strict=True))]
+
+
+def _model(synth_model, t, **kw):
+    rng = np.random.default_rng(int(t))
+    shapes = {"attn_q": (HEADS * HD, D), "attn_k": (KV * HD, D), "attn_v": (KV * HD, D),
+              "attn_output": (D, HEADS * HD), "ffn_gate": (FF, D), "ffn_up": (FF, D), "ffn_down": (D, FF)}
+    overrides, types = {}, {}
+    for layer, roles in enumerate(_layer_types(t)):
+        for role, rt in roles.items():
+            name = f"blk.{layer}.{role}.weight"
+            if rt == T.F16:
+                overrides[name] = (rng.standard_normal(shapes[role]) * 0.1).astype(np.float16)
+            elif rt != T.F32:
+                overrides[name], types[name] = _raw(rng, rt, *shapes[role]), int(rt)
+    return archrun.load(synth_model(n_embd=D, n_head=HEADS, n_head_kv=KV, head_dim=HD, n_ff=FF,
+                                    tensor_overrides=overrides, quant_types=types, **kw))
+
+
+def _compare_blocks(m, pos=5, seed=0):
+    """max |fused - op path| / max |op path| over the layers, after `pos` tokens of random context."""
+    rng = np.random.default_rng(seed)
+    assert m.fused_blocks is not None
+    worst = 0.0
+    for i, (lp, fb) in enumerate(zip(m.plan.layers, m.fused_blocks, strict=True)):
+        ops, fused = m.init_cache(16), m.init_cache(16)
+        context = rng.standard_normal((pos, m.descriptor.n_embd)).astype(np.float32)
+        for cache in (ops, fused):
+            m.run_block(lp, context, cache.slots[i], 0, m.rope_angles(np.arange(pos)))
+        x = rng.standard_normal(m.descriptor.n_embd).astype(np.float32)
+        angles = m.rope_angles(np.array([pos]))
+        ref = m.run_block(lp, x[None].copy(), ops.slots[i], pos, angles)[0]
+        fb(x, fused.slots[i], pos, angles)
+        worst = max(worst, float(np.abs(x - ref).max() / np.abs(ref).max()))
+        np.testing.assert_allclose(fused.slots[i].k[:pos + 1], ops.slots[i].k[:pos + 1], rtol=0, atol=1e-5)
+    return worst
+
+
+@pytest.mark.parametrize("t", [*QUANT, T.F16, T.F32], ids=lambda t: T(t).name)
+def test_fused_block_matches_op_path_for_every_weight_type(synth_model, t):
+    m = _model(synth_model, t)
+    assert _compare_blocks(m) <= 1e-5
+
+
+@pytest.mark.parametrize("t", [T.Q4_K, T.F32], ids=lambda t: T(t).name)
+def test_fused_block_with_biases_and_without_qk_norm(synth_model, t):
+    m = _model(synth_model, t, arch="qwen2", qk_norm=False, qkv_bias=True)
+    assert m.plan.layers[0].spec.attention.qkv_bias
+    assert _compare_blocks(m) <= 1e-5
+
+
+@pytest.mark.parametrize("name", fixtures(*LEVEL0, "gemma3"))
+def test_dense_fixtures_decode_one_call_per_layer(name):
+    """Every dense fixture decodes fused on the fast backend; the reference backend keeps the op path."""
+    fast = archrun.load(TINY / f"{name}.gguf")
+    dense = not any(lp.spec.is_moe for lp in fast.plan.layers)
+    assert (fast.fused_blocks is not None) == dense
+    if dense:
+        assert len(fast.fused_blocks) == fast.descriptor.n_layer
+    assert archrun.load(TINY / f"{name}.gguf", backend="reference").fused_blocks is None
+
+
+def test_fused_and_op_path_decode_agree_through_a_sequence(synth_model):
+    m = _model(synth_model, T.Q8_0, n_layer=2)
+    ids = np.random.default_rng(1).integers(0, m.descriptor.n_vocab, 20)
+    fused, ops = m.init_cache(32), m.init_cache(32)
+    for t in ids:
+        a = m.forward_step([t], fused)
+        b = Interpreter._forward(m, np.array([t]), ops, False)[0][-1]
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * float(np.abs(b).max()))
