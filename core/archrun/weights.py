@@ -23,19 +23,27 @@ class Matrix:
     selected rows (embedding lookup).
     """
 
-    def __init__(self, raw_rows: np.ndarray, ggml_type: int, n_in: int, backend: str,
+    def __init__(self, raw_rows: np.ndarray | Sequence[np.ndarray], ggml_type: int, n_in: int, backend: str,
                  bias: np.ndarray | None = None, name: str = "", lazy: bool = False):
-        self.raw_rows = raw_rows  # uint8 [n_out, row_bytes], usually a memmap view
+        # uint8 [n_out, row_bytes], usually a view of the file mapping; or a sequence of such
+        # blocks stacked along the rows (e.g. q, k, v), joined only while a joined copy is
+        # needed, so a stacked matrix keeps no private copy of its GGUF bytes (Qwen2.5-0.5B: 145 MB)
+        self._parts = (raw_rows,) if isinstance(raw_rows, np.ndarray) else tuple(raw_rows)
         self.ggml_type = ggml_type
         self.n_in = n_in
-        self.n_out = raw_rows.shape[0]
+        self.n_out = sum(p.shape[0] for p in self._parts)
         self.bias = bias
         self.name = name
         self._dense: np.ndarray | None = None
         self._fast = backend == "fast"
         # lazy: kernel-ready copy made on the first product (a token embedding that is only
         # looked up row by row never needs one)
-        self._q = _prepare_fast(raw_rows, ggml_type, n_in) if self._fast and not lazy else None
+        self._q = _prepare_fast(self._parts, ggml_type, n_in) if self._fast and not lazy else None
+
+    @property
+    def raw_rows(self) -> np.ndarray:
+        """uint8 [n_out, row_bytes]: the GGUF rows (a new joined array when stacked from parts)."""
+        return self._parts[0] if len(self._parts) == 1 else np.concatenate(self._parts)
 
     @property
     def prepared(self):
@@ -53,7 +61,7 @@ class Matrix:
         if x.ndim != 2 or x.shape[1] != self.n_in:
             raise ShapeMismatch(f"{self.name}: input {x.shape} does not match n_in={self.n_in}")
         if self._fast and self._q is None:
-            self._q = _prepare_fast(self.raw_rows, self.ggml_type, self.n_in)
+            self._q = _prepare_fast(self._parts, self.ggml_type, self.n_in)
             self._fast = self._q is not None
         if self._q is not None:
             from archrun import kernels
@@ -77,15 +85,26 @@ class Matrix:
         return quant.dequantize(sel, self.ggml_type, (len(ids), self.n_in))
 
 
-def _prepare_fast(raw_rows: np.ndarray, ggml_type: int, n_in: int):
-    """Prepare a kernel-ready matrix, or None when no fast kernel exists for this type."""
+def _prepare_fast(parts: tuple[np.ndarray, ...], ggml_type: int, n_in: int):
+    """Prepare a kernel-ready matrix from row blocks, or None when no fast kernel exists for this type.
+
+    Stacked parts are joined into a temporary; their file pages are released afterwards (a
+    single view of the file has its pages released by the repack itself).
+    """
     try:
         from archrun import kernels
     except ImportError:
         return None
     if ggml_type not in getattr(kernels, "SUPPORTED_TYPES", ()):
         return None
-    return kernels.prepare(raw_rows, ggml_type, n_in)
+    if len(parts) == 1:
+        return kernels.prepare(parts[0], ggml_type, n_in)
+    from archrun.ggufio import release_view
+
+    q = kernels.prepare(np.concatenate(parts), ggml_type, n_in)
+    for p in parts:
+        release_view(p)
+    return q
 
 
 @attrs.frozen
