@@ -43,15 +43,19 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
         vocab = build_vocabulary(pm)
         plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress)  # refuses bad input first
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
+        model = style(plan, gguf, lambda: _tokenizer(gguf), compiled.chat_template)
         if backend == "fast":
             gguf.release_pages()  # the kernels hold repacked copies; file pages would double the RSS
             from archrun.kernels.warmup import warm_up
 
-            warm_up({t.ggml_type for t in gguf.tensors.values()}, progress)  # compile before the first token
+            # compile before the first token: the kernels of the file's weight types, then one
+            # throwaway decode step (the model's own fused blocks and head)
+            warm_up({t.ggml_type for t in gguf.tensors.values()}, progress,
+                    extra=[lambda: model.forward_step([0], model.init_cache(1))])
     except BaseException:
         gguf.close()
         raise
-    return style(plan, gguf, lambda: _tokenizer(gguf), compiled.chat_template)
+    return model
 
 
 def _tokenizer(gguf):

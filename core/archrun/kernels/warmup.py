@@ -39,10 +39,12 @@ def _elementwise() -> None:
     elementwise.geglu_tanh(x[0], x[0])
 
 
-def warm_up(ggml_types: Iterable[int], progress: Callable[[str, int, int], None] | None = None) -> None:
-    """Compile/load the kernels of these weight types and the elementwise ops (progress per step)."""
+def warm_up(ggml_types: Iterable[int], progress: Callable[[str, int, int], None] | None = None,
+            extra: Iterable[Callable[[], None]] = ()) -> None:
+    """Compile/load the kernels of these weight types and the elementwise ops, then run the `extra`
+    steps (e.g. a throwaway decode step of the model); progress per step."""
     types = sorted(t for t in set(ggml_types) if t in qmatrix.SUPPORTED_TYPES)
-    steps: list[Callable[[], None]] = [_elementwise, *[lambda t=t: _matmul_paths(t) for t in types]]
+    steps: list[Callable[[], None]] = [_elementwise, *[lambda t=t: _matmul_paths(t) for t in types], *extra]
     for i, step in enumerate(steps):
         step()
         if progress:
