@@ -1,8 +1,14 @@
-"""Attention of one decode token over the cached rows of a layer (used inside kernels.block)."""
+"""Attention of one decode token over the cached rows of a layer (used inside kernels.block).
+
+Shapes of the inner loops are what makes this fast (measured, 9 heads x 150 rows x 64 dims:
+~55 us with one row at a time and scalar exp, ~25 us like this):
+- per kv head, four key rows are dotted with each query head of its GQA group in one pass,
+  and four value rows are accumulated at once into a local float32 accumulator (each
+  64-wide vector loop has a fixed cost, so fewer, fatter loops);
+- softmax uses `exp_shifted`, a vectorisable float32 exp (numba has no vector math library here).
+"""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from numba import njit
@@ -10,6 +16,10 @@ from numba import njit
 from archrun.kernels._jit import JIT
 
 _F32 = np.float32
+_LOG2E = _F32(1.4426950408889634)
+_LN2_HI = _F32(0.693359375)        # ln 2 split so that n * _LN2_HI is exact for |n| < 2^9
+_LN2_LO = _F32(-2.12194440e-4)
+_EXP_MIN = _F32(-87.0)             # exp(-87) is still a normal float32
 
 
 @njit(**JIT)
@@ -35,34 +45,101 @@ def visible_rows(kpos, ring, pos, window, rows):
 
 
 @njit(**JIT)
+def exp_shifted(p, m, bits):
+    """p[j] = exp(p[j] - m) in place for p[j] <= m; returns the sum. bits: int32 scratch like p.
+
+    exp(x) = 2^n e^r with n = round(x / ln 2) and r = x - n ln 2 (|r| <= ln 2 / 2, Cody-Waite
+    split); e^r by its degree-6 Taylor polynomial; relative error < 5e-7, a few float32
+    ulp (tests/test_decode_attention.py); 2^n is built in the exponent bits. Both loops vectorise.
+    """
+    for j in range(p.shape[0]):
+        x = max(p[j] - m, _EXP_MIN)
+        n = np.floor(x * _LOG2E + _F32(0.5))
+        r = (x - n * _LN2_HI) - n * _LN2_LO
+        p[j] = _F32(1.0) + r * (_F32(1.0) + r * (_F32(0.5) + r * (_F32(1.0 / 6) + r * (
+            _F32(1.0 / 24) + r * (_F32(1.0 / 120) + r * _F32(1.0 / 720))))))
+        bits[j] = (np.int32(n) + np.int32(127)) << np.int32(23)
+    two_n = bits.view(np.float32)
+    tot = _F32(0.0)
+    for j in range(p.shape[0]):
+        p[j] *= two_n[j]
+        tot += p[j]
+    return tot
+
+
+@njit(**JIT)
+def _scores(q2, kc, rows, count, kv, group, sc, p):
+    """p[g, j] = sc * q2[kv * group + g] . kc[rows[j], kv], four rows per pass."""
+    j = 0
+    while j + 4 <= count:
+        k0, k1, k2, k3 = kc[rows[j], kv], kc[rows[j + 1], kv], kc[rows[j + 2], kv], kc[rows[j + 3], kv]
+        for g in range(group):
+            qg = q2[kv * group + g]
+            s0 = s1 = s2 = s3 = _F32(0.0)
+            for e in range(qg.shape[0]):
+                x = qg[e]
+                s0 += x * k0[e]
+                s1 += x * k1[e]
+                s2 += x * k2[e]
+                s3 += x * k3[e]
+            p[g, j], p[g, j + 1], p[g, j + 2], p[g, j + 3] = s0 * sc, s1 * sc, s2 * sc, s3 * sc
+        j += 4
+    for jj in range(j, count):
+        kj = kc[rows[jj], kv]
+        for g in range(group):
+            qg = q2[kv * group + g]
+            s = _F32(0.0)
+            for e in range(qg.shape[0]):
+                s += qg[e] * kj[e]
+            p[g, jj] = s * sc
+
+
+@njit(**JIT)
+def _mix(vc, rows, count, kv, p, acc):
+    """acc[g] = sum_j p[g, j] * vc[rows[j], kv], four rows per pass."""
+    acc[:] = 0
+    j = 0
+    while j + 4 <= count:
+        v0, v1, v2, v3 = vc[rows[j], kv], vc[rows[j + 1], kv], vc[rows[j + 2], kv], vc[rows[j + 3], kv]
+        for g in range(acc.shape[0]):
+            w0, w1, w2, w3 = p[g, j], p[g, j + 1], p[g, j + 2], p[g, j + 3]
+            a = acc[g]
+            for e in range(a.shape[0]):
+                a[e] += w0 * v0[e] + w1 * v1[e] + w2 * v2[e] + w3 * v3[e]
+        j += 4
+    for jj in range(j, count):
+        vj = vc[rows[jj], kv]
+        for g in range(acc.shape[0]):
+            w = p[g, jj]
+            a = acc[g]
+            for e in range(a.shape[0]):
+                a[e] += w * vj[e]
+
+
+@njit(**JIT)
 def attend_one(q, kc, vc, rows, count, n_head, scale, out):
-    """Grouped-query attention of one token: q [H * hd], cache kc [cap, KV, hd], vc [cap, KV, vd] -> out [H * vd]."""
+    """Grouped-query attention of one token: q [H * hd], cache kc [cap, KV, hd], vc [cap, KV, vd] -> out [H * vd].
+
+    Softmax in float32 with max subtraction over the `count` rows listed in rows.
+    """
     n_kv, hd = kc.shape[1], kc.shape[2]
     vd = vc.shape[2]
     group = n_head // n_kv
-    p = np.empty(count, np.float32)
-    for h in range(n_head):
-        kv = h // group
-        qh = q[h * hd:(h + 1) * hd]
-        m = -np.inf
-        for j in range(count):
-            kj = kc[rows[j], kv]
-            s = _F32(0.0)
-            for e in range(hd):
-                s += qh[e] * kj[e]
-            s *= scale
-            p[j] = s
-            m = max(m, s)
-        tot = _F32(0.0)
-        for j in range(count):
-            e_ = _F32(math.exp(p[j] - m))
-            p[j] = e_
-            tot += e_
-        o = out[h * vd:(h + 1) * vd]
-        o[:] = 0
-        inv = _F32(1.0) / tot
-        for j in range(count):
-            vj = vc[rows[j], kv]
-            wj = p[j] * inv
+    q2 = q.reshape(n_head, hd)
+    p = np.empty((group, count), np.float32)
+    bits = np.empty(count, np.int32)
+    acc = np.empty((group, vd), np.float32)
+    inv = np.empty(group, np.float32)
+    for kv in range(n_kv):
+        _scores(q2, kc, rows, count, kv, group, _F32(scale), p)
+        for g in range(group):
+            pg = p[g]
+            m = pg[0]
+            for j in range(1, count):
+                m = max(m, pg[j])
+            inv[g] = _F32(1.0) / exp_shifted(pg, m, bits)
+        _mix(vc, rows, count, kv, p, acc)
+        o = out[kv * group * vd:(kv + 1) * group * vd]
+        for g in range(group):
             for e in range(vd):
-                o[e] += wj * vj[e]
+                o[g * vd + e] = acc[g, e] * inv[g]

@@ -1,0 +1,47 @@
+"""The decode attention kernel (kernels.decode_attention) against the reference attention op."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from archrun.kernels.decode_attention import attend_one, exp_shifted, visible_rows
+from archrun_blocks.reference import attend
+
+RNG = np.random.default_rng(3)
+
+
+def test_exp_shifted_is_float32_accurate():
+    x = np.concatenate([np.linspace(-86.0, 0.0, 4001), RNG.uniform(-30, 0, 997)]).astype(np.float32)
+    p = x.copy()
+    total = exp_shifted(p, np.float32(0.0), np.empty(len(p), np.int32))
+    ref = np.exp(x.astype(np.float64))
+    assert np.abs(p / ref - 1).max() < 5e-7  # a few float32 ulp (libm expf: ~1)
+    assert total == pytest.approx(ref.sum(), rel=1e-6)
+    tiny = np.array([-200.0, -1e30, -np.inf], np.float32)  # far below the max: (almost) zero weight
+    exp_shifted(tiny, np.float32(0.0), np.empty(3, np.int32))
+    assert np.all((tiny >= 0) & (tiny < 2e-38))
+
+
+@pytest.mark.parametrize(("n_head", "n_kv", "hd", "vd", "count"),
+                         [(9, 3, 64, 64, 150), (4, 1, 256, 256, 7), (2, 2, 24, 16, 1), (8, 2, 32, 32, 33)])
+def test_attend_one_matches_reference(n_head, n_kv, hd, vd, count):
+    cap = count + 9
+    kc = RNG.standard_normal((cap, n_kv, hd)).astype(np.float32)
+    vc = RNG.standard_normal((cap, n_kv, vd)).astype(np.float32)
+    q = RNG.standard_normal(n_head * hd).astype(np.float32) * 2
+    rows = RNG.permutation(cap)[:count].astype(np.int64)  # any rows, in any order (ring slots)
+    out = np.empty(n_head * vd, np.float32)
+    attend_one(q, kc, vc, rows, count, n_head, 0.125, out)
+    ref = attend(q.reshape(1, n_head, hd), kc[rows], vc[rows], np.array([count]), np.arange(count), 0.125, 0)
+    np.testing.assert_allclose(out, ref.reshape(-1), rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+def test_visible_rows_plain_window_and_ring():
+    rows = np.empty(16, np.int64)
+    none = np.empty(0, np.int64)
+    assert list(rows[:visible_rows(none, False, 5, 0, rows)]) == [0, 1, 2, 3, 4, 5]
+    assert list(rows[:visible_rows(none, False, 5, 3, rows)]) == [3, 4, 5]
+    kpos = np.array([8, 9, 2, -1, 6, 7], np.int64)  # a ring after a rewind: 9 is stale, 2 too old
+    assert list(rows[:visible_rows(kpos, True, 8, 4, rows)]) == [0, 4, 5]
+    assert list(rows[:visible_rows(kpos, True, 8, 0, rows)]) == [0, 2, 4, 5]
