@@ -1,8 +1,9 @@
 """Benchmark archrun against llama.cpp (llama-cpp-python) on the real models, in one run.
 
-Both sides run in their own fresh process, on the same random token ids, at the same thread
-count: prefill of --prompt-tokens tokens, then --gen-tokens greedy decode steps. Prints a table
-of tok/s and the archrun/llama.cpp ratios, and writes the same as JSON (--json-out).
+Both sides run in their own fresh process (alternating, --repeat times each; medians are
+reported), on the same random token ids, at the same thread count: prefill of --prompt-tokens
+tokens, then --gen-tokens greedy decode steps. Prints a table of tok/s and the
+archrun/llama.cpp ratios, and writes the same as JSON (--json-out).
 
     python bench/bench_llamacpp.py --llama-python .venv-bench/bin/python --threads 2
 
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -69,25 +71,38 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=64)
     p.add_argument("--models", nargs="*", default=list(MODELS))
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs per side and model, alternating; each figure is the median (a shared machine is noisy)")
     p.add_argument("--json-out", type=Path, default=HERE / "results" / "latest.json")
     args = p.parse_args()
     common = [str(args.threads), str(args.prompt_tokens), str(args.gen_tokens), "0"]
     rows = []
     for name in args.models:
         path = str(model_path(name))
-        ours = _run(sys.executable, ARCHRUN_SNIPPET, [path, *common])
-        ref = _run(args.llama_python, LLAMA_SNIPPET, [path, *common])
+        runs = [(_run(sys.executable, ARCHRUN_SNIPPET, [path, *common]),
+                 _run(args.llama_python, LLAMA_SNIPPET, [path, *common])) for _ in range(max(1, args.repeat))]
+        ours, ref = _median([a for a, _ in runs]), _median([b for _, b in runs])
         rows.append({"model": name, "archrun": ours, "llama.cpp": ref,
                      "prefill_ratio": ours["prefill_tok_s"] / ref["prefill_tok_s"],
                      "decode_ratio": ours["decode_tok_s"] / ref["decode_tok_s"]})
         print(_row(rows[-1]), flush=True)
     report = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.processor() or ''}".strip(),
-              "threads": args.threads, "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+              "threads": args.threads, "repeat": args.repeat, "prompt_tokens": args.prompt_tokens,
+              "gen_tokens": args.gen_tokens,
               "rows": rows}
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(report, indent=2))
     print(_table(rows))
     return 0
+
+
+def _median(results: list[dict]) -> dict:
+    """Each numeric field's median over the runs (the other fields from the first run)."""
+    out = dict(results[0])
+    for key, value in out.items():
+        if isinstance(value, float):
+            out[key] = statistics.median(r[key] for r in results)
+    return out
 
 
 def _row(r: dict) -> str:
