@@ -2,9 +2,11 @@
 
 A layer can run fused when every op bound to it describes itself to the kernel through a
 `kernel` attribute (archrun.kernels.block: NormKernel, RopeKernel, AttentionKernel,
-ActKernel) and every weight is prepared for the fast kernels. Ops from other plugins that
-do not, and the reference backend, keep the op-by-op path, which computes the same block.
-The core only moves these descriptions and arrays into the kernel: it knows no math.
+ActKernel; archrun.kernels.moe: MoeKernel for a MoE FFN) and every weight is prepared for the
+fast kernels. Dense layers run kernels.block.decode_block, MoE layers
+kernels.moe.decode_block_moe. Ops from other plugins that do not, and the reference
+backend, keep the op-by-op path, which computes the same block. The core only moves these
+descriptions and arrays into the kernel: it knows no math.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from archrun.errors import ContextOverflow
-from archrun.kernels import block, qmatrix
+from archrun.kernels import block, moe, qmatrix
 from archrun.weights import Matrix
 
 _EMPTY_F32 = np.empty(0, np.float32)
@@ -36,8 +38,9 @@ def _uniforms(matrices: list[Matrix], width: int) -> tuple | None:
 class FusedBlock:
     """One layer's decode step as one kernel call: `fb(x, slot, start, angles)` updates x f32 [d] in place."""
 
-    def __init__(self, args: tuple, attention: block.AttentionKernel, rope: int, parallel: bool):
-        self._args = args           # (qkv, o, gate_up, down, vecs, geo, eps, scale)
+    def __init__(self, kernel: Any, args: tuple, attention: block.AttentionKernel, rope: int, parallel: bool):
+        self._kernel = kernel       # block.decode_block or moe.decode_block_moe
+        self._args = args           # (qkv, o, *ffn, vecs, geo, eps, scale); ffn: (gate_up, down) or the MoE arrays
         self._slot_arrays = attention.slot_arrays
         self._rope = rope           # index into the per-token rope angles (-1: no rope)
         self._parallel = parallel   # big enough to split products over the threads
@@ -56,40 +59,54 @@ class FusedBlock:
         else:
             cos = sin = _EMPTY_F32
         chunks = qmatrix.current_threads() if self._parallel else 1
-        qkv, o, gate_up, down, vecs, geo, eps, scale = self._args
-        block.decode_block(x, qkv, o, gate_up, down, vecs, geo, eps, scale, k, v, kpos, ring, row, start,
-                           cos, sin, chunks)
+        self._kernel(x, *self._args, k, v, kpos, ring, row, start, cos, sin, chunks)
+
+
+def _ffn_args(lp: Any) -> tuple[Any, tuple, int, int, bool] | None:
+    """(kernel, ffn args, act kind, n_ff, parallel) of the layer's FFN, or None when it must run op by op."""
+    from archrun.model import DenseFfn, MoeFfn
+
+    if isinstance(lp.ffn, DenseFfn):
+        act_k = getattr(lp.ffn.act, "kernel", None)
+        gate_up = _uniforms(lp.ffn.gate_up.matrices, 3)
+        down = _uniforms([lp.ffn.down], 3)
+        if not isinstance(act_k, block.ActKernel) or gate_up is None or down is None:
+            return None
+        return block.decode_block, (gate_up, down), act_k.kind, lp.ffn.down.n_in, False
+    if isinstance(lp.ffn, MoeFfn):
+        moe_k = getattr(lp.ffn.moe, "kernel", None)
+        arrays = moe_k.arrays(lp.ffn.weights) if isinstance(moe_k, moe.MoeKernel) else None
+        if arrays is None:
+            return None
+        w = lp.ffn.weights
+        big = max(w.gate[0].prepared.nbytes, w.down[0].prepared.nbytes) >= qmatrix.PARALLEL_MIN_BYTES
+        return moe.decode_block_moe, (*arrays, moe_k.rp, moe_k.scale), moe_k.rp[moe.RP_ACT], 0, big
+    return None
 
 
 def fuse_layer(lp: Any, norm: Any, ropes: list) -> FusedBlock | None:
     """The fused decode step of a bound layer (archrun.model.LayerPlan), or None when it must run op by op."""
-    from archrun.model import DenseFfn
-
     a = lp.spec.attention
     rope = ropes[a.rope]
     norm_k = getattr(norm, "kernel", None)
     attn_k = getattr(lp.attention, "kernel", None)
     rope_k = getattr(rope, "kernel", None) if rope is not None else block.RopeKernel(0, False)
-    if not isinstance(lp.ffn, DenseFfn):
-        return None
-    act_k = getattr(lp.ffn.act, "kernel", None)
     if not (isinstance(norm_k, block.NormKernel) and isinstance(attn_k, block.AttentionKernel)
-            and isinstance(rope_k, block.RopeKernel) and isinstance(act_k, block.ActKernel)):
+            and isinstance(rope_k, block.RopeKernel)):
         return None
+    ffn = _ffn_args(lp)
     qkv = _uniforms(lp.qkv.matrices, 3)
     o = _uniforms([lp.o], 3)
-    gate_up = _uniforms(lp.ffn.gate_up.matrices, 3)
-    down = _uniforms([lp.ffn.down], 3)
-    if qkv is None or o is None or gate_up is None or down is None:
+    if ffn is None or qkv is None or o is None:
         return None
+    kernel, ffn_args, act, n_ff, big_ffn = ffn
     vecs = tuple(_vec(v) for v in (lp.attn_norm, lp.q_norm, lp.k_norm, lp.post_attn_norm, lp.ffn_norm,
                                    lp.post_ffn_norm))
-    n_ff = lp.ffn.down.n_in
     geo = (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim, rope_k.n_rot, int(rope_k.neox), attn_k.window,
-           act_k.kind, n_ff)
-    args = (qkv, o, gate_up, down, vecs, tuple(int(g) for g in geo), float(norm_k.eps), float(attn_k.scale))
-    parallel = lp.o.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES
-    return FusedBlock(args, attn_k, a.rope if rope is not None else -1, parallel)
+           act, n_ff)
+    args = (qkv, o, *ffn_args, vecs, tuple(int(g) for g in geo), float(norm_k.eps), float(attn_k.scale))
+    parallel = big_ffn or lp.o.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES
+    return FusedBlock(kernel, args, attn_k, a.rope if rope is not None else -1, parallel)
 
 
 def fuse_layers(plan: Any) -> list[FusedBlock] | None:

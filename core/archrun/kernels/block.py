@@ -148,20 +148,21 @@ def _groups(m):
 
 @njit(**JIT)
 def _dense_rows(W, xf, g0, g1, out):
-    """out[0, r] = W[r] . xf[0] for the rows of groups [g0, g1)."""
+    """out[t, r] = W[r] . xf[t] for every token t and the rows of groups [g0, g1)."""
     r1 = min(g1 * LANES, W.shape[0])
-    x = xf[0]
-    for r in range(g0 * LANES, r1):
-        w = W[r]
-        s = _F32(0.0)
-        for e in range(w.shape[0]):
-            s += w[e] * x[e]
-        out[0, r] = s
+    for t in range(xf.shape[0]):
+        x = xf[t]
+        for r in range(g0 * LANES, r1):
+            w = W[r]
+            s = _F32(0.0)
+            for e in range(w.shape[0]):
+                s += w[e] * x[e]
+            out[t, r] = s
 
 
 @njit(**JIT)
 def _mv(m, xf, X, DX, QH, g0, g1, out):
-    """Rows of groups [g0, g1) of out [1, n_out] = m @ x (x as float xf [1, n_in] and quantized X/DX/QH)."""
+    """Rows of groups [g0, g1) of out [n, n_out] = x @ m.T (x as float xf [n, n_in] and quantized X/DX/QH)."""
     k = m[_KIND]
     if k == 0:
         _dense_rows(m[_WF], xf, g0, g1, out)
@@ -200,8 +201,9 @@ def _chunk(m, c, chunks, xf, X, DX, QH, out):
 @njit(**JIT)
 def _add_bias(m, o):
     b = m[_BIAS]
-    for i in range(b.shape[0]):
-        o[0, i] += b[i]
+    for t in range(o.shape[0]):
+        for i in range(b.shape[0]):
+            o[t, i] += b[i]
 
 
 @njit(**JIT)
@@ -212,7 +214,8 @@ def _product_range(c, chunks, xf, X, DX, QH, out, kind, wu16, wi8, wu8, wh, wf, 
 
 @njit(**JIT_PAR)
 def _products(m0, m1, m2, xf, X, DX, QH, y, chunks):
-    """y[0] = [m0 @ x | m1 @ x | m2 @ x] (+ biases); row groups of all three split over `chunks` threads."""
+    """y[t] = [m0 @ x[t] | m1 @ x[t] | m2 @ x[t]] (+ biases) for every token t; row groups of all three
+    split over `chunks` threads."""
     n0, n1, n2 = m0[_NOUT], m1[_NOUT], m2[_NOUT]
     o0 = y[:, :n0]
     o1 = y[:, n0:n0 + n1]
@@ -235,17 +238,23 @@ def _products(m0, m1, m2, xf, X, DX, QH, y, chunks):
 
 
 @njit(**JIT)
-def _product_group(ms, x, y, chunks):
-    """y[:] = [m @ x for m in ms] (3 uniform matrices, absent ones empty) for x f32 [n_in]; x is
-    quantized once (8-bit blocks) when n_in allows."""
-    xf = x.reshape(1, x.shape[0])
-    if x.shape[0] % QB == 0:
+def product_rows(ms, xf, y, chunks):
+    """y[t] = [m @ xf[t] for m in ms] (3 uniform matrices, absent ones empty) for xf f32 [n, n_in]
+    (C-contiguous), y f32 [n, sum of n_out]; xf is quantized once (8-bit blocks) when n_in allows."""
+    n, n_in = xf.shape
+    if n_in % QB == 0:
         X, DX, QH = dots._quantized(xf)
     else:  # only float kernels take such widths (checked when the block is built)
-        X = np.empty((1, 0, QB), np.int16)
-        DX = np.empty((1, 0), np.float32)
-        QH = np.empty((1, 0, 2), np.int16)
-    _products(ms[0], ms[1], ms[2], xf, X, DX, QH, y.reshape(1, y.shape[0]), chunks)
+        X = np.empty((n, 0, QB), np.int16)
+        DX = np.empty((n, 0), np.float32)
+        QH = np.empty((n, 0, 2), np.int16)
+    _products(ms[0], ms[1], ms[2], xf, X, DX, QH, y, chunks)
+
+
+@njit(**JIT)
+def _product_group(ms, x, y, chunks):
+    """y[:] = [m @ x for m in ms] for one token x f32 [n_in] (see product_rows)."""
+    product_rows(ms, x.reshape(1, x.shape[0]), y.reshape(1, y.shape[0]), chunks)
 
 
 # -- elementwise steps ------------------------------------------------------------------------

@@ -11,8 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from archrun import kernels
-from archrun.descriptor import AttentionSpec, RopeSpec
+from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
+from archrun.errors import ShapeMismatch
+from archrun.kernels import moe as moe_kernels
+from archrun.kernels import qmatrix
 from archrun.kernels.block import ACT_GEGLU_TANH, ACT_SWIGLU, ActKernel, AttentionKernel, NormKernel, RopeKernel
+from archrun.kernels.moe import GATING_SIGMOID, GATING_SOFTMAX, GatingKernel, MoeKernel
 from archrun_blocks import reference
 
 F32 = np.float32
@@ -82,3 +86,93 @@ def geglu_tanh():
 
     act.kernel = ActKernel(ACT_GEGLU_TANH)
     return act
+
+
+def gating_softmax():
+    probs = reference.gating_softmax()
+    probs.kernel = GatingKernel(GATING_SOFTMAX)  # lets the MoE kernel route inside numba
+    return probs
+
+
+def gating_sigmoid():
+    probs = reference.gating_sigmoid()
+    probs.kernel = GatingKernel(GATING_SIGMOID)
+    return probs
+
+
+# archrun-blocks' own reference gating and activation functions, recognised by their code (block
+# style host_reference binds reference ops around the fast MoE op): the math the kernels compute.
+_REFERENCE_KINDS = {reference.gating_softmax().__code__: GatingKernel(GATING_SOFTMAX),
+                    reference.gating_sigmoid().__code__: GatingKernel(GATING_SIGMOID),
+                    reference.swiglu().__code__: ActKernel(ACT_SWIGLU),
+                    reference.geglu_tanh().__code__: ActKernel(ACT_GEGLU_TANH)}
+
+
+def _described(op, cls: type):
+    """The op's kernel description of type cls (its `kernel`, or that of this plugin's reference twin)."""
+    k = getattr(op, "kernel", None)
+    if not isinstance(k, cls):
+        k = _REFERENCE_KINDS.get(getattr(op, "__code__", None))
+    return k if isinstance(k, cls) else None
+
+
+def _moe_arrays(w) -> tuple | None:
+    """Kernel arrays of MoeWeights w (archrun.kernels.moe.moe_arrays), or None when a matrix is not
+    prepared for the fast kernels."""
+    shared = tuple(w.shared) if w.shared is not None else ()
+    mats = [w.gate_inp, *w.gate, *w.up, *w.down, *shared]
+    if any(m.prepared is None for m in mats):
+        return None
+    return moe_kernels.moe_arrays(w.gate_inp.prepared, w.gate_inp.bias, w.probs_bias,
+                                  [m.prepared for m in w.gate], [m.prepared for m in w.up],
+                                  [m.prepared for m in w.down],
+                                  tuple(m.prepared for m in shared) if shared else None)
+
+
+def _chunks(w) -> int:
+    """Threads for the MoE products: one unless an expert matrix is big enough to split."""
+    big = max(w.gate[0].prepared.nbytes, w.down[0].prepared.nbytes) >= qmatrix.PARALLEL_MIN_BYTES
+    return qmatrix.current_threads() if big else 1
+
+
+def moe_topk(spec: MoeSpec, gating, act):
+    """reference.moe_topk computed by archrun.kernels.moe (routing and experts in one call).
+
+    Needs kernel descriptions of the gating (GatingKernel) and of the activation (ActKernel),
+    or this plugin's reference twins of them; otherwise, or with weights not prepared for the
+    fast kernels, the reference op runs.
+    The kernel arrays of a layer's MoeWeights are built on first use and kept (the op is
+    bound to one layer); `moe.kernel.arrays(weights)` hands them to archrun.fusion.
+    """
+    gk, ak = _described(gating, GatingKernel), _described(act, ActKernel)
+    ref = reference.moe_topk(spec, gating, act)
+    if gk is None or ak is None:
+        return ref
+    bound: list = [None, None, 1]  # (weights, their kernel arrays, chunks) of the last weights seen
+
+    def arrays(w) -> tuple | None:
+        if bound[0] is not w:
+            if w.gate_inp.n_out != spec.n_expert:
+                raise ShapeMismatch(f"moe: {w.gate_inp.n_out} router rows, the descriptor says "
+                                    f"{spec.n_expert} experts")
+            a = _moe_arrays(w)
+            bound[:] = [w, a, _chunks(w) if a is not None else 1]
+        return bound[1]
+
+    rp = (gk.kind, ak.kind, spec.n_expert_used, spec.n_group, spec.n_group_used, int(spec.weights_norm))
+    scale = float(spec.weights_scale)
+
+    def moe(x: np.ndarray, w) -> np.ndarray:
+        a = arrays(w)
+        if a is None:
+            return ref(x, w)
+        d = w.gate_inp.n_in
+        if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != d:
+            raise ShapeMismatch(f"moe: input {getattr(x, 'shape', None)} does not match [n, {d}]")
+        x = np.ascontiguousarray(x, dtype=F32)
+        out = np.empty_like(x)
+        moe_kernels.moe_rows(x, out, *a, rp, scale, bound[2])
+        return out
+
+    moe.kernel = MoeKernel(rp, scale, arrays)
+    return moe

@@ -19,8 +19,8 @@ def archrun_register_vocabulary(register) -> None:
                 "causal grouped-query attention, optional sliding window mask, plain KV slot"))
     register(Op("ffn", "swiglu", reference.swiglu, fast.swiglu, "silu(gate) * up"))
     register(Op("ffn", "geglu_tanh", reference.geglu_tanh, fast.geglu_tanh, "gelu_tanh(gate) * up"))
-    register(Op("gating", "softmax", reference.gating_softmax, None, "softmax over experts (GGUF 1)"))
-    register(Op("gating", "sigmoid", reference.gating_sigmoid, None, "sigmoid per expert (GGUF 2)"))
-    register(Op("moe", "topk", reference.moe_topk, None,
+    register(Op("gating", "softmax", reference.gating_softmax, fast.gating_softmax, "softmax over experts (GGUF 1)"))
+    register(Op("gating", "sigmoid", reference.gating_sigmoid, fast.gating_sigmoid, "sigmoid per expert (GGUF 2)"))
+    register(Op("moe", "topk", reference.moe_topk, fast.moe_topk,
                 "top-k routing with optional selection bias, group limit, renorm, scale, shared experts"))
     register(Op("softcap", "tanh", reference.softcap_tanh, None, "c * tanh(logits / c)"))

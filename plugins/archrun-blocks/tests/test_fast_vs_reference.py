@@ -23,7 +23,8 @@ def close(a, b, tol=1e-5):
 
 def test_every_registered_fast_op_is_covered_here():
     covered = {("norm", "rms"), ("rope", "neox"), ("rope", "norm"), ("attention", "causal"), ("ffn", "swiglu"),
-               ("ffn", "geglu_tanh")}
+               ("ffn", "geglu_tanh"), ("gating", "softmax"), ("gating", "sigmoid"),
+               ("moe", "topk")}  # gating and moe: test_moe.py
     vocab = build_vocabulary(make_plugin_manager(names=["blocks"]))
     with_fast = {(e.op.slot, e.op.name) for e in vocab if e.op.fast is not None}
     assert with_fast <= covered, f"untested fast ops: {with_fast - covered}"

@@ -1,0 +1,340 @@
+"""Mixture-of-experts FFN kernels: routing and the selected experts' gated FFNs inside numba.
+
+`moe_rows` computes archrun_blocks.reference.moe_topk for n tokens in one call, with no
+Python loop over experts:
+
+1. router logits [n, E] = h @ ffn_gate_inp.T (+ bias), a uniform matrix product;
+2. routing per token, exactly as reference.route: gating (softmax or sigmoid) -> probs;
+   select = probs (+ exp_probs_b, selection only); group limit (keep the n_group_used
+   groups with the best top-2 sums); top-k with the reference's tie order (its stable
+   argsort of -select: lower expert index first); weights = probs of the selected experts,
+   optionally renormalised (sum floored at 6.103515625e-5) and scaled;
+3. the tokens routed to each expert, in ascending expert order (the reference's order of
+   accumulation), go through that expert's gate/up product, the activation and its down
+   product as one batch (each expert's weights are read once per call), and are added to
+   the output with their routing weights;
+4. shared experts, if any, run on every token and are added last.
+
+The numerics are those of the op-by-op fast path for few tokens: every product quantizes
+its activation rows to 8-bit blocks (kernels.block.product_rows), as kernels.matmul does
+for up to INT_MAX_TOKENS rows. Routing is compiled without fastmath, so ties and the -inf
+of excluded groups compare exactly as in numpy.
+
+Expert weights are passed without copying: `expert_list` holds one uniform matrix
+(kernels.block.uniform) per expert and role in a numba typed list, index 3 e + j with
+j = 0 gate, 1 up, 2 down, each a view of that expert's prepared arrays. Experts of any
+width work (no lane-multiple condition).
+
+`decode_block_moe` is kernels.block.decode_block with this FFN: one call per MoE layer for
+a single token. Shapes are validated when the arrays are built (`moe_arrays`) and by the
+callers; the kernels do not bounds-check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+import numpy as np
+from numba import njit, typed
+
+from archrun.errors import ShapeMismatch
+from archrun.kernels import block
+from archrun.kernels._jit import JIT
+from archrun.kernels.qmatrix import QMatrix
+
+_F32 = np.float32
+# Routing compares scores exactly (no fastmath: ties and infinities behave as in numpy).
+_EXACT = dict(cache=True, nogil=True)
+_NORM_FLOOR = _F32(6.103515625e-5)  # llama.cpp's floor of the renormalisation sum (2^-14)
+
+# Gating kinds (GatingKernel.kind): GGUF expert_gating_func 1 and 2.
+GATING_SOFTMAX, GATING_SIGMOID = 0, 1
+# Routing parameters rp (int64 tuple): indices of its fields.
+RP_GATING, RP_ACT, RP_K, RP_GROUPS, RP_GROUPS_USED, RP_NORM = range(6)
+
+
+@attrs.frozen
+class GatingKernel:
+    """A gating op: GATING_SOFTMAX (softmax over the experts) or GATING_SIGMOID (per expert)."""
+
+    kind: int
+
+
+@attrs.frozen
+class MoeKernel:
+    """A top-k MoE op that `moe_rows` computes (archrun_blocks.reference.moe_topk semantics).
+
+    rp: routing parameters (gating kind, ActKernel kind, experts used, groups, groups used,
+    renormalise 0/1); scale: weights_scale. arrays(weights) -> the kernel arrays of an
+    archrun.weights.MoeWeights (`moe_arrays`, built once and kept by the op), or None when
+    the weights are not prepared for the fast kernels.
+    """
+
+    rp: tuple
+    scale: float
+    arrays: Callable[[object], tuple | None] = attrs.field(eq=False, repr=False)
+
+
+# -- bind time: kernel arrays of a layer's expert weights -----------------------------------------
+
+
+@njit(cache=True)
+def _list_of(u):
+    lst = typed.List()
+    lst.append(u)
+    return lst
+
+
+@njit(cache=True)
+def _push(lst, u):
+    lst.append(u)
+
+
+def expert_list(uniforms: Sequence[tuple]) -> typed.List:
+    """A numba typed list of uniform matrices (list methods run cached, compiled code)."""
+    lst = _list_of(uniforms[0])
+    for u in uniforms[1:]:
+        _push(lst, u)
+    return lst
+
+
+def _check(what: str, q: QMatrix, n_out: int, n_in: int) -> None:
+    if (q.n_out, q.n_in) != (n_out, n_in):
+        raise ShapeMismatch(f"{what}: shape ({q.n_out}, {q.n_in}), expected ({n_out}, {n_in})")
+
+
+def moe_arrays(router: QMatrix, router_bias: np.ndarray | None, probs_bias: np.ndarray | None,
+               gate: Sequence[QMatrix], up: Sequence[QMatrix], down: Sequence[QMatrix],
+               shared: tuple[QMatrix, QMatrix, QMatrix] | None) -> tuple:
+    """Kernel arrays of one MoE FFN: (router, experts, shared_gate_up, shared_down, probs_bias).
+
+    router [E, d] (+ bias [E]); gate/up E matrices [f, d], down E matrices [d, f]; shared
+    (gate [fs, d], up [fs, d], down [d, fs]) or None; probs_bias [E] or None. Raises
+    ShapeMismatch on inconsistent shapes. The product groups are 3-tuples of uniform
+    matrices (absent ones padding); the experts a typed list (see the module docstring).
+    """
+    n_exp, d = router.n_out, router.n_in
+    if not (len(gate) == len(up) == len(down) == n_exp):
+        raise ShapeMismatch(f"{n_exp} router rows but {len(gate)}/{len(up)}/{len(down)} gate/up/down experts")
+    f = gate[0].n_out
+    for e in range(n_exp):
+        _check(f"expert {e} gate", gate[e], f, d)
+        _check(f"expert {e} up", up[e], f, d)
+        _check(f"expert {e} down", down[e], d, f)
+    if router_bias is not None and np.shape(router_bias) != (n_exp,):
+        raise ShapeMismatch(f"router bias of shape {np.shape(router_bias)}, expected ({n_exp},)")
+    if probs_bias is not None and np.shape(probs_bias) != (n_exp,):
+        raise ShapeMismatch(f"expert selection bias of shape {np.shape(probs_bias)}, expected ({n_exp},)")
+    absent = block.absent_matrix()
+    experts = expert_list([block.uniform(m) for e in range(n_exp) for m in (gate[e], up[e], down[e])])
+    shared_gu, shared_down = (absent, absent, absent), (absent, absent, absent)
+    if shared is not None:
+        fs = shared[0].n_out
+        _check("shared gate", shared[0], fs, d)
+        _check("shared up", shared[1], fs, d)
+        _check("shared down", shared[2], d, fs)
+        shared_gu = (block.uniform(shared[0]), block.uniform(shared[1]), absent)
+        shared_down = (block.uniform(shared[2]), absent, absent)
+    pb = (np.empty(0, _F32) if probs_bias is None
+          else np.ascontiguousarray(probs_bias, dtype=_F32))
+    return (block.uniform(router, router_bias), absent, absent), experts, shared_gu, shared_down, pb
+
+
+# -- routing --------------------------------------------------------------------------------------
+
+
+@njit(**_EXACT)
+def _gate(logits, kind, probs):
+    """probs [E] = softmax(logits) or sigmoid(logits), float32 as reference.gating_*."""
+    if kind == GATING_SOFTMAX:
+        m = logits[0]
+        for e in range(logits.shape[0]):
+            m = max(m, logits[e])
+        s = _F32(0.0)
+        for e in range(logits.shape[0]):
+            probs[e] = np.exp(logits[e] - m)
+            s += probs[e]
+        for e in range(logits.shape[0]):
+            probs[e] = probs[e] / s
+    else:
+        for e in range(logits.shape[0]):
+            probs[e] = _F32(1.0) / (_F32(1.0) + np.exp(-logits[e]))
+
+
+@njit(**_EXACT)
+def _top(score, allowed, k, ids):
+    """ids[:k] = the k best allowed scores, best first, lower index first on ties; when fewer than
+    k are allowed the rest are the lowest disallowed indices (the reference ranks them as -inf)."""
+    n = score.shape[0]
+    taken = np.zeros(n, np.bool_)
+    for j in range(k):
+        best = -1
+        for e in range(n):
+            if allowed[e] and not taken[e] and (best < 0 or score[e] > score[best]):
+                best = e
+        if best < 0:
+            for e in range(n):
+                if not taken[e]:
+                    best = e
+                    break
+        taken[best] = True
+        ids[j] = best
+
+
+@njit(**_EXACT)
+def _limit_groups(select, n_group, n_used, allowed):
+    """allowed[e] = expert e's group is among the n_used best (group score: sum of its top-2)."""
+    size = select.shape[0] // n_group
+    score = np.empty(n_group, _F32)
+    for g in range(n_group):
+        a = b = _F32(0.0)
+        for i in range(size):  # a >= b: the two largest of the group
+            s = select[g * size + i]
+            if i == 0 or s > a:
+                if i > 0:
+                    b = a
+                a = s
+            elif i == 1 or s > b:
+                b = s
+        score[g] = a + b if size > 1 else a
+    keep = np.empty(n_used, np.int64)
+    _top(score, np.ones(n_group, np.bool_), n_used, keep)
+    allowed[:] = False
+    for g in keep:
+        allowed[g * size:(g + 1) * size] = True
+
+
+@njit(**_EXACT)
+def choose(probs, probs_bias, rp, scale, ids, wts):
+    """One token's selection from its gating probs f32 [E]: ids int64 [k], wts f32 [k] (reference.route)."""
+    n_exp = probs.shape[0]
+    k = ids.shape[0]
+    select = probs.copy()
+    if probs_bias.shape[0]:
+        for e in range(n_exp):
+            select[e] = probs[e] + probs_bias[e]
+    allowed = np.ones(n_exp, np.bool_)
+    if rp[RP_GROUPS] > 1:
+        _limit_groups(select, rp[RP_GROUPS], rp[RP_GROUPS_USED], allowed)
+    _top(select, allowed, k, ids)
+    s = _F32(0.0)
+    for j in range(k):
+        wts[j] = probs[ids[j]]
+        s += wts[j]
+    if rp[RP_NORM]:
+        s = max(s, _NORM_FLOOR)
+        for j in range(k):
+            wts[j] = wts[j] / s
+    if scale != 1.0:
+        for j in range(k):
+            wts[j] = wts[j] * _F32(scale)
+
+
+@njit(**_EXACT)
+def route_rows(logits, probs_bias, rp, scale, ids, wts):
+    """Routing of every row: logits f32 [n, E] -> ids int64 [n, k], wts f32 [n, k] (reference.route
+    of the gating's probs)."""
+    probs = np.empty(logits.shape[1], _F32)
+    for t in range(logits.shape[0]):
+        _gate(logits[t], rp[RP_GATING], probs)
+        choose(probs, probs_bias, rp, scale, ids[t], wts[t])
+
+
+# -- the FFN --------------------------------------------------------------------------------------
+
+
+@njit(**JIT)
+def _gated_ffn(gate_up, down, x, act, chunks):
+    """down(act(gate x, up x)) for x f32 [m, d] -> [m, d_out] (one product group each)."""
+    m = x.shape[0]
+    f = gate_up[0][block._NOUT]
+    gu = np.empty((m, 2 * f), _F32)
+    block.product_rows(gate_up, x, gu, chunks)
+    a = np.empty((m, f), _F32)
+    for i in range(m):
+        block._act(gu[i], f, act, a[i])
+    y = np.empty((m, down[0][block._NOUT]), _F32)
+    block.product_rows(down, a, y, chunks)
+    return y
+
+
+@njit(**JIT)
+def _by_expert(ids, n_exp):
+    """Counting sort of the (token, slot) pairs by expert: start [E + 1] offsets into order [n * k]
+    (pair index t * k + j), tokens ascending within an expert."""
+    n, k = ids.shape
+    start = np.zeros(n_exp + 1, np.int64)
+    for t in range(n):
+        for j in range(k):
+            start[ids[t, j] + 1] += 1
+    for e in range(n_exp):
+        start[e + 1] += start[e]
+    fill = start[:-1].copy()
+    order = np.empty(n * k, np.int64)
+    for t in range(n):
+        for j in range(k):
+            e = ids[t, j]
+            order[fill[e]] = t * k + j
+            fill[e] += 1
+    return start, order
+
+
+@njit(**JIT)
+def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, rp, scale, chunks):
+    """out f32 [n, d] = the MoE FFN of h f32 [n, d] (C-contiguous); arguments as `moe_arrays` builds
+    them, rp/scale as MoeKernel. Products split over `chunks` threads."""
+    n, d = h.shape
+    absent = router[1]
+    n_exp = router[0][block._NOUT]
+    k = rp[RP_K]
+    act = rp[RP_ACT]
+    logits = np.empty((n, n_exp), _F32)
+    block.product_rows(router, h, logits, chunks)
+    ids = np.empty((n, k), np.int64)
+    wts = np.empty((n, k), _F32)
+    route_rows(logits, probs_bias, rp, scale, ids, wts)
+    out[:] = 0
+    start, order = _by_expert(ids, n_exp)
+    for e in range(n_exp):
+        m = start[e + 1] - start[e]
+        if m == 0:
+            continue
+        xe = np.empty((m, d), _F32)
+        for i in range(m):
+            xe[i] = h[order[start[e] + i] // k]
+        ye = _gated_ffn((experts[3 * e], experts[3 * e + 1], absent), (experts[3 * e + 2], absent, absent),
+                        xe, act, chunks)
+        for i in range(m):
+            p = order[start[e] + i]
+            t, w = p // k, wts[p // k, p % k]
+            for c in range(d):
+                out[t, c] += w * ye[i, c]
+    if shared_gu[0][block._NOUT]:
+        ys = _gated_ffn(shared_gu, shared_down, h, act, chunks)
+        for t in range(n):
+            for c in range(d):
+                out[t, c] += ys[t, c]
+
+
+@njit(**JIT)
+def decode_block_moe(x, qkv, o_mat, router, experts, shared_gu, shared_down, probs_bias, rp, moe_scale, vecs, geo,
+                     eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks):
+    """One decoder block with a MoE FFN on one token; x f32 [d] is updated in place.
+
+    As kernels.block.decode_block, with the MoE arrays (router .. probs_bias, as `moe_arrays`
+    builds them) and rp/moe_scale (MoeKernel) in place of the dense gate_up/down; geo's act
+    and n_ff are unused. The expert list is a top-level argument: numba types a typed list
+    nested in a tuple through its slow path, every array of the tuple included (~7 ms a call).
+    """
+    block._attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks)
+    ffn_norm, post_ffn_norm = vecs[4], vecs[5]
+    d = x.shape[0]
+    h = np.empty((1, d), _F32)
+    block._rms(x, ffn_norm, eps, h[0])
+    f = np.empty((1, d), _F32)
+    moe_rows(h, f, router, experts, shared_gu, shared_down, probs_bias, rp, moe_scale, chunks)
+    if post_ffn_norm.shape[0]:
+        block._rms(f[0], post_ffn_norm, eps, f[0])
+    for i in range(d):
+        x[i] += f[0, i]
