@@ -1,0 +1,124 @@
+"""MoE layers on the fast backend: the numba MoE op and the fused MoE decode block (archrun.kernels.moe).
+
+The oracle is the op path as it was before the kernel: Interpreter.run_block with
+archrun_blocks.reference.moe_topk (a Python loop over the selected experts, each a
+kernels.matmul product), itself checked against HF transformers (test_tiny_hf.py). HF is the
+oracle of the fused decode of the glm4moe fixtures (sigmoid gating, selection bias, group
+limit, shared experts), which load with block style host_reference by default.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as T
+from gguf_fixtures import random_quant_tensor
+from test_tiny_hf import GLM, TINY, fixtures, golden, rel_err
+
+import archrun
+from archrun.kernels import moe as kmoe
+from archrun.model import Interpreter, MoeFfn
+from archrun_blocks import reference
+
+D, HEADS, KV, HD, E, K, FF = 256, 4, 2, 64, 6, 2, 256  # K-quant blocks: every n_in a multiple of 256
+EXPERT_TYPES = [(T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0), (T.Q2_K, T.Q3_K), (T.Q5_K, T.Q4_0), (T.Q4_1, T.Q5_1),
+                (T.BF16, T.F16)]
+
+
+def _moe_model(synth_model, gate_up: int, down: int, **kw):
+    """A 2-layer qwen3moe model with quantized expert stacks (gate/up in one type, down in another)."""
+    rng = np.random.default_rng(int(gate_up) * 31 + int(down))
+    overrides, types = {}, {}
+    for layer in range(2):
+        for role, t, shape in (("ffn_gate_exps", gate_up, (E, FF, D)), ("ffn_up_exps", gate_up, (E, FF, D)),
+                               ("ffn_down_exps", down, (E, D, FF))):
+            name = f"blk.{layer}.{role}.weight"
+            if t == T.F16:
+                overrides[name] = (rng.standard_normal(shape) * 0.05).astype(np.float16)
+            else:
+                overrides[name] = random_quant_tensor(rng, t, shape).data.reshape(*shape[:2], -1)
+                types[name] = int(t)
+    return archrun.load(synth_model(arch="qwen3moe", n_embd=D, n_head=HEADS, n_head_kv=KV, head_dim=HD,
+                                    n_expert=E, n_expert_used=K, n_ff_exp=FF, tensor_overrides=overrides,
+                                    quant_types=types, **kw))
+
+
+def _reference_moe(lp):
+    """lp's MoE FFN with reference.moe_topk as its op (same weights, gating and activation kinds)."""
+    s = lp.spec.ffn
+    op = reference.moe_topk(s, getattr(reference, f"gating_{s.gating}")(), getattr(reference, s.expert_kind)())
+    return MoeFfn(op, lp.ffn.weights)
+
+
+def _compare_blocks(m, pos=5, seed=0) -> float:
+    """max |fused - op path with reference.moe_topk| / max |op path| over the layers."""
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for i, (lp, fb) in enumerate(zip(m.plan.layers, m.fused_blocks, strict=True)):
+        ops, fused = m.init_cache(16), m.init_cache(16)
+        context = rng.standard_normal((pos, m.descriptor.n_embd)).astype(np.float32)
+        for cache in (ops, fused):
+            m.run_block(lp, context, cache.slots[i], 0, m.rope_angles(np.arange(pos)))
+        x = rng.standard_normal(m.descriptor.n_embd).astype(np.float32)
+        angles = m.rope_angles(np.array([pos]))
+        ffn = lp.ffn
+        if lp.spec.is_moe:
+            lp.ffn = _reference_moe(lp)
+        try:
+            ref = m.run_block(lp, x[None].copy(), ops.slots[i], pos, angles)[0]
+        finally:
+            lp.ffn = ffn
+        fb(x, fused.slots[i], pos, angles)
+        worst = max(worst, float(np.abs(x - ref).max() / np.abs(ref).max()))
+    return worst
+
+
+@pytest.mark.parametrize("types", EXPERT_TYPES, ids=lambda ts: "-".join(T(t).name for t in ts))
+def test_fused_moe_block_matches_the_op_path(synth_model, types):
+    m = _moe_model(synth_model, *types)
+    assert m.fused_blocks is not None
+    assert all(fb._kernel is kmoe.decode_block_moe for fb in m.fused_blocks)
+    assert _compare_blocks(m) <= 1e-5
+
+
+@pytest.mark.parametrize("n", [1, 3, 30])
+def test_moe_op_matches_the_reference_mixture(synth_model, n):
+    """The fast moe op on K-quant experts, any token count, against reference.moe_topk on the same weights
+    (up to INT_MAX_TOKENS rows per expert both quantize activations: tight; beyond, the reference
+    multiplies float32 tiles: quantization-level tolerance)."""
+    m = _moe_model(synth_model, T.Q4_K, T.Q6_K)
+    x = np.random.default_rng(n).standard_normal((n, D)).astype(np.float32)
+    for lp in m.plan.layers:
+        assert isinstance(lp.ffn.moe.kernel, kmoe.MoeKernel)
+        got = lp.ffn(x)
+        want = _reference_moe(lp)(x)
+        assert rel_err(got, want) <= (1e-5 if n <= 3 else 2e-2)
+
+
+def test_moe_fixtures_decode_one_call_per_layer():
+    for name in fixtures("qwen3moe"):
+        m = archrun.load(TINY / f"{name}.gguf")
+        assert m.fused_blocks is not None and len(m.fused_blocks) == m.descriptor.n_layer
+        assert any(fb._kernel is kmoe.decode_block_moe for fb in m.fused_blocks)
+
+
+@pytest.mark.parametrize("name", fixtures(*GLM))
+def test_glm4moe_fused_decode_matches_hf(name):
+    """Sigmoid gating, selection bias, group limit, shared experts and leading dense layers, fused."""
+    ids, ref = golden(name)
+    m = archrun.load(TINY / f"{name}.gguf", block_style="fused")
+    assert m.fused_blocks is not None
+    cache = m.init_cache(len(ids))
+    steps = np.stack([m.forward_step([t], cache) for t in ids])
+    assert rel_err(steps, ref) <= 1e-4
+    assert _compare_blocks(m) <= 1e-5
+
+
+def test_fused_and_op_path_moe_decode_agree_through_a_sequence(synth_model):
+    m = _moe_model(synth_model, T.Q4_K, T.Q8_0)
+    ids = np.random.default_rng(1).integers(0, m.descriptor.n_vocab, 16)
+    fused, ops = m.init_cache(32), m.init_cache(32)
+    for t in ids:
+        a = m.forward_step([t], fused)
+        b = Interpreter._forward(m, np.array([t]), ops, False)[0][-1]
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * float(np.abs(b).max()))
