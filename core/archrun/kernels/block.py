@@ -38,6 +38,10 @@ from archrun.kernels.decode_attention import attend_one, visible_rows
 from archrun.kernels.qmatrix import BF16, F16, QMatrix
 
 _F32 = np.float32
+# Small steps are inlined into their callers at numba IR level: every separately compiled
+# function that calls the product kernels re-optimizes all of them when it is linked
+# (measured: ~5-20 s of cold compile per level).
+_STEP = dict(JIT, inline="always")
 
 # Activation kinds of the gated FFN (ActKernel.kind).
 ACT_SWIGLU, ACT_GEGLU_TANH = 0, 1
@@ -140,13 +144,13 @@ def absent_matrix() -> tuple:
 # -- products -----------------------------------------------------------------------------------
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _groups(m):
     """Row groups of LANES rows of a uniform matrix."""
     return (m[_NOUT] + LANES - 1) // LANES
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _dense_rows(W, xf, g0, g1, out):
     """out[t, r] = W[r] . xf[t] for every token t and the rows of groups [g0, g1)."""
     r1 = min(g1 * LANES, W.shape[0])
@@ -190,7 +194,7 @@ def _mv(m, xf, X, DX, QH, g0, g1, out):
         dots.q6_k(m[_WU8], m[_D], m[_SCI], X, DX, QH, g0, g1, out)
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _chunk(m, c, chunks, xf, X, DX, QH, out):
     """Chunk c of `chunks` of m's row groups."""
     ng = _groups(m)
@@ -198,7 +202,7 @@ def _chunk(m, c, chunks, xf, X, DX, QH, out):
         _mv(m, xf, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _add_bias(m, o):
     b = m[_BIAS]
     for t in range(o.shape[0]):
@@ -206,7 +210,7 @@ def _add_bias(m, o):
             o[t, i] += b[i]
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _product_range(c, chunks, xf, X, DX, QH, out, kind, wu16, wi8, wu8, wh, wf, d, m, scu, sci, mn, bias, n_out):
     """Chunk c of one matrix given field by field (parallel regions cannot capture tuples of arrays)."""
     _chunk((kind, wu16, wi8, wu8, wh, wf, d, m, scu, sci, mn, bias, n_out), c, chunks, xf, X, DX, QH, out)
@@ -237,7 +241,7 @@ def _products(m0, m1, m2, xf, X, DX, QH, y, chunks):
     _add_bias(m2, o2)
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def product_rows(ms, xf, y, chunks):
     """y[t] = [m @ xf[t] for m in ms] (3 uniform matrices, absent ones empty) for xf f32 [n, n_in]
     (C-contiguous), y f32 [n, sum of n_out]; xf is quantized once (8-bit blocks) when n_in allows."""
@@ -251,7 +255,7 @@ def product_rows(ms, xf, y, chunks):
     _products(ms[0], ms[1], ms[2], xf, X, DX, QH, y, chunks)
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _product_group(ms, x, y, chunks):
     """y[:] = [m @ x for m in ms] for one token x f32 [n_in] (see product_rows)."""
     product_rows(ms, x.reshape(1, x.shape[0]), y.reshape(1, y.shape[0]), chunks)
@@ -260,7 +264,7 @@ def _product_group(ms, x, y, chunks):
 # -- elementwise steps ------------------------------------------------------------------------
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _rms(x, w, eps, out):
     """out = x / sqrt(mean(x^2) + eps) * w (sum of squares in float64, as kernels.rms_norm)."""
     ss = 0.0
@@ -271,7 +275,7 @@ def _rms(x, w, eps, out):
         out[i] = x[i] * r * w[i]
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _rms_heads(v, n_head, hd, w, eps):
     """Per-head RMSNorm of v [n_head * hd] in place."""
     for h in range(n_head):
@@ -279,7 +283,7 @@ def _rms_heads(v, n_head, hd, w, eps):
         _rms(seg, w, eps, seg)
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _rope_heads(v, n_head, hd, n_rot, neox, cos, sin):
     """Rotate the first n_rot dims of every head of v [n_head * hd] in place."""
     half = n_rot // 2
@@ -294,7 +298,7 @@ def _rope_heads(v, n_head, hd, n_rot, neox, cos, sin):
             xi[ib] = b * cos[i] + a * sin[i]
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _act(gu, f, kind, out):
     """out[i] = act(gate[i]) * up[i], gate = gu[:f], up = gu[f:2f]."""
     for i in range(f):
@@ -309,7 +313,7 @@ def _act(gu, f, kind, out):
 # -- the block ----------------------------------------------------------------------------------
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks):
     """x += attention sub-block (pre-norm, q/k/v, q/k norms, rope, cache write, attention, o, post-norm)."""
     n_head, n_kv, hd, vd, n_rot, neox, window = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
@@ -342,7 +346,7 @@ def _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, ro
         x[i] += o[i]
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks):
     """x += gated FFN sub-block (pre-norm, gate/up, activation, down, post-norm)."""
     act, n_ff = geo[7], geo[8]
