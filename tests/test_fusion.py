@@ -99,3 +99,20 @@ def test_fused_and_op_path_decode_agree_through_a_sequence(synth_model):
         a = m.forward_step([t], fused)
         b = Interpreter._forward(m, np.array([t]), ops, False)[0][-1]
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * float(np.abs(b).max()))
+
+
+def test_split_products_equal_one_thread_products():
+    """A product group big enough to be split over threads gives the same rows as one thread."""
+    from archrun.kernels import block, qmatrix
+
+    rng = np.random.default_rng(5)
+    n_out, n_in = 4096, 1024  # 2 MiB of Q4_0 fields: at the split threshold
+    w = qmatrix.prepare(_raw(rng, T.Q4_0, n_out, n_in), int(T.Q4_0), n_in)
+    small = qmatrix.prepare(_raw(rng, T.Q8_0, 64, n_in), int(T.Q8_0), n_in)
+    ms = (block.uniform(w), block.uniform(small), block.absent_matrix())
+    x = rng.standard_normal((2, n_in)).astype(np.float32)
+    one, split = (np.zeros((2, n_out + 64), np.float32) for _ in range(2))
+    block.product_rows(ms, x, one, 1)
+    block.product_rows(ms, x, split, 3)
+    np.testing.assert_array_equal(split, one)
+    np.testing.assert_allclose(one[:, :n_out], qmatrix.matmul(w, x), rtol=0, atol=1e-5 * np.abs(one).max())

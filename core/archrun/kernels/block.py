@@ -241,6 +241,25 @@ def _products(m0, m1, m2, xf, X, DX, QH, y, chunks):
     _add_bias(m2, o2)
 
 
+# Weight bytes of a product group below which one thread does it: a parallel region costs
+# tens of microseconds of wake-up and join (TBB layer), more than splitting a small group saves.
+PARALLEL_MIN_GROUP_BYTES = 2 << 20
+
+
+@njit(**_STEP)
+def _weight_bytes(m):
+    """Bytes of m's packed fields (scales left out)."""
+    return m[_WU16].size * 2 + m[_WI8].size + m[_WU8].size + m[_WH].size * 2 + m[_WF].size * 4
+
+
+@njit(**_STEP)
+def _group_chunks(ms, chunks):
+    """`chunks`, or 1 when the group is too small to pay for a parallel region."""
+    if _weight_bytes(ms[0]) + _weight_bytes(ms[1]) + _weight_bytes(ms[2]) < PARALLEL_MIN_GROUP_BYTES:
+        return 1
+    return chunks
+
+
 @njit(**_STEP)
 def product_rows(ms, xf, y, chunks):
     """y[t] = [m @ xf[t] for m in ms] (3 uniform matrices, absent ones empty) for xf f32 [n, n_in]
@@ -252,7 +271,7 @@ def product_rows(ms, xf, y, chunks):
         X = np.empty((n, 0, QB), np.int16)
         DX = np.empty((n, 0), np.float32)
         QH = np.empty((n, 0, 2), np.int16)
-    _products(ms[0], ms[1], ms[2], xf, X, DX, QH, y, chunks)
+    _products(ms[0], ms[1], ms[2], xf, X, DX, QH, y, _group_chunks(ms, chunks))
 
 
 @njit(**_STEP)
