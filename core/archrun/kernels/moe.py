@@ -44,6 +44,9 @@ from archrun.kernels._jit import JIT
 from archrun.kernels.qmatrix import QMatrix
 
 _F32 = np.float32
+# Steps inlined into their callers at numba IR level (as kernels.block's: fewer separately
+# compiled levels that each re-optimize the linked product kernels).
+_STEP = dict(JIT, inline="always")
 # Routing compares scores exactly (no fastmath: ties and infinities behave as in numpy).
 _EXACT = dict(cache=True, nogil=True)
 _NORM_FLOOR = _F32(6.103515625e-5)  # llama.cpp's floor of the renormalisation sum (2^-14)
@@ -244,7 +247,7 @@ def route_rows(logits, probs_bias, rp, scale, ids, wts):
 # -- the FFN --------------------------------------------------------------------------------------
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _gated_ffn(gate_up, down, x, act, chunks):
     """down(act(gate x, up x)) for x f32 [m, d] -> [m, d_out] (one product group each)."""
     m = x.shape[0]
@@ -259,7 +262,7 @@ def _gated_ffn(gate_up, down, x, act, chunks):
     return y
 
 
-@njit(**JIT)
+@njit(**_STEP)
 def _by_expert(ids, n_exp):
     """Counting sort of the (token, slot) pairs by expert: start [E + 1] offsets into order [n * k]
     (pair index t * k + j), tokens ascending within an expert."""
