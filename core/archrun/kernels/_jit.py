@@ -36,7 +36,9 @@ def _sources_digest(folder: Path) -> str:
 
     h = hashlib.sha256(numba.__version__.encode())
     for src in sorted(folder.glob("*.py")):
-        h.update(src.name.encode() + b"\0" + src.read_bytes())
+        text = src.read_bytes()
+        if b"@njit" in text:  # only files with kernels (editing warmup.py keeps the cache)
+            h.update(src.name.encode() + b"\0" + text)
     return h.hexdigest()
 
 

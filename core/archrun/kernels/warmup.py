@@ -2,18 +2,20 @@
 
 numba compiles a kernel the first time it runs; without this, a cold cache stalls the first
 token (and the first prefill) for tens of seconds with nothing on screen. `warm_up` runs each
-kernel once on tiny zero inputs, reporting progress per kernel; with a warm cache it takes
-milliseconds per kernel.
+kernel once on tiny zero inputs, reporting progress per kernel. Kernels whose compiled code is
+already in numba's cache are left to load on first use (~30-50 ms each): the prefill-path
+kernels then cost the first token nothing.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from archrun import quant
-from archrun.kernels import elementwise, qmatrix
+from archrun.kernels import dequant, dots, elementwise, floatmm, qmatrix
 from archrun.kernels._jit import LANES
 
 _N_IN = 256  # a multiple of every block size
@@ -25,6 +27,24 @@ def _matmul_paths(ggml_type: int) -> None:
     w = qmatrix.prepare(raw, ggml_type, _N_IN)
     for n in (1, qmatrix.INT_MAX_TOKENS.get(ggml_type, 0) + 1):
         qmatrix.matmul(w, np.zeros((n, _N_IN), np.float32))
+
+
+def _cached(*kernels) -> bool:
+    """Whether every kernel has an index in numba's on-disk cache (then it loads, not compiles)."""
+    try:
+        return all(os.path.exists(k._cache._cache_file._index_path) for k in kernels)
+    except AttributeError:  # no cache (e.g. NUMBA_DISABLE_JIT) or another numba: warm up
+        return False
+
+
+def _type_kernels(ggml_type: int) -> tuple:
+    if ggml_type in (qmatrix.F16, qmatrix.BF16):
+        return floatmm.half_run, dequant.deq_float16
+    return (dots.KERNELS[ggml_type], dequant.DEQUANT[ggml_type]) if ggml_type in dots.KERNELS else ()
+
+
+_ELEMENTWISE = (elementwise._rms_norm, elementwise._rope, elementwise._attend, elementwise._swiglu,
+                elementwise._geglu_tanh)
 
 
 def _elementwise() -> None:
@@ -44,7 +64,9 @@ def warm_up(ggml_types: Iterable[int], progress: Callable[[str, int, int], None]
     """Compile/load the kernels of these weight types and the elementwise ops, then run the `extra`
     steps (e.g. a throwaway decode step of the model); progress per step."""
     types = sorted(t for t in set(ggml_types) if t in qmatrix.SUPPORTED_TYPES)
-    steps: list[Callable[[], None]] = [_elementwise, *[lambda t=t: _matmul_paths(t) for t in types], *extra]
+    steps: list[Callable[[], None]] = [] if _cached(*_ELEMENTWISE) else [_elementwise]
+    steps += [lambda t=t: _matmul_paths(t) for t in types if not _cached(*_type_kernels(t))]
+    steps += list(extra)
     for i, step in enumerate(steps):
         step()
         if progress:
