@@ -50,8 +50,11 @@ def _model(synth_model, t, **kw):
                                     tensor_overrides=overrides, quant_types=types, **kw))
 
 
-def _compare_blocks(m, pos=5, seed=0):
-    """max |fused - op path| / max |op path| over the layers, after `pos` tokens of random context."""
+def _compare_blocks(m, pos=5, seed=0, op_ffn=None):
+    """max |fused - op path| / max |op path| over the layers, after `pos` tokens of random context.
+
+    op_ffn(lp): the FFN the op path runs instead of lp.ffn (None: lp.ffn itself).
+    """
     rng = np.random.default_rng(seed)
     assert m.fused_blocks is not None
     worst = 0.0
@@ -62,7 +65,12 @@ def _compare_blocks(m, pos=5, seed=0):
             m.run_block(lp, context, cache.slots[i], 0, m.rope_angles(np.arange(pos)))
         x = rng.standard_normal(m.descriptor.n_embd).astype(np.float32)
         angles = m.rope_angles(np.array([pos]))
-        ref = m.run_block(lp, x[None].copy(), ops.slots[i], pos, angles)[0]
+        ffn = lp.ffn
+        lp.ffn = op_ffn(lp) if op_ffn else ffn
+        try:
+            ref = m.run_block(lp, x[None].copy(), ops.slots[i], pos, angles)[0]
+        finally:
+            lp.ffn = ffn
         fb(x, fused.slots[i], pos, angles)
         worst = max(worst, float(np.abs(x - ref).max() / np.abs(ref).max()))
         np.testing.assert_allclose(fused.slots[i].k[:pos + 1], ops.slots[i].k[:pos + 1], rtol=0, atol=1e-5)

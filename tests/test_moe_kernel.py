@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 from gguf_fixtures import random_quant_tensor
+from test_fusion import _compare_blocks as compare_blocks
 from test_tiny_hf import GLM, TINY, fixtures, golden, rel_err
 
 import archrun
@@ -50,27 +51,14 @@ def _reference_moe(lp):
     return MoeFfn(op, lp.ffn.weights)
 
 
-def _compare_blocks(m, pos=5, seed=0) -> float:
+def _op_ffn(lp):
+    """The op path's FFN: reference.moe_topk for MoE layers (the oracle), the layer's own otherwise."""
+    return _reference_moe(lp) if lp.spec.is_moe else lp.ffn
+
+
+def _compare_blocks(m) -> float:
     """max |fused - op path with reference.moe_topk| / max |op path| over the layers."""
-    rng = np.random.default_rng(seed)
-    worst = 0.0
-    for i, (lp, fb) in enumerate(zip(m.plan.layers, m.fused_blocks, strict=True)):
-        ops, fused = m.init_cache(16), m.init_cache(16)
-        context = rng.standard_normal((pos, m.descriptor.n_embd)).astype(np.float32)
-        for cache in (ops, fused):
-            m.run_block(lp, context, cache.slots[i], 0, m.rope_angles(np.arange(pos)))
-        x = rng.standard_normal(m.descriptor.n_embd).astype(np.float32)
-        angles = m.rope_angles(np.array([pos]))
-        ffn = lp.ffn
-        if lp.spec.is_moe:
-            lp.ffn = _reference_moe(lp)
-        try:
-            ref = m.run_block(lp, x[None].copy(), ops.slots[i], pos, angles)[0]
-        finally:
-            lp.ffn = ffn
-        fb(x, fused.slots[i], pos, angles)
-        worst = max(worst, float(np.abs(x - ref).max() / np.abs(ref).max()))
-    return worst
+    return compare_blocks(m, op_ffn=_op_ffn)
 
 
 @pytest.mark.parametrize("types", EXPERT_TYPES, ids=lambda ts: "-".join(T(t).name for t in ts))
