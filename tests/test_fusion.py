@@ -73,7 +73,8 @@ def _compare_blocks(m, pos=5, seed=0, op_ffn=None):
             lp.ffn = ffn
         fb(x, fused.slots[i], pos, angles)
         worst = max(worst, float(np.abs(x - ref).max() / np.abs(ref).max()))
-        np.testing.assert_allclose(fused.slots[i].k[:pos + 1], ops.slots[i].k[:pos + 1], rtol=0, atol=1e-5)
+        k_ops = ops.slots[i].k[:pos + 1]  # cached keys: equal up to float32 rounding of the products
+        np.testing.assert_allclose(fused.slots[i].k[:pos + 1], k_ops, rtol=0, atol=1e-6 * np.abs(k_ops).max())
     return worst
 
 
