@@ -100,14 +100,18 @@ def test_dense_fixtures_decode_one_call_per_layer(name):
     assert archrun.load(TINY / f"{name}.gguf", backend="reference").fused_blocks is None
 
 
-def test_fused_and_op_path_decode_agree_through_a_sequence(synth_model):
-    m = _model(synth_model, T.Q8_0, n_layer=2)
-    ids = np.random.default_rng(1).integers(0, m.descriptor.n_vocab, 20)
+def decode_paths_agree(m, n_tokens):
+    """Token by token, fused decode and the op path (Interpreter._forward) give the same logits."""
+    ids = np.random.default_rng(1).integers(0, m.descriptor.n_vocab, n_tokens)
     fused, ops = m.init_cache(32), m.init_cache(32)
     for t in ids:
         a = m.forward_step([t], fused)
         b = Interpreter._forward(m, np.array([t]), ops, False)[0][-1]
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * float(np.abs(b).max()))
+
+
+def test_fused_and_op_path_decode_agree_through_a_sequence(synth_model):
+    decode_paths_agree(_model(synth_model, T.Q8_0, n_layer=2), 20)
 
 
 def test_split_products_equal_one_thread_products():

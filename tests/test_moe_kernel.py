@@ -14,11 +14,12 @@ import pytest
 from gguf.constants import GGMLQuantizationType as T
 from gguf_fixtures import random_quant_tensor
 from test_fusion import _compare_blocks as compare_blocks
+from test_fusion import decode_paths_agree
 from test_tiny_hf import GLM, TINY, fixtures, golden, rel_err
 
 import archrun
 from archrun.kernels import moe as kmoe
-from archrun.model import Interpreter, MoeFfn
+from archrun.model import MoeFfn
 from archrun_blocks import reference
 
 D, HEADS, KV, HD, E, K, FF = 256, 4, 2, 64, 6, 2, 256  # K-quant blocks: every n_in a multiple of 256
@@ -103,10 +104,4 @@ def test_glm4moe_fused_decode_matches_hf(name):
 
 
 def test_fused_and_op_path_moe_decode_agree_through_a_sequence(synth_model):
-    m = _moe_model(synth_model, T.Q4_K, T.Q8_0)
-    ids = np.random.default_rng(1).integers(0, m.descriptor.n_vocab, 16)
-    fused, ops = m.init_cache(32), m.init_cache(32)
-    for t in ids:
-        a = m.forward_step([t], fused)
-        b = Interpreter._forward(m, np.array([t]), ops, False)[0][-1]
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * float(np.abs(b).max()))
+    decode_paths_agree(_moe_model(synth_model, T.Q4_K, T.Q8_0), 16)

@@ -35,6 +35,7 @@ from numba import njit, prange
 from archrun.kernels import dots, floatmm
 from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
 from archrun.kernels.decode_attention import attend_one, visible_rows
+from archrun.kernels.elementwise import rotate_pairs
 from archrun.kernels.qmatrix import BF16, F16, QMatrix
 
 _F32 = np.float32
@@ -305,16 +306,18 @@ def _rms_heads(v, n_head, hd, w, eps):
 @njit(**_STEP)
 def _rope_heads(v, n_head, hd, n_rot, neox, cos, sin):
     """Rotate the first n_rot dims of every head of v [n_head * hd] in place."""
-    half = n_rot // 2
     for h in range(n_head):
         xi = v[h * hd:(h + 1) * hd]
-        for i in range(half):
-            ia = i if neox else 2 * i
-            ib = i + half if neox else 2 * i + 1
-            a = xi[ia]
-            b = xi[ib]
-            xi[ia] = a * cos[i] - b * sin[i]
-            xi[ib] = b * cos[i] + a * sin[i]
+        rotate_pairs(xi, xi, n_rot, neox, cos, sin)
+
+
+@njit(**_STEP)
+def add_residual(x, y, post_norm, eps):
+    """x += y, y first RMS-normed in place by post_norm when the block has one (non-empty)."""
+    if post_norm.shape[0]:
+        _rms(y, post_norm, eps, y)
+    for i in range(x.shape[0]):
+        x[i] += y[i]
 
 
 @njit(**_STEP)
@@ -359,10 +362,7 @@ def _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, ro
     attend_one(q, kc, vc, rows, count, n_head, scale, att)
     o = np.empty(x.shape[0], np.float32)
     _product_group(o_mat, att, o, chunks)
-    if post_attn_norm.shape[0]:
-        _rms(o, post_attn_norm, eps, o)
-    for i in range(x.shape[0]):
-        x[i] += o[i]
+    add_residual(x, o, post_attn_norm, eps)
 
 
 @njit(**_STEP)
@@ -378,10 +378,7 @@ def _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks):
     _act(gu, n_ff, act, a)
     f = np.empty(x.shape[0], np.float32)
     _product_group(down, a, f, chunks)
-    if post_ffn_norm.shape[0]:
-        _rms(f, post_ffn_norm, eps, f)
-    for i in range(x.shape[0]):
-        x[i] += f[i]
+    add_residual(x, f, post_ffn_norm, eps)
 
 
 @njit(**JIT)

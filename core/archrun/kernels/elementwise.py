@@ -69,10 +69,23 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 # -- rotary embedding --------------------------------------------------------------------------
 
 
+@njit(**dict(JIT, inline="always"))
+def rotate_pairs(xi, o, n_rot, neox, c, s):
+    """o[ia], o[ib] = rotation of (xi[ia], xi[ib]) by angle i (cos c[i], sin s[i]) for i < n_rot/2:
+    NEOX pairs (i, i + n_rot/2), NORM pairs (2i, 2i + 1). o may be xi (each pair is read first)."""
+    half = n_rot // 2
+    for i in range(half):
+        ia = i if neox else 2 * i
+        ib = i + half if neox else 2 * i + 1
+        a = xi[ia]
+        b = xi[ib]
+        o[ia] = a * c[i] - b * s[i]
+        o[ib] = b * c[i] + a * s[i]
+
+
 @njit(**JIT)
 def _rope(x, cos, sin, n_rot, neox, out):
     n, n_head, hd = x.shape
-    half = n_rot // 2
     for t in range(n):
         c = cos[t]
         s = sin[t]
@@ -81,14 +94,7 @@ def _rope(x, cos, sin, n_rot, neox, out):
             o = out[t, h]
             for i in range(n_rot, hd):
                 o[i] = xi[i]
-            for i in range(half):
-                # NEOX pairs (i, i + n_rot/2); NORM pairs (2i, 2i + 1)
-                ia = i if neox else 2 * i
-                ib = i + half if neox else 2 * i + 1
-                a = xi[ia]
-                b = xi[ib]
-                o[ia] = a * c[i] - b * s[i]
-                o[ib] = b * c[i] + a * s[i]
+            rotate_pairs(xi, o, n_rot, neox, c, s)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool) -> np.ndarray:

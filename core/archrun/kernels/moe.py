@@ -337,7 +337,4 @@ def decode_block_moe(x, qkv, o_mat, router, experts, shared_gu, shared_down, pro
     block._rms(x, ffn_norm, eps, h[0])
     f = np.empty((1, d), _F32)
     moe_rows(h, f, router, experts, shared_gu, shared_down, probs_bias, rp, moe_scale, chunks)
-    if post_ffn_norm.shape[0]:
-        block._rms(f[0], post_ffn_norm, eps, f[0])
-    for i in range(d):
-        x[i] += f[0, i]
+    block.add_residual(x, f[0], post_ffn_norm, eps)
