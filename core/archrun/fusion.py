@@ -7,16 +7,22 @@ fast kernels. Dense layers run kernels.block.decode_block, MoE layers
 kernels.moe.decode_block_moe. Ops from other plugins that do not, and the reference
 backend, keep the op-by-op path, which computes the same block. The core only moves these
 descriptions and arrays into the kernel: it knows no math.
+
+On more than one thread, the products of a dense model's one-token step (every layer's
+product groups and the output head) are shared with a worker pool (kernels.pool.DecodePool):
+`DecodeSteps.running()` wakes its workers for one step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from archrun.errors import ContextOverflow
-from archrun.kernels import block, moe, qmatrix
+from archrun.kernels import block, moe, pool, qmatrix
 from archrun.weights import Matrix
 
 _EMPTY_F32 = np.empty(0, np.float32)
@@ -45,7 +51,7 @@ class FusedBlock:
         self._rope = rope           # index into the per-token rope angles (-1: no rope)
         self._parallel = parallel   # big enough to split products over the threads
 
-    def __call__(self, x: np.ndarray, slot: Any, start: int, angles: list) -> None:
+    def __call__(self, x: np.ndarray, slot: Any, start: int, angles: list, par: tuple = pool.NO_POOL) -> None:
         k, v, kpos, ring = self._slot_arrays(slot)
         if ring:
             row = start % k.shape[0]
@@ -58,8 +64,8 @@ class FusedBlock:
             cos, sin = cos[0], sin[0]
         else:
             cos = sin = _EMPTY_F32
-        chunks = qmatrix.current_threads() if self._parallel else 1
-        self._kernel(x, *self._args, k, v, kpos, ring, row, start, cos, sin, chunks)
+        chunks = qmatrix.current_threads() if self._parallel and par is pool.NO_POOL else 1
+        self._kernel(x, *self._args, k, v, kpos, ring, row, start, cos, sin, chunks, par)
 
 
 def _ffn_args(lp: Any) -> tuple[Any, tuple, int, int, bool] | None:
@@ -84,8 +90,17 @@ def _ffn_args(lp: Any) -> tuple[Any, tuple, int, int, bool] | None:
     return None
 
 
-def fuse_layer(lp: Any, norm: Any, ropes: list) -> FusedBlock | None:
-    """The fused decode step of a bound layer (archrun.model.LayerPlan), or None when it must run op by op."""
+def _group_id(groups: list[tuple], ms: tuple, n_in: int) -> int:
+    """Register a product group (3 uniform matrices of input width n_in) for the decode pool; its id."""
+    groups.append((ms, n_in))
+    return len(groups) - 1
+
+
+def fuse_layer(lp: Any, norm: Any, ropes: list, groups: list[tuple] | None = None) -> FusedBlock | None:
+    """The fused decode step of a bound layer (archrun.model.LayerPlan), or None when it must run op by op.
+
+    groups: when given, the layer's dense product groups are appended (pool group ids).
+    """
     a = lp.spec.attention
     rope = ropes[a.rope]
     norm_k = getattr(norm, "kernel", None)
@@ -102,19 +117,69 @@ def fuse_layer(lp: Any, norm: Any, ropes: list) -> FusedBlock | None:
     kernel, ffn_args, act, n_ff, big_ffn = ffn
     vecs = tuple(_vec(v) for v in (lp.attn_norm, lp.q_norm, lp.k_norm, lp.post_attn_norm, lp.ffn_norm,
                                    lp.post_ffn_norm))
+    ids = [-1] * 4  # pool groups of qkv, o, gate_up, down (dense layers only: experts use numba's threads)
+    if groups is not None and kernel is block.decode_block:
+        widths = (lp.qkv.matrices[0].n_in, lp.o.n_in, lp.ffn.gate_up.matrices[0].n_in, lp.ffn.down.n_in)
+        ids = [_group_id(groups, ms, n_in) for ms, n_in in zip((qkv, o, *ffn_args), widths, strict=True)]
     geo = (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim, rope_k.n_rot, int(rope_k.neox), attn_k.window,
-           act, n_ff)
+           act, n_ff, *ids)
     args = (qkv, o, *ffn_args, vecs, tuple(int(g) for g in geo), float(norm_k.eps), float(attn_k.scale))
     parallel = big_ffn or lp.o.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES
     return FusedBlock(kernel, args, attn_k, a.rope if rope is not None else -1, parallel)
 
 
-def fuse_layers(plan: Any) -> list[FusedBlock] | None:
+def fuse_layers(plan: Any, groups: list[tuple] | None = None) -> list[FusedBlock] | None:
     """Fused steps of every trunk layer, or None when any layer must run op by op."""
     blocks = []
     for lp in plan.layers:
-        fb = fuse_layer(lp, plan.norm, plan.ropes)
+        fb = fuse_layer(lp, plan.norm, plan.ropes, groups)
         if fb is None:
             return None
         blocks.append(fb)
     return blocks
+
+
+class DecodeSteps:
+    """A model's fused one-token step: its layers' FusedBlocks, the output head, and the worker pool
+    that shares their products when the model is dense and runs on more than one thread."""
+
+    def __init__(self, plan: Any):
+        groups: list[tuple] = []
+        self.blocks = fuse_layers(plan, groups)
+        head = _uniforms([plan.output], 3) if self.blocks is not None else None
+        self._head_id = _group_id(groups, head, plan.output.n_in) if head is not None else -1
+        self._head = head
+        self._output = plan.output
+        dense = self.blocks is not None and all(fb._kernel is block.decode_block for fb in self.blocks)
+        self._groups = groups if dense and head is not None and pool.enabled() else None
+        self._pool: pool.DecodePool | None = None
+
+    def _get_pool(self) -> pool.DecodePool | None:
+        if self._pool is None and self._groups is not None:
+            max_in = max(n_in for _, n_in in self._groups)
+            max_out = max(sum(int(m[block._NOUT]) for m in ms) for ms, _ in self._groups)
+            self._pool = pool.DecodePool([ms for ms, _ in self._groups], max_in, max_out, block.serve)
+            self._pool.warm_up()  # compile the workers' loop here, not in a worker during a step
+        return self._pool
+
+    @contextmanager
+    def running(self) -> Iterator[tuple]:
+        """Kernel arguments of the pool for one step (pool.NO_POOL on one thread or without a pool)."""
+        threads = qmatrix.current_threads()
+        p = self._get_pool() if threads > 1 else None
+        if p is None:
+            yield pool.NO_POOL
+            return
+        with p.running(threads) as par:
+            yield par
+
+    def head(self, hidden: np.ndarray, par: tuple) -> np.ndarray:
+        """Logits f32 [n, vocab] = hidden [n, d] @ output.T (no softcap), through the pool when running."""
+        if self._head is None:
+            return self._output(hidden)
+        x = np.ascontiguousarray(hidden, dtype=np.float32)
+        y = np.empty((x.shape[0], self._output.n_out), np.float32)
+        chunks = qmatrix.current_threads() if par is pool.NO_POOL else 1
+        block.pooled_product(par, self._head_id, self._head, x, y, chunks)
+        return y
+

@@ -420,10 +420,11 @@ class FusedDecoder(Interpreter):
     def __init__(self, plan: Plan, gguf: GGUFFile, tokenizer_factory: Callable[[], Any] | None = None,
                  chat_template: str | None = None):
         super().__init__(plan, gguf, tokenizer_factory, chat_template)
-        from archrun.fusion import fuse_layers
+        from archrun.fusion import DecodeSteps
 
+        self._decode = DecodeSteps(plan)
         # None: some layer runs op by op (reference backend, or an op without a kernel description)
-        self.fused_blocks = fuse_layers(plan)
+        self.fused_blocks = self._decode.blocks
 
     def _forward(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> tuple[np.ndarray, np.ndarray]:
         if len(ids) != 1 or self.fused_blocks is None:
@@ -432,11 +433,13 @@ class FusedDecoder(Interpreter):
         start = len(cache)
         x = np.ascontiguousarray(self.embed(ids)[0])
         angles = self.rope_angles(np.array([start]))
-        for fb, slot in zip(self.fused_blocks, cache.slots, strict=True):
-            fb(x, slot, start, angles)
-        cache.advance(1)
-        hidden = p.norm(x[None, :], p.output_norm)
-        return self.head(hidden), hidden
+        with self._decode.running() as par:  # the worker pool, when there is one, for this step
+            for fb, slot in zip(self.fused_blocks, cache.slots, strict=True):
+                fb(x, slot, start, angles, par)
+            cache.advance(1)
+            hidden = p.norm(x[None, :], p.output_norm)
+            logits = self._decode.head(hidden, par)
+        return (p.softcap(logits) if p.softcap is not None else logits), hidden
 
     def forward_step_batch(self, batch: Sequence[Sequence[int]], caches: Sequence[KvCache]) -> list[np.ndarray]:
         """One forward_step per (token_ids, cache) pair; returns the last-position logits of each."""

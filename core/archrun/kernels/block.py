@@ -32,7 +32,7 @@ import attrs
 import numpy as np
 from numba import njit, prange
 
-from archrun.kernels import dots, floatmm
+from archrun.kernels import atomics, dots, floatmm, pool
 from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
 from archrun.kernels.decode_attention import attend_one, visible_rows
 from archrun.kernels.elementwise import rotate_pairs
@@ -217,19 +217,38 @@ def _product_range(c, chunks, xf, X, DX, QH, out, kind, wu16, wi8, wu8, wh, wf, 
     _chunk((kind, wu16, wi8, wu8, wh, wf, d, m, scu, sci, mn, bias, n_out), c, chunks, xf, X, DX, QH, out)
 
 
+@njit(**_STEP)
+def _outputs(ms, y):
+    """The column blocks of y [n, sum of n_out] that the 3 matrices of ms write."""
+    n0, n1, n2 = ms[0][_NOUT], ms[1][_NOUT], ms[2][_NOUT]
+    return y[:, :n0], y[:, n0:n0 + n1], y[:, n0 + n1:n0 + n1 + n2]
+
+
+@njit(**_STEP)
+def _group_chunk(ms, c, chunks, xf, X, DX, QH, y):
+    """Chunk c of `chunks` of every matrix of the group ms, into y [n, sum of n_out]."""
+    o0, o1, o2 = _outputs(ms, y)
+    _chunk(ms[0], c, chunks, xf, X, DX, QH, o0)
+    _chunk(ms[1], c, chunks, xf, X, DX, QH, o1)
+    _chunk(ms[2], c, chunks, xf, X, DX, QH, o2)
+
+
+@njit(**_STEP)
+def _add_biases(ms, y):
+    o0, o1, o2 = _outputs(ms, y)
+    _add_bias(ms[0], o0)
+    _add_bias(ms[1], o1)
+    _add_bias(ms[2], o2)
+
+
 @njit(**JIT_PAR)
 def _products(m0, m1, m2, xf, X, DX, QH, y, chunks):
     """y[t] = [m0 @ x[t] | m1 @ x[t] | m2 @ x[t]] (+ biases) for every token t; row groups of all three
     split over `chunks` threads."""
-    n0, n1, n2 = m0[_NOUT], m1[_NOUT], m2[_NOUT]
-    o0 = y[:, :n0]
-    o1 = y[:, n0:n0 + n1]
-    o2 = y[:, n0 + n1:n0 + n1 + n2]
     if chunks == 1:  # no parallel region: no thread wake-up
-        _chunk(m0, 0, 1, xf, X, DX, QH, o0)
-        _chunk(m1, 0, 1, xf, X, DX, QH, o1)
-        _chunk(m2, 0, 1, xf, X, DX, QH, o2)
+        _group_chunk((m0, m1, m2), 0, 1, xf, X, DX, QH, y)
     else:
+        o0, o1, o2 = _outputs((m0, m1, m2), y)
         a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12 = m0
         b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12 = m1
         c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12 = m2
@@ -237,9 +256,7 @@ def _products(m0, m1, m2, xf, X, DX, QH, y, chunks):
             _product_range(c, chunks, xf, X, DX, QH, o0, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12)
             _product_range(c, chunks, xf, X, DX, QH, o1, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12)
             _product_range(c, chunks, xf, X, DX, QH, o2, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12)
-    _add_bias(m0, o0)
-    _add_bias(m1, o1)
-    _add_bias(m2, o2)
+    _add_biases((m0, m1, m2), y)
 
 
 # Weight bytes of a product group below which one thread does it: a parallel region costs
@@ -275,10 +292,105 @@ def product_rows(ms, xf, y, chunks):
     _products(ms[0], ms[1], ms[2], xf, X, DX, QH, y, _group_chunks(ms, chunks))
 
 
+# -- products shared with the decode worker pool (kernels.pool) ---------------------------------
+# Weight bytes from which a one-token product goes to the pool, and per chunk of it: a hand-off
+# costs ~0.1 us, a chunk of 16 KiB ~1-2 us of one thread's streaming.
+POOL_MIN_GROUP_BYTES = 48 << 10
+POOL_CHUNK_BYTES = 16 << 10
+
+
 @njit(**_STEP)
-def _product_group(ms, x, y, chunks):
-    """y[:] = [m @ x for m in ms] for one token x f32 [n_in] (see product_rows)."""
-    product_rows(ms, x.reshape(1, x.shape[0]), y.reshape(1, y.shape[0]), chunks)
+def _group_bytes(ms):
+    return _weight_bytes(ms[0]) + _weight_bytes(ms[1]) + _weight_bytes(ms[2])
+
+
+@njit(**_STEP)
+def _pool_chunks(ms, threads):
+    """Chunks of a pooled product: ~POOL_CHUNK_BYTES each, 1-4 per thread."""
+    return max(threads, min(4 * threads, _group_bytes(ms) // POOL_CHUNK_BYTES, pool.MAX_CHUNKS))
+
+
+@njit(**_STEP)
+def _pool_views(par, n, n_in, n_total):
+    """The pool's shared buffers as this job's activation xf [n, n_in], its quantized blocks and
+    output y [n, n_total]."""
+    ctrl, pxf, xq, dq, hq, py = par
+    X, DX, QH = pool.quantized_views(xq, dq, hq, n, n_in)
+    return pxf[:n * n_in].reshape((n, n_in)), X, DX, QH, py[:n * n_total].reshape((n, n_total))
+
+
+@njit(**_STEP)
+def _pool_fits(par, gid, ms, xf, y):
+    """Whether this product goes to the running pool `par`: a known group, big enough, buffers large enough."""
+    ctrl, pxf, py = par[0], par[1], par[5]
+    return (gid >= 0 and pool.active(ctrl) and _group_bytes(ms) >= POOL_MIN_GROUP_BYTES
+            and xf.size <= pxf.shape[0] and y.size <= py.shape[0])
+
+
+@njit(**_STEP)
+def _pooled_rows(par, gid, ms, xf, y):
+    """product_rows of group `gid` (= ms) with its chunks shared with the pool's workers."""
+    ctrl = par[0]
+    n, n_in = xf.shape
+    nch = _pool_chunks(ms, ctrl[pool.THREADS])
+    xs, X, DX, QH, ys = _pool_views(par, n, n_in, y.shape[1])
+    xs[:] = xf
+    if X.shape[1]:
+        dots.quantize_act(xs, X, DX, QH)
+    pool.publish(ctrl, gid, nch, n, n_in)
+    while True:
+        c, w = pool.claim(ctrl)
+        if c == -1:
+            break
+        if c >= 0:
+            _group_chunk(ms, c, nch, xs, X, DX, QH, ys)
+            pool.done(ctrl)
+    pool.wait_done(ctrl, nch)
+    y[:] = ys
+    _add_biases(ms, y)
+
+
+@njit(**JIT)
+def serve(ctrl, groups, pxf, xq, dq, hq, py, spin_limit):
+    """A pool worker: compute claimed chunks of published jobs (groups[gid]: 3 uniform matrices)
+    until the pool says sleep or no job came for spin_limit spins."""
+    par = (ctrl, pxf, xq, dq, hq, py)
+    idle = 0
+    while idle < spin_limit:
+        c, w = pool.claim(ctrl)
+        if c >= 0:
+            ms = groups[pool.job_group(w)]
+            n_total = ms[0][_NOUT] + ms[1][_NOUT] + ms[2][_NOUT]
+            xs, X, DX, QH, ys = _pool_views(par, atomics.load(ctrl, pool.N), atomics.load(ctrl, pool.N_IN), n_total)
+            _group_chunk(ms, c, pool.job_chunks(w), xs, X, DX, QH, ys)
+            pool.done(ctrl)
+            idle = 0
+        elif c == -1:
+            if pool.should_sleep(ctrl):
+                return
+            atomics.pause()
+            idle += 1
+
+
+@njit(**_STEP)
+def _product_group(par, gid, ms, x, y, chunks):
+    """y[:] = [m @ x for m in ms] for one token x f32 [n_in] (see product_rows); group `gid` of the
+    running pool `par` shares the work with its workers."""
+    xf, yf = x.reshape(1, x.shape[0]), y.reshape(1, y.shape[0])
+    if _pool_fits(par, gid, ms, xf, yf):
+        _pooled_rows(par, gid, ms, xf, yf)
+    else:
+        product_rows(ms, xf, yf, chunks)
+
+
+@njit(**JIT)
+def pooled_product(par, gid, ms, xf, y, chunks):
+    """y f32 [n, sum of n_out] = product_rows(ms, xf, ...), through the running pool `par` when it fits
+    (the entry for products outside the fused blocks, e.g. the output head)."""
+    if _pool_fits(par, gid, ms, xf, y):
+        _pooled_rows(par, gid, ms, xf, y)
+    else:
+        product_rows(ms, xf, y, chunks)
 
 
 # -- elementwise steps ------------------------------------------------------------------------
@@ -336,7 +448,7 @@ def _act(gu, f, kind, out):
 
 
 @njit(**_STEP)
-def _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks):
+def _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
     """x += attention sub-block (pre-norm, q/k/v, q/k norms, rope, cache write, attention, o, post-norm)."""
     n_head, n_kv, hd, vd, n_rot, neox, window = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
     attn_norm, q_norm, k_norm, post_attn_norm = vecs[0], vecs[1], vecs[2], vecs[3]
@@ -344,7 +456,7 @@ def _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, ro
     _rms(x, attn_norm, eps, h)
     nq, nk = n_head * hd, n_kv * hd
     y = np.empty(nq + nk + n_kv * vd, np.float32)
-    _product_group(qkv, h, y, chunks)
+    _product_group(par, geo[9], qkv, h, y, chunks)
     q, k, v = y[:nq], y[nq:nq + nk], y[nq + nk:]
     if q_norm.shape[0]:
         _rms_heads(q, n_head, hd, q_norm, eps)
@@ -361,38 +473,39 @@ def _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, ro
     att = np.empty(n_head * vd, np.float32)
     attend_one(q, kc, vc, rows, count, n_head, scale, att)
     o = np.empty(x.shape[0], np.float32)
-    _product_group(o_mat, att, o, chunks)
+    _product_group(par, geo[10], o_mat, att, o, chunks)
     add_residual(x, o, post_attn_norm, eps)
 
 
 @njit(**_STEP)
-def _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks):
+def _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks, par):
     """x += gated FFN sub-block (pre-norm, gate/up, activation, down, post-norm)."""
     act, n_ff = geo[7], geo[8]
     ffn_norm, post_ffn_norm = vecs[4], vecs[5]
     h = np.empty(x.shape[0], np.float32)
     _rms(x, ffn_norm, eps, h)
     gu = np.empty(2 * n_ff, np.float32)
-    _product_group(gate_up, h, gu, chunks)
+    _product_group(par, geo[11], gate_up, h, gu, chunks)
     a = np.empty(n_ff, np.float32)
     _act(gu, n_ff, act, a)
     f = np.empty(x.shape[0], np.float32)
-    _product_group(down, a, f, chunks)
+    _product_group(par, geo[12], down, a, f, chunks)
     add_residual(x, f, post_ffn_norm, eps)
 
 
 @njit(**JIT)
 def decode_block(x, qkv, o_mat, gate_up, down, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin,
-                 chunks):
+                 chunks, par):
     """One decoder block with a dense gated FFN on one token; x f32 [d] is updated in place.
 
     Each product group is 3 uniform matrices whose outputs are concatenated, absent ones
     padding: qkv (q, k, v) or (stacked q|k|v, -, -); o_mat (o, -, -); gate_up (gate, up, -) or
     (stacked gate|up, -, -); down (down, -, -).
     vecs: (attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, post_ffn_norm) float32, empty
-    when absent. geo: (n_head, n_kv, head_dim, v_head_dim, n_rot, neox, window, act, n_ff).
+    when absent. geo: (n_head, n_kv, head_dim, v_head_dim, n_rot, neox, window, act, n_ff, and the
+    pool group ids of qkv, o_mat, gate_up, down: -1 for none).
     The token's K/V go to cache row `row` of kc [cap, KV, hd] / vc [cap, KV, vd] (ring slots
     also record kpos[row] = pos); cos/sin [n_rot / 2] are the rotary angles at `pos`.
     """
-    _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks)
-    _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks)
+    _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par)
+    _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks, par)

@@ -322,15 +322,16 @@ def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, rp, sc
 
 @njit(**JIT)
 def decode_block_moe(x, qkv, o_mat, router, experts, shared_gu, shared_down, probs_bias, rp, moe_scale, vecs, geo,
-                     eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks):
+                     eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
     """One decoder block with a MoE FFN on one token; x f32 [d] is updated in place.
 
     As kernels.block.decode_block, with the MoE arrays (router .. probs_bias, as `moe_arrays`
-    builds them) and rp/moe_scale (MoeKernel) in place of the dense gate_up/down; geo's act
-    and n_ff are unused. The expert list is a top-level argument: numba types a typed list
-    nested in a tuple through its slow path, every array of the tuple included (~7 ms a call).
+    builds them) and rp/moe_scale (MoeKernel) in place of the dense gate_up/down; geo's act,
+    n_ff and FFN group ids are unused (the experts split over numba's threads, `chunks`). The
+    expert list is a top-level argument: numba types a typed list nested in a tuple through
+    its slow path, every array of the tuple included (~7 ms a call).
     """
-    block._attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks)
+    block._attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par)
     ffn_norm, post_ffn_norm = vecs[4], vecs[5]
     d = x.shape[0]
     h = np.empty((1, d), _F32)

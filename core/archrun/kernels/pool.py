@@ -1,0 +1,209 @@
+"""The decode worker pool: a one-token step's products shared with spinning worker threads.
+
+A decode step of a small model is ~120 products of 0.1-3 MB of weights each. numba's
+parallel regions cost ~15-20 us each (TBB layer; OpenMP's join stalls whenever a worker is
+descheduled), so such products ran on one thread and a second core did nothing. The pool
+replaces regions with a job word in shared memory:
+
+- while a step runs (`DecodePool.running`), each worker thread sits in a jitted spin loop
+  (kernels.block.serve, GIL released) watching the job word;
+- the thread that runs the step publishes each product as a job (which product group, in
+  how many chunks), then claims chunks itself like any worker; a worker claims the rest. A
+  claim is a compare-and-swap of the whole job word, so a claim succeeds only for the job
+  whose parameters it read, and a chunk is never computed twice or for a stale job;
+- the publisher waits until every claimed chunk is done. A descheduled worker delays only
+  chunks it already claimed: unclaimed ones go to whoever is running, so a busy core costs
+  at most its share (the robustness of TBB's work stealing, at ~0.1 us per hand-off
+  instead of ~15 us);
+- after the step the workers return to Python and sleep on an event: no core spins
+  between steps.
+
+Job word layout (int64): gen << 40 | group << 16 | n_chunks << 8 | next_chunk. gen makes a
+word unique over 2^23 jobs (no ABA between a worker's read and its claim).
+
+ctrl fields sit on separate cache lines (8 int64 apart): JOB, DONE (chunks finished), SLEEP
+(1: return to Python), N and N_IN (the job's activation shape), THREADS (threads in the step).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numba
+import numpy as np
+from numba import njit, typed
+
+from archrun.kernels import atomics
+from archrun.kernels._jit import JIT, QB
+
+JOB, DONE, SLEEP, N, N_IN, THREADS = 0, 8, 16, 24, 32, 40
+CTRL_SIZE = 48
+_GEN_SHIFT, _GID_SHIFT = 40, 16
+_GEN_MASK = (1 << 23) - 1
+MAX_CHUNKS = 255
+MAX_GROUPS = 1 << 24
+# spins with no job after which a worker goes back to sleep on its own (the step's owner
+# normally sends it with SLEEP; this bounds a worker whose owner died mid-step)
+SPIN_LIMIT = 1 << 22
+
+_STEP = dict(JIT, inline="always")
+
+
+@njit(**_STEP)
+def active(ctrl) -> bool:
+    """Whether a pool is running a step (an inactive pool is an empty ctrl)."""
+    return ctrl.shape[0] == CTRL_SIZE and ctrl[THREADS] > 1
+
+
+@njit(**_STEP)
+def publish(ctrl, gid, n_chunks, n, n_in):
+    """Make product group `gid` (n_chunks chunks, activation [n, n_in]) the current job."""
+    atomics.store(ctrl, N, n)
+    atomics.store(ctrl, N_IN, n_in)
+    atomics.store(ctrl, DONE, 0)
+    gen = ((atomics.load(ctrl, JOB) >> _GEN_SHIFT) + 1) & _GEN_MASK
+    atomics.store(ctrl, JOB, (gen << _GEN_SHIFT) | (gid << _GID_SHIFT) | (n_chunks << 8))
+
+
+@njit(**_STEP)
+def claim(ctrl):
+    """(chunk, job word) of a chunk claimed from the current job; chunk -1: none left, -2: lost a race."""
+    w = atomics.load(ctrl, JOB)
+    c = w & 255
+    if c >= (w >> 8) & 255:
+        return -1, w
+    if atomics.cas(ctrl, JOB, w, w + 1):
+        return c, w
+    return -2, w
+
+
+@njit(**_STEP)
+def job_group(w):
+    return (w >> _GID_SHIFT) & (MAX_GROUPS - 1)
+
+
+@njit(**_STEP)
+def job_chunks(w):
+    return (w >> 8) & 255
+
+
+@njit(**_STEP)
+def done(ctrl):
+    """One claimed chunk finished."""
+    atomics.add(ctrl, DONE, 1)
+
+
+@njit(**_STEP)
+def wait_done(ctrl, n_chunks):
+    """Spin until all n_chunks chunks of the current job are finished."""
+    while atomics.load(ctrl, DONE) < n_chunks:
+        atomics.pause()
+
+
+@njit(**_STEP)
+def should_sleep(ctrl) -> bool:
+    return atomics.load(ctrl, SLEEP) != 0
+
+
+@njit(**_STEP)
+def quantized_views(xq, dq, hq, n, n_in):
+    """The shared quantized-activation buffers as X int16 [n, nb, 32], DX f32 [n, nb], QH int16 [n, nb, 2]
+    (nb = 0 when n_in is not a multiple of 32: only float kernels take such widths)."""
+    nb = n_in // QB if n_in % QB == 0 else 0
+    return (xq[:n * nb * QB].reshape((n, nb, QB)), dq[:n * nb].reshape((n, nb)),
+            hq[:n * nb * 2].reshape((n, nb, 2)))
+
+
+def _no_pool() -> tuple:
+    """The kernel arguments of an inactive pool."""
+    return (np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.int16), np.zeros(0, np.float32),
+            np.zeros(0, np.int16), np.zeros(0, np.float32))
+
+
+NO_POOL = _no_pool()
+
+
+def enabled() -> bool:
+    """Whether worker pools can run here (they need the JIT: the atomics are intrinsics)."""
+    return not numba.config.DISABLE_JIT
+
+
+class DecodePool:
+    """Worker threads and shared buffers for the products of one model's one-token steps.
+
+    groups: every product group (3 uniform matrices, kernels.block.uniform) a step may publish,
+    indexed by group id. max_in / max_out bound one token's activation width and a group's
+    output width. serve: the workers' jitted loop, serve(ctrl, groups, xf, xq, dq, hq, y, spin_limit)
+    (kernels.block.serve).
+    """
+
+    def __init__(self, groups: list[tuple], max_in: int, max_out: int, serve: Callable):
+        if not groups or len(groups) >= MAX_GROUPS:
+            raise ValueError(f"a pool takes 1..{MAX_GROUPS - 1} product groups")
+        self.groups = typed.List(groups)
+        nb = -(-max_in // QB)
+        self.ctrl = np.zeros(CTRL_SIZE, np.int64)
+        self.ctrl[SLEEP] = 1
+        self._buffers = (np.zeros(max_in, np.float32), np.zeros(nb * QB, np.int16), np.zeros(nb, np.float32),
+                         np.zeros(nb * 2, np.int16), np.zeros(max_out, np.float32))
+        self._serve = serve
+        self._lock = threading.Lock()
+        self._workers: list[threading.Event] = []
+        self._quit = [False]
+        weakref.finalize(self, _stop_workers, self._quit, self._workers)
+
+    @property
+    def kernel_args(self) -> tuple:
+        """(ctrl, xf, xq, dq, hq, y): what a kernel needs to publish jobs (active while running)."""
+        return (self.ctrl, *self._buffers)
+
+    def _start_worker(self) -> None:
+        wake = threading.Event()
+        args = (self.ctrl, self.groups, *self._buffers, SPIN_LIMIT)
+        t = threading.Thread(target=_worker_loop, args=(wake, self._quit, self._serve, args),
+                             name=f"archrun-decode-{len(self._workers) + 1}", daemon=True)
+        t.start()
+        self._workers.append(wake)
+
+    def warm_up(self) -> None:
+        """Compile (or load) the workers' loop: it returns at once while the pool sleeps."""
+        self._serve(self.ctrl, self.groups, *self._buffers, 1)
+
+    @contextmanager
+    def running(self, threads: int) -> Iterator[tuple]:
+        """Kernel arguments for one step on `threads` threads (the caller's + threads - 1 workers);
+        NO_POOL when threads < 2 or another thread is running a step with this pool."""
+        if threads < 2 or not self._lock.acquire(blocking=False):
+            yield NO_POOL
+            return
+        try:
+            while len(self._workers) < threads - 1:
+                self._start_worker()
+            self.ctrl[THREADS] = threads
+            self.ctrl[SLEEP] = 0  # an aligned 8-byte store: the workers see it whole
+            for wake in self._workers[:threads - 1]:
+                wake.set()
+            yield self.kernel_args
+        finally:
+            self.ctrl[SLEEP] = 1
+            self.ctrl[THREADS] = 0
+            self._lock.release()
+
+
+def _worker_loop(wake: threading.Event, quit_flag: list, serve: Callable, args: tuple) -> None:
+    """A worker thread: sleep until a step starts, then serve its jobs until told to sleep."""
+    while True:
+        wake.wait()
+        wake.clear()
+        if quit_flag[0]:
+            return
+        serve(*args)
+
+
+def _stop_workers(quit_flag: list, workers: list[threading.Event]) -> None:
+    quit_flag[0] = True
+    for wake in workers:
+        wake.set()
