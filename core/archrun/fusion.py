@@ -168,10 +168,16 @@ class DecodeSteps:
         threads = qmatrix.current_threads()
         p = self._get_pool() if threads > 1 else None
         if p is None:
+            self.rest()
             yield pool.NO_POOL
             return
         with p.running(threads) as par:
             yield par
+
+    def rest(self) -> None:
+        """Send the pool's spinning workers to sleep (before work that needs the cores, e.g. a prefill)."""
+        if self._pool is not None:
+            self._pool.rest()
 
     def head(self, hidden: np.ndarray, par: tuple) -> np.ndarray:
         """Logits f32 [n, vocab] = hidden [n, d] @ output.T (no softcap), through the pool when running."""

@@ -428,6 +428,7 @@ class FusedDecoder(Interpreter):
 
     def _forward(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> tuple[np.ndarray, np.ndarray]:
         if len(ids) != 1 or self.fused_blocks is None:
+            self._decode.rest()  # a prefill's BLAS threads need the cores
             return super()._forward(ids, cache, all_logits)
         p = self.plan
         start = len(cache)

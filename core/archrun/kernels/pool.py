@@ -15,14 +15,18 @@ replaces regions with a job word in shared memory:
   chunks it already claimed: unclaimed ones go to whoever is running, so a busy core costs
   at most its share (the robustness of TBB's work stealing, at ~0.1 us per hand-off
   instead of ~15 us);
-- after the step the workers return to Python and sleep on an event: no core spins
-  between steps.
+- after a step the workers keep spinning for ~3 ms (IDLE_TICKS), so back-to-back steps of a
+  generation find them running on their own cores (a worker woken every token is first
+  placed on the waking thread's core by the scheduler, and both then share one core until
+  it is moved), then return to Python and sleep on an event; `rest()` sends them to sleep
+  at once (before a prefill, whose BLAS threads need the cores).
 
 Job word layout (int64): gen << 40 | group << 16 | n_chunks << 8 | next_chunk. gen makes a
 word unique over 2^23 jobs (no ABA between a worker's read and its claim).
 
 ctrl fields sit on separate cache lines (8 int64 apart): JOB, DONE (chunks finished), SLEEP
-(1: return to Python), N and N_IN (the job's activation shape), THREADS (threads in the step).
+(1: return to Python), N and N_IN (the job's activation shape), THREADS (threads in the step),
+WORKER_CHUNKS (chunks the workers computed, a statistic).
 """
 
 from __future__ import annotations
@@ -39,15 +43,16 @@ from numba import njit, typed
 from archrun.kernels import atomics
 from archrun.kernels._jit import JIT, QB
 
-JOB, DONE, SLEEP, N, N_IN, THREADS = 0, 8, 16, 24, 32, 40
-CTRL_SIZE = 48
+JOB, DONE, SLEEP, N, N_IN, THREADS, WORKER_CHUNKS = 0, 8, 16, 24, 32, 40, 48
+CTRL_SIZE = 56
 _GEN_SHIFT, _GID_SHIFT = 40, 16
 _GEN_MASK = (1 << 23) - 1
 MAX_CHUNKS = 255
 MAX_GROUPS = 1 << 24
-# spins with no job after which a worker goes back to sleep on its own (the step's owner
-# normally sends it with SLEEP; this bounds a worker whose owner died mid-step)
-SPIN_LIMIT = 1 << 22
+# how long a worker with no job keeps spinning before it sleeps: time-stamp ticks (x86, ~3 ms
+# at 2.5 GHz) and, where there is no time-stamp counter, spins
+IDLE_TICKS = 8_000_000
+IDLE_SPINS = 1 << 20
 
 _STEP = dict(JIT, inline="always")
 
@@ -97,6 +102,13 @@ def done(ctrl):
 
 
 @njit(**_STEP)
+def worker_done(ctrl):
+    """One chunk claimed by a worker finished."""
+    atomics.add(ctrl, WORKER_CHUNKS, 1)
+    atomics.add(ctrl, DONE, 1)
+
+
+@njit(**_STEP)
 def wait_done(ctrl, n_chunks):
     """Spin until all n_chunks chunks of the current job are finished."""
     while atomics.load(ctrl, DONE) < n_chunks:
@@ -136,8 +148,8 @@ class DecodePool:
 
     groups: every product group (3 uniform matrices, kernels.block.uniform) a step may publish,
     indexed by group id. max_in / max_out bound one token's activation width and a group's
-    output width. serve: the workers' jitted loop, serve(ctrl, groups, xf, xq, dq, hq, y, spin_limit)
-    (kernels.block.serve).
+    output width. serve: the workers' jitted loop, serve(ctrl, groups, xf, xq, dq, hq, y, idle_ticks,
+    idle_spins) (kernels.block.serve).
     """
 
     def __init__(self, groups: list[tuple], max_in: int, max_out: int, serve: Callable):
@@ -153,7 +165,12 @@ class DecodePool:
         self._lock = threading.Lock()
         self._workers: list[threading.Event] = []
         self._quit = [False]
-        weakref.finalize(self, _stop_workers, self._quit, self._workers)
+        weakref.finalize(self, _stop_workers, self.ctrl, self._quit, self._workers)
+
+    @property
+    def worker_chunks(self) -> int:
+        """Chunks the workers have computed so far (all steps)."""
+        return int(self.ctrl[WORKER_CHUNKS])
 
     @property
     def kernel_args(self) -> tuple:
@@ -162,7 +179,7 @@ class DecodePool:
 
     def _start_worker(self) -> None:
         wake = threading.Event()
-        args = (self.ctrl, self.groups, *self._buffers, SPIN_LIMIT)
+        args = (self.ctrl, self.groups, *self._buffers, IDLE_TICKS, IDLE_SPINS)
         t = threading.Thread(target=_worker_loop, args=(wake, self._quit, self._serve, args),
                              name=f"archrun-decode-{len(self._workers) + 1}", daemon=True)
         t.start()
@@ -170,7 +187,11 @@ class DecodePool:
 
     def warm_up(self) -> None:
         """Compile (or load) the workers' loop: it returns at once while the pool sleeps."""
-        self._serve(self.ctrl, self.groups, *self._buffers, 1)
+        self._serve(self.ctrl, self.groups, *self._buffers, 1, 1)
+
+    def rest(self) -> None:
+        """Send spinning workers to sleep now (they also do after IDLE_TICKS without a job)."""
+        self.ctrl[SLEEP] = 1
 
     @contextmanager
     def running(self, threads: int) -> Iterator[tuple]:
@@ -188,8 +209,7 @@ class DecodePool:
                 wake.set()
             yield self.kernel_args
         finally:
-            self.ctrl[SLEEP] = 1
-            self.ctrl[THREADS] = 0
+            self.ctrl[THREADS] = 0  # the workers keep spinning a while: the next step may come soon
             self._lock.release()
 
 
@@ -203,7 +223,8 @@ def _worker_loop(wake: threading.Event, quit_flag: list, serve: Callable, args: 
         serve(*args)
 
 
-def _stop_workers(quit_flag: list, workers: list[threading.Event]) -> None:
+def _stop_workers(ctrl: np.ndarray, quit_flag: list, workers: list[threading.Event]) -> None:
+    ctrl[SLEEP] = 1
     quit_flag[0] = True
     for wake in workers:
         wake.set()
