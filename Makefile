@@ -36,7 +36,7 @@ demo: install
 	$(VENV)/bin/archrun run $(SMOLLM2) --chat -p "What is the capital of France? Answer in one sentence." -n 48 --temp 0
 
 # Two xdist workers share the two cores, so each runs the kernels on one thread; the kernel
-# tests then run once more on two threads with bounds checking on (an empty numba cache, since
+# tests (and the decode pool's) then run once more on two threads with bounds checking on (an empty numba cache, since
 # cached kernels were compiled without the checks), and the small-fixture tests
 # once with the JIT disabled (pure-Python kernels).
 test: install-test models
@@ -44,7 +44,7 @@ test: install-test models
 	NUMBA_NUM_THREADS=1 $(VENV)/bin/python -m pytest -n 2 -q $(PYTEST_ARGS)
 	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$$(mktemp -d) $(VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		tests/test_kernels.py tests/test_decode_attention.py tests/test_fusion.py tests/test_moe_kernel.py \
-		plugins/archrun-blocks
+		tests/test_pool.py plugins/archrun-blocks
 	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_decode_attention.py \
 		tests/test_tiny_hf.py tests/test_model.py
 

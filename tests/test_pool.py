@@ -1,0 +1,167 @@
+"""The decode worker pool (kernels.pool, kernels.atomics): products shared with spinning workers.
+
+A pooled product runs the same kernels on the same row groups as a single thread, only split
+into chunks claimed by whichever thread is free, so its result must be bit-identical; the
+workers must really take part (the statistic of chunks they computed), a busy pool must be
+refused rather than shared, and collected pools must stop their threads. The model-level test
+needs two numba threads (it runs in the bounds-checked two-thread pass of `make test`).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numba
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as T
+from gguf_fixtures import random_quant_tensor
+
+from archrun.kernels import block, pool, qmatrix
+
+pytestmark = pytest.mark.skipif(not pool.enabled(), reason="the pool needs the JIT (its atomics are intrinsics)")
+
+
+def _matrix(rng, t, n_out, n_in):
+    if t == T.F32:
+        raw = (rng.standard_normal((n_out, n_in)) * 0.1).astype(np.float32).view(np.uint8)
+    elif t == T.F16:
+        raw = (rng.standard_normal((n_out, n_in)) * 0.1).astype(np.float16).view(np.uint8)
+    else:
+        raw = random_quant_tensor(rng, t, (n_out, n_in)).data.reshape(n_out, -1)
+    return qmatrix.prepare(np.ascontiguousarray(raw), int(t), n_in)
+
+
+def _group(rng, types, n_outs, n_in, bias=False):
+    us = [block.uniform(_matrix(rng, t, n, n_in), rng.standard_normal(n).astype(np.float32) if bias else None)
+          for t, n in zip(types, n_outs, strict=True)]
+    return tuple(us + [block.absent_matrix()] * (3 - len(us)))
+
+
+def test_atomics():
+    from numba import njit
+
+    from archrun.kernels import atomics
+
+    @njit
+    def run(a):
+        atomics.store(a, 0, 5)
+        old = atomics.add(a, 0, 3)
+        swapped = atomics.cas(a, 0, 8, 11)
+        refused = atomics.cas(a, 0, 8, 12)
+        atomics.pause()
+        return old, swapped, refused, atomics.load(a, 0), atomics.ticks() >= 0
+
+    a = np.zeros(4, np.int64)
+    assert run(a) == (5, True, False, 11, True)
+    assert a[0] == 11
+
+
+CASES = [
+    ([T.Q4_1], [1536], 576, False),
+    ([T.Q8_0, T.Q8_0, T.Q8_0], [512, 128, 128], 512, True),  # q, k, v with biases
+    ([T.Q4_K, T.Q6_K], [768, 768], 256, False),
+    ([T.Q5_0], [700], 896, False),                          # rows not a multiple of the lane group
+    ([T.F16], [512], 320, False),
+    ([T.F32], [300], 256, True),
+]
+
+
+@pytest.mark.parametrize(("types", "n_outs", "n_in", "bias"), CASES, ids=lambda v: str(v))
+def test_pooled_product_is_bit_identical_and_shared(types, n_outs, n_in, bias):
+    rng = np.random.default_rng(sum(n_outs) + n_in)
+    groups = [_group(rng, types, n_outs, n_in, bias), _group(rng, [T.Q4_0], [64], 64)]
+    p = pool.DecodePool(groups, max_in=n_in, max_out=sum(n_outs), serve=block.serve)
+    p.warm_up()
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    ref = np.empty((1, sum(n_outs)), np.float32)
+    block.pooled_product(pool.NO_POOL, 0, groups[0], x, ref, 1)
+    assert np.isfinite(ref).all()
+    got = np.empty_like(ref)
+    with p.running(2) as par:
+        assert par is not pool.NO_POOL
+        for _ in range(400):  # until the worker has taken part (it is woken at the step's start)
+            got[:] = np.nan
+            block.pooled_product(par, 0, groups[0], x, got, 1)
+            assert np.array_equal(got, ref)
+            if p.worker_chunks:
+                break
+            time.sleep(0.001)
+    assert p.worker_chunks > 0
+
+
+def test_small_or_unknown_products_stay_on_the_calling_thread():
+    rng = np.random.default_rng(1)
+    groups = [_group(rng, [T.Q4_0], [64], 64)]  # 2 KB of weights: below POOL_MIN_GROUP_BYTES
+    p = pool.DecodePool(groups, 64, 64, block.serve)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    ref, got = np.empty((1, 64), np.float32), np.empty((1, 64), np.float32)
+    block.pooled_product(pool.NO_POOL, 0, groups[0], x, ref, 1)
+    with p.running(2) as par:
+        block.pooled_product(par, 0, groups[0], x, got, 1)
+        block.pooled_product(par, -1, groups[0], x, got, 1)  # no group id: not the pool's
+        time.sleep(0.01)
+    assert np.array_equal(got, ref) and p.worker_chunks == 0
+
+
+def test_a_busy_pool_is_not_shared():
+    rng = np.random.default_rng(2)
+    p = pool.DecodePool([_group(rng, [T.Q8_0], [256], 256)], 256, 256, block.serve)
+    with p.running(2) as outer:
+        with p.running(2) as inner:  # e.g. a second thread stepping the same model
+            assert inner is pool.NO_POOL
+        assert outer is not pool.NO_POOL
+    with p.running(1) as single:
+        assert single is pool.NO_POOL
+
+
+def _workers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("archrun-decode-")]
+
+
+def test_workers_stop_when_the_pool_is_collected():
+    rng = np.random.default_rng(3)
+    before = len(_workers())
+    p = pool.DecodePool([_group(rng, [T.Q8_0], [256], 256)], 256, 256, block.serve)
+    with p.running(3):
+        pass
+    assert len(_workers()) == before + 2
+    p.rest()
+    del p
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while len(_workers()) > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(_workers()) == before
+
+
+@pytest.fixture
+def two_threads():
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two numba threads (NUMBA_NUM_THREADS=1 here)")
+    before = qmatrix.current_threads()
+    yield
+    qmatrix.set_threads(before)
+
+
+def test_model_decode_on_the_pool_equals_one_thread(synth_model, two_threads):
+    from test_fusion import _model
+
+    m = _model(synth_model, T.Q4_1)
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+
+    def decode(threads):
+        qmatrix.set_threads(threads)
+        cache = m.init_cache(16)
+        return [m.forward_step([t], cache) for t in ids]
+
+    one = decode(1)
+    for _ in range(20):  # until the worker has taken part (it is woken at each step's start)
+        two = decode(2)
+        for a, b in zip(one, two, strict=True):
+            assert np.array_equal(a, b)
+        if m._decode._pool.worker_chunks:
+            break
+    assert m._decode._pool.worker_chunks > 0
