@@ -37,7 +37,7 @@ def _sources_digest(folder: Path) -> str:
     h = hashlib.sha256(numba.__version__.encode())
     for src in sorted(folder.glob("*.py")):
         text = src.read_bytes()
-        if b"@njit" in text:  # only files with kernels (editing warmup.py keeps the cache)
+        if b"@njit" in text or b"@intrinsic" in text:  # only files with kernels (editing warmup.py keeps the cache)
             h.update(src.name.encode() + b"\0" + text)
     return h.hexdigest()
 

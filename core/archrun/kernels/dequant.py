@@ -66,6 +66,20 @@ def _emit8(w, A0, B0, A1, B1, tile, r0, c0):
             row[g] = a[g] * _F32(w[e * LANES + g]) + b[g]
 
 
+@njit(**_INLINE)
+def _emit8_quads(w, A0, B0, tile, r0, c0):
+    """Q8_0's byte fields in quads: element e of lane l is w[(e // 4) * 4 * LANES + 4 * l + e % 4]."""
+    for e in range(QB):
+        row = tile[r0 + e, c0:c0 + LANES]
+        base = (e >> 2) * 4 * LANES + (e & 3)
+        for g in range(A0.shape[0]):
+            row[g] = A0[g] * _F32(w[base + 4 * g]) + B0[g]
+
+
+# _emit's field kind of Q8_0 (bytes in quads)
+QUADS = 9
+
+
 @njit(**JIT)
 def _emit(bits, w, A0, B0, A1, B1, tile, r0, c0):
     if bits == 4:
@@ -74,6 +88,8 @@ def _emit(bits, w, A0, B0, A1, B1, tile, r0, c0):
         _emit5(w, A0, B0, A1, B1, tile, r0, c0)
     elif bits == 2:
         _emit2(w, A0, B0, A1, B1, tile, r0, c0)
+    elif bits == QUADS:
+        _emit8_quads(w, A0, B0, tile, r0, c0)
     else:
         _emit8(w, A0, B0, A1, B1, tile, r0, c0)
 
@@ -154,7 +170,7 @@ def deq_q5_1(W, D, M, g0, g1, tile):
 
 @njit(**JIT)
 def deq_q8_0(W, D, g0, g1, tile):
-    _affine(W, D, _NONE_F, 8, 0, g0, g1, tile)
+    _affine(W, D, _NONE_F, QUADS, 0, g0, g1, tile)
 
 
 @njit(**JIT)

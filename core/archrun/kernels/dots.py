@@ -8,6 +8,9 @@ block is computed with no horizontal reduction, then scaled into a float32 accum
 lane -- the arithmetic of llama.cpp's vec_dot_*_q8_0 / *_q8_K, with per-32 activation
 scales for every type.
 
+Q8_0 (bytes in quads, layout.py) goes through simd.q8_quads_dot where the host has AVX2: exact
+int32 sums from byte-pair multiplies, ~3.5x fewer instructions than the lane loops.
+
 int16 sums wrap on purpose: a block's sum of q * x (q >= 0) can exceed int16, but the sum of
 (q - offset) * x cannot (|q - 8| <= 8 and |x| <= 127 give at most 32 * 8 * 127 = 32512; 5-bit
 fields use 16-element halves), and wrapping arithmetic yields it exactly as
@@ -33,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from archrun.kernels import simd
 from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
 
 _F32 = np.float32
@@ -123,6 +127,30 @@ def _sum4(w, x, c, s):
 
 
 @njit(**_INLINE)
+def _sum4_loops(w, x, xp, c, s):
+    """_sum4 with simd.nibbles_dot's signature (xp unused)."""
+    _sum4(w, x, c, s)
+
+
+_nibbles_dot = simd.nibbles_dot if simd.AVX2 else _sum4_loops
+
+
+@njit(**_INLINE)
+def nibble_pairs(X):
+    """X int16 [n, nb, 32] -> the int8 pairs simd.nibbles_dot reads, int16 [n, nb, 16]:
+    (x[4j], x[4j+2]) at 2j and (x[4j+1], x[4j+3]) at 2j + 1, first element in the low byte."""
+    n, nb = X.shape[0], X.shape[1]
+    XP = np.empty((n, nb, QB // 2), np.int16)
+    for t in range(n):
+        for b in range(nb):
+            x = X[t, b]
+            for j in range(QB // 4):
+                XP[t, b, 2 * j] = (x[4 * j] & 0xFF) | (x[4 * j + 2] << 8)
+                XP[t, b, 2 * j + 1] = (x[4 * j + 1] & 0xFF) | (x[4 * j + 3] << 8)
+    return XP
+
+
+@njit(**_INLINE)
 def _sum4_halves(w, x, c0, c1, sa, sb):
     """4-bit fields per 16-element half: sa, sb = sum(q * x) - c of each half (int16)."""
     for g in range(sa.shape[0]):
@@ -177,6 +205,7 @@ def q4_0(W, D, X, DX, QH, g0, g1, out):
     """Q4_0: d * (q - 8). Block dot = d * dx * (sum(q x) - 8 Sx)."""
     n, nb = DX.shape
     s = np.empty(LANES, np.int16)
+    XP = nibble_pairs(X)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
@@ -184,7 +213,7 @@ def q4_0(W, D, X, DX, QH, g0, g1, out):
             w = W[grp, b]
             d = D[grp, b]
             for t in range(n):
-                _sum4(w, X[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
+                _nibbles_dot(w, X[t, b], XP[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
@@ -197,6 +226,7 @@ def q4_1(W, D, M, X, DX, QH, g0, g1, out):
     """Q4_1: d * q + m. Block dot = dx * (d * sum(q x) + m * Sx)."""
     n, nb = DX.shape
     s = np.empty(LANES, np.int16)
+    XP = nibble_pairs(X)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
@@ -205,7 +235,7 @@ def q4_1(W, D, M, X, DX, QH, g0, g1, out):
             d = D[grp, b]
             m = M[grp, b]
             for t in range(n):
-                _sum4(w, X[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
+                _nibbles_dot(w, X[t, b], XP[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
                 sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
                 dx = DX[t, b]
                 a = acc[t]
@@ -258,10 +288,36 @@ def q5_1(W, D, M, X, DX, QH, g0, g1, out):
         _store(out, acc, grp)
 
 
+@njit(**_INLINE)
+def _quads_dot_loops(w, x, out):
+    """simd.q8_quads_dot with plain loops (no AVX2, or no JIT): exact int32 lane sums."""
+    for g in range(out.shape[0]):
+        s = np.int32(0)
+        for e in range(QB):
+            s += np.int32(w[(e >> 2) * 4 * LANES + 4 * g + (e & 3)]) * np.int32(x[e])
+        out[g] = s
+
+
+_quads_dot = simd.q8_quads_dot if simd.AVX2 else _quads_dot_loops
+
+
+@njit(**_INLINE)
+def _bytes(X):
+    """X int16 [n, nb, 32] (values in -127..127) as int8."""
+    X8 = np.empty(X.shape, np.int8)
+    for t in range(X.shape[0]):
+        for b in range(X.shape[1]):
+            for e in range(QB):
+                X8[t, b, e] = np.int8(X[t, b, e])
+    return X8
+
+
 @njit(**JIT)
 def q8_0(W, D, X, DX, QH, g0, g1, out):
-    """Q8_0: d * q, q int8."""
+    """Q8_0: d * q, q int8 (quad layout). Block dot = d * dx * isum, isum exact in int32."""
     n, nb = DX.shape
+    X8 = _bytes(X)
+    isum = np.empty(LANES, np.int32)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
@@ -269,12 +325,11 @@ def q8_0(W, D, X, DX, QH, g0, g1, out):
             w = W[grp, b]
             d = D[grp, b]
             for t in range(n):
-                x = X[t, b]
+                _quads_dot(w, X8[t, b], isum)
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    isum = _fb8(w, g, x, 0) + _fb8(w, g, x, 8) + _fb8(w, g, x, 16) + _fb8(w, g, x, 24)
-                    a[g] += d[g] * (dx * isum)
+                    a[g] += d[g] * (dx * _F32(isum[g]))
         _store(out, acc, grp)
 
 

@@ -9,6 +9,8 @@ type in `repack`, which load uses: ~1 G weights/s per thread, bit-identical):
   fields (Q8_0, Q6_K) stay bytes;
 - rows are interleaved in groups of LANES: words[group, block, word * LANES + lane], so the kernels'
   inner loops run over contiguous lanes (one output row each) with no horizontal sums;
+  Q8_0 interleaves quads instead: element e of lane l at (e // 4) * 4 * LANES + 4 * l + e % 4,
+  the layout of the byte-pair multiply (simd.q8_quads_dot: 4 elements of 8 lanes per load);
 - f16 scales become float32; K-quant sub-scales become one byte each.
 
 The repacked matrix is at most ~1.35x the GGUF bytes (Q3_K; Q4_K 1.06x, Q4_1 1.2x,
@@ -183,13 +185,14 @@ class TypeLayout:
     """How one ggml type is unpacked, packed and how many scale arrays it keeps."""
 
     def __init__(self, block: int, type_size: int, unpack: Callable, pack: Callable, words: int,
-                 word_dtype):
+                 word_dtype, quads: bool = False):
         self.block = block            # elements per GGUF block
         self.type_size = type_size    # bytes per GGUF block
         self.unpack = unpack
         self.pack = pack
         self.words = words            # words per 32-element block per row
         self.word_dtype = np.dtype(word_dtype)
+        self.quads = quads            # lanes interleaved by 4 consecutive words (Q8_0), else by word
 
 
 LAYOUTS: dict[int, TypeLayout] = {
@@ -197,7 +200,7 @@ LAYOUTS: dict[int, TypeLayout] = {
     3: TypeLayout(32, 20, _unpack_q4_1, _pack4, 8, np.uint16),     # Q4_1
     6: TypeLayout(32, 22, _unpack_q5_0, _pack5, 11, np.uint16),    # Q5_0
     7: TypeLayout(32, 24, _unpack_q5_1, _pack5, 11, np.uint16),    # Q5_1
-    8: TypeLayout(32, 34, _unpack_q8_0, _pack8, 32, np.int8),      # Q8_0
+    8: TypeLayout(32, 34, _unpack_q8_0, _pack8, 32, np.int8, quads=True),  # Q8_0
     10: TypeLayout(256, 84, _unpack_q2_k, _pack2, 4, np.uint16),   # Q2_K
     11: TypeLayout(256, 110, _unpack_q3_k, _pack4, 8, np.uint16),  # Q3_K
     12: TypeLayout(256, 144, _unpack_q4_k, _pack4, 8, np.uint16),  # Q4_K
@@ -240,7 +243,9 @@ def repack_reference(raw_rows: np.ndarray, ggml_type: int, n_in: int) -> tuple[n
         blocks = np.asarray(raw_rows[r0:r0 + step]).reshape(-1, nblk, lay.type_size)
         fields, sc = lay.unpack(blocks)
         g0, part = r0 // LANES, n_groups(blocks.shape[0])
-        packed = _lanes(lay.pack(fields.reshape(blocks.shape[0], n_in)), part)
+        packed = _lanes(lay.pack(fields.reshape(blocks.shape[0], n_in)), part)  # [part, nb, words, LANES]
+        if lay.quads:  # -> [part, nb, words // 4, LANES, 4]
+            packed = packed.reshape(part, n_in // QB, lay.words // 4, 4, LANES).swapaxes(-1, -2)
         words[g0:g0 + part] = packed.reshape(part, n_in // QB, -1)
         if scales is None:
             scales = [np.zeros((ng,) + s.reshape(s.shape[0], -1).shape[1:] + (LANES,), s.dtype) for s in sc]
@@ -412,8 +417,8 @@ def _rp_q8_0(raw, g0, g1, words, d):
             for b in range(words.shape[1]):
                 o = 34 * b
                 d[g, b, lane] = _h2f(row[o], row[o + 1])
-                for t in range(QB):  # the int8 quants, bit for bit
-                    words[g, b, t * LANES + lane] = np.int8(row[o + 2 + t])
+                for t in range(QB):  # the int8 quants, bit for bit, in quads
+                    words[g, b, (t >> 2) * 4 * LANES + 4 * lane + (t & 3)] = np.int8(row[o + 2 + t])
 
 
 @njit(**JIT)

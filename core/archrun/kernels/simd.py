@@ -1,0 +1,135 @@
+"""Explicit AVX2 block dots for numba kernels (LLVM intrinsics), where numba's loops cannot reach.
+
+llama.cpp's integer dots multiply bytes with `vpmaddubsw` (32 u8 x s8 products summed in
+pairs per instruction) and widen with `vpmaddwd`; numba's auto-vectorised loops multiply in
+16-bit lanes and spend ~3x the instructions. These intrinsics emit that sequence for one
+32-element block of all LANES rows of a group, on the lane layouts of layout.py, and return
+exact integer sums: the callers scale them as before, so results are bit-identical to the
+portable loops (which stay the implementation where AVX2 is absent, and without the JIT).
+
+`AVX2` says whether they are used: numba compiles for the host CPU, and the host has AVX2
+(and no NUMBA_CPU_NAME / NUMBA_CPU_FEATURES override asks for another target).
+"""
+
+from __future__ import annotations
+
+import numba
+from llvmlite import binding, ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from archrun.kernels._jit import LANES, QB
+
+
+def _host_avx2() -> bool:
+    if numba.config.DISABLE_JIT or numba.config.CPU_NAME or numba.config.CPU_FEATURES:
+        return False
+    try:
+        return bool(binding.get_host_cpu_features().get("avx2", False))
+    except RuntimeError:  # no feature map on this platform
+        return False
+
+
+AVX2 = _host_avx2()
+
+_I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_V32I8, _V16I16, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
+
+
+def _data(context, builder, ty, val, elem):
+    """Pointer to an array argument's first element, as `elem` *."""
+    return builder.bitcast(context.make_array(ty)(context, builder, val).data, elem.as_pointer())
+
+
+def _declare(builder, name, ret, args):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
+
+
+def _broadcast32(builder, value):
+    """<8 x i32> with `value` in every element."""
+    v = builder.insert_element(ir.Constant(_V8I32, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(_V8I32, ir.Undefined), ir.Constant(_V8I32, [0] * 8))
+
+
+@intrinsic
+def q8_quads_dot(typingctx, w, x, out):
+    """out int32 [LANES] = the dot of each lane's 32 int8 weights with x int8 [32].
+
+    w: int8 [32 * LANES] of one block in the quad layout: element e of lane l at
+    (e // 4) * 4 * LANES + 4 * l + e % 4, so a 32-byte load holds 4 elements of 8 lanes.
+    Per load: |w| (vpabsb), x with w's signs (vpsignb), vpmaddubsw (|sums| <= 2 * 128 * 127,
+    no saturation), vpmaddwd by ones -> one int32 per lane.
+    """
+    if not (isinstance(w, types.Array) and isinstance(x, types.Array) and isinstance(out, types.Array)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        wp = _data(context, builder, sig.args[0], args[0], _V32I8)
+        xp = _data(context, builder, sig.args[1], args[1], _I32)
+        op = _data(context, builder, sig.args[2], args[2], _V8I32)
+        pabs = _declare(builder, "llvm.abs.v32i8", _V32I8, [_V32I8, _I1])
+        psign = _declare(builder, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
+        pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+        pmaddwd = _declare(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+        ones = ir.Constant(_V16I16, [1] * 16)
+        regs = LANES // 8
+        acc = [ir.Constant(_V8I32, [0] * 8)] * regs
+        for q in range(QB // 4):  # 4 elements per pass
+            xq = builder.bitcast(_broadcast32(builder, builder.load(builder.gep(xp, [ir.Constant(_I32, q)]),
+                                                                    align=1)), _V32I8)
+            for r in range(regs):  # lanes 8r .. 8r + 7
+                wv = builder.load(builder.gep(wp, [ir.Constant(_I32, q * regs + r)]), align=1)
+                prod = builder.call(pmaddubs, [builder.call(pabs, [wv, ir.Constant(_I1, 0)]),
+                                               builder.call(psign, [xq, wv])])
+                acc[r] = builder.add(acc[r], builder.call(pmaddwd, [prod, ones]))
+        for r in range(regs):
+            builder.store(acc[r], builder.gep(op, [ir.Constant(_I32, r)]), align=1)
+        return context.get_dummy_value()
+
+    return types.void(w, x, out), codegen
+
+
+@intrinsic
+def nibbles_dot(typingctx, w, x, xp, c, out):
+    """out int16 [LANES] = sum(q * x) - c over one 32-element block of 4-bit fields, wrapped to int16
+    (exactly dots._sum4's result).
+
+    w: uint16 [8 * LANES], word j of lane l at j * LANES + l holding elements 4j..4j+3 (4 bits
+    each, layout.py); x: the int16 activation block (unused here: the loop version's input);
+    xp: int16 [16], the activation's int8 pairs (x[4j], x[4j+2]) at 2j and (x[4j+1], x[4j+3]) at
+    2j + 1 (`nibble_pairs`). Per word: the low nibbles of both bytes (v & 0x0F0F) and the high
+    ones ((v >> 4) & 0x0F0F) times a broadcast pair in vpmaddubsw (|pair sum| <= 2 * 15 * 127).
+    """
+    if not all(isinstance(a, types.Array) for a in (w, x, xp, out)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        wp = _data(context, builder, sig.args[0], args[0], _V16I16)
+        pp = _data(context, builder, sig.args[2], args[2], _I16)
+        op = _data(context, builder, sig.args[4], args[4], _V16I16)
+        c = context.cast(builder, args[3], sig.args[3], types.int16)
+        pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+        mask = ir.Constant(_V16I16, [0x0F0F] * 16)
+        four = ir.Constant(_V16I16, [4] * 16)
+        pairs = [_broadcast16(builder, builder.load(builder.gep(pp, [ir.Constant(_I32, k)]), align=1))
+                 for k in range(QB // 2)]
+        halves = LANES // 16
+        for h in range(halves):  # lanes 16h .. 16h + 15
+            acc = _broadcast16(builder, builder.neg(c))
+            for j in range(QB // 4):
+                v = builder.load(builder.gep(wp, [ir.Constant(_I32, j * halves + h)]), align=1)
+                lo = builder.bitcast(builder.and_(v, mask), _V32I8)
+                hi = builder.bitcast(builder.and_(builder.lshr(v, four), mask), _V32I8)
+                acc = builder.add(acc, builder.call(pmaddubs, [lo, builder.bitcast(pairs[2 * j], _V32I8)]))
+                acc = builder.add(acc, builder.call(pmaddubs, [hi, builder.bitcast(pairs[2 * j + 1], _V32I8)]))
+            builder.store(acc, builder.gep(op, [ir.Constant(_I32, h)]), align=1)
+        return context.get_dummy_value()
+
+    return types.void(w, x, xp, c, out), codegen
+
+
+def _broadcast16(builder, value):
+    """<16 x i16> with `value` in every element."""
+    v = builder.insert_element(ir.Constant(_V16I16, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(_V16I16, ir.Undefined), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
