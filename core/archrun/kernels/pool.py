@@ -164,6 +164,7 @@ class DecodePool:
         self._serve = serve
         self._lock = threading.Lock()
         self._workers: list[threading.Event] = []
+        self.threads: list[threading.Thread] = []  # the worker threads started so far
         self._quit = [False]
         weakref.finalize(self, _stop_workers, self.ctrl, self._quit, self._workers)
 
@@ -184,10 +185,17 @@ class DecodePool:
                              name=f"archrun-decode-{len(self._workers) + 1}", daemon=True)
         t.start()
         self._workers.append(wake)
+        self.threads.append(t)
 
     def warm_up(self) -> None:
         """Compile (or load) the workers' loop: it returns at once while the pool sleeps."""
         self._serve(self.ctrl, self.groups, *self._buffers, 1, 1)
+
+    def wake(self, workers: int) -> None:
+        """Start the first `workers` workers spinning (they sleep again after IDLE_TICKS without a job)."""
+        self.ctrl[SLEEP] = 0  # an aligned 8-byte store: the workers see it whole
+        for wake in self._workers[:workers]:
+            wake.set()
 
     def rest(self) -> None:
         """Send spinning workers to sleep now (they also do after IDLE_TICKS without a job)."""
@@ -204,9 +212,7 @@ class DecodePool:
             while len(self._workers) < threads - 1:
                 self._start_worker()
             self.ctrl[THREADS] = threads
-            self.ctrl[SLEEP] = 0  # an aligned 8-byte store: the workers see it whole
-            for wake in self._workers[:threads - 1]:
-                wake.set()
+            self.wake(threads - 1)
             yield self.kernel_args
         finally:
             self.ctrl[THREADS] = 0  # the workers keep spinning a while: the next step may come soon
