@@ -179,6 +179,33 @@ def _sum5(w, x, c0, c1, sa, sb):
 
 
 @njit(**_INLINE)
+def _sum5_loops(w, x, xp, c0, c1, sa, sb):
+    """_sum5 with simd.fives_dot's signature (xp unused)."""
+    _sum5(w, x, c0, c1, sa, sb)
+
+
+_fives_dot = simd.fives_dot if simd.AVX2 else _sum5_loops
+
+# simd.FIVE_PAIRS as (element of the low byte, element of the high byte or -1: zero)
+_FIVE_ELEMS = np.array([(3 * j + int(r[0]), 3 * j + int(r[1]) if len(r) > 1 else -1)
+                        for j, r, _ in simd.FIVE_PAIRS], np.int64)
+
+
+@njit(**_INLINE)
+def five_pairs(X):
+    """X int16 [n, nb, 32] -> the int8 pairs simd.fives_dot reads, int16 [n, nb, 24] (FIVE_PAIRS order)."""
+    n, nb = X.shape[0], X.shape[1]
+    XP = np.zeros((n, nb, 24), np.int16)
+    for t in range(n):
+        for b in range(nb):
+            x = X[t, b]
+            for k in range(_FIVE_ELEMS.shape[0]):
+                lo, hi = _FIVE_ELEMS[k, 0], _FIVE_ELEMS[k, 1]
+                XP[t, b, k] = (x[lo] & 0xFF) | ((x[hi] << 8) if hi >= 0 else 0)
+    return XP
+
+
+@njit(**_INLINE)
 def _sum2_halves(w, x, sa, sb):
     """2-bit fields, 4 words: sa, sb = sum(q * x) of each half (at most 16 * 3 * 127)."""
     for g in range(sa.shape[0]):
@@ -250,6 +277,7 @@ def q5_0(W, D, X, DX, QH, g0, g1, out):
     n, nb = DX.shape
     sa = np.empty(LANES, np.int16)
     sb = np.empty(LANES, np.int16)
+    XP = five_pairs(X)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
@@ -257,7 +285,7 @@ def q5_0(W, D, X, DX, QH, g0, g1, out):
             w = W[grp, b]
             d = D[grp, b]
             for t in range(n):
-                _sum5(w, X[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
+                _fives_dot(w, X[t, b], XP[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
@@ -271,6 +299,7 @@ def q5_1(W, D, M, X, DX, QH, g0, g1, out):
     n, nb = DX.shape
     sa = np.empty(LANES, np.int16)
     sb = np.empty(LANES, np.int16)
+    XP = five_pairs(X)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
@@ -279,7 +308,7 @@ def q5_1(W, D, M, X, DX, QH, g0, g1, out):
             d = D[grp, b]
             m = M[grp, b]
             for t in range(n):
-                _sum5(w, X[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
+                _fives_dot(w, X[t, b], XP[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
                 sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
                 dx = DX[t, b]
                 a = acc[t]
@@ -416,6 +445,7 @@ def q5_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
     n, nb = DX.shape
     sa = np.empty(LANES, np.int16)
     sb = np.empty(LANES, np.int16)
+    XP = five_pairs(X)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
@@ -426,7 +456,7 @@ def q5_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
             sc = SC[grp, b]
             mn = MN[grp, b]
             for t in range(n):
-                _sum5(w, X[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
+                _fives_dot(w, X[t, b], XP[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
                 sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
                 dx = DX[t, b]
                 a = acc[t]

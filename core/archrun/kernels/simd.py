@@ -133,3 +133,65 @@ def _broadcast16(builder, value):
     """<16 x i16> with `value` in every element."""
     v = builder.insert_element(ir.Constant(_V16I16, ir.Undefined), value, ir.Constant(_I32, 0))
     return builder.shuffle_vector(v, ir.Constant(_V16I16, ir.Undefined), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+
+
+# 5-bit words (layout.py: element 3j + t at bits 5t of word j, 11 words): the byte pairs each
+# word yields, as (word, mask/shift recipe, half) in the order of `five_pairs`' activation pairs.
+# Recipes: "02" fields 0 and 2 as bytes (elements 3j, 3j + 2); "1" field 1 alone; "0" field 0
+# alone; "12" fields 1 and 2; "01" fields 0 and 1. Word 5 straddles the 16-element halves.
+FIVE_PAIRS = (
+    *((j, r, 0) for j in range(5) for r in ("02", "1")),
+    (5, "0", 0), (5, "12", 1),
+    *((j, r, 1) for j in range(6, 10) for r in ("02", "1")),
+    (10, "01", 1),
+)
+
+
+def _five_bytes(builder, v, recipe):
+    """<16 x i16> -> the two fields of `recipe` in the low and high byte of every lane."""
+    def k(value):
+        return ir.Constant(_V16I16, [value] * 16)
+
+    f0 = builder.and_(v, k(0x001F))
+    f1_lo = builder.and_(builder.lshr(v, k(5)), k(0x001F))
+    f2_hi = builder.and_(builder.lshr(v, k(2)), k(0x1F00))   # field 2 (bits 10-14) -> bits 8-12
+    f1_hi = builder.and_(builder.shl(v, k(3)), k(0x1F00))    # field 1 (bits 5-9) -> bits 8-12
+    return {"02": lambda: builder.or_(f0, f2_hi), "1": lambda: f1_lo, "0": lambda: f0,
+            "12": lambda: builder.or_(f1_lo, f2_hi), "01": lambda: builder.or_(f0, f1_hi)}[recipe]()
+
+
+@intrinsic
+def fives_dot(typingctx, w, x, xp, c0, c1, sa, sb):
+    """sa, sb int16 [LANES] = sum(q * x) - c of each 16-element half of one block of 5-bit fields,
+    wrapped to int16 (exactly dots._sum5's results).
+
+    w: uint16 [11 * LANES] (layout.py); x: the int16 activation block (the loop version's
+    input, unused); xp: int16 [24], the activation's int8 pairs in FIVE_PAIRS order
+    (`dots.five_pairs`). Each pair goes through vpmaddubsw (|pair sum| <= 2 * 31 * 127).
+    """
+    if not all(isinstance(a, types.Array) for a in (w, x, xp, sa, sb)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        wp = _data(context, builder, sig.args[0], args[0], _V16I16)
+        pp = _data(context, builder, sig.args[2], args[2], _I16)
+        outs = [_data(context, builder, sig.args[i], args[i], _V16I16) for i in (5, 6)]
+        cs = [context.cast(builder, args[i], sig.args[i], types.int16) for i in (3, 4)]
+        pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+        pairs = [builder.bitcast(_broadcast16(builder, builder.load(builder.gep(pp, [ir.Constant(_I32, k)]),
+                                                                    align=1)), _V32I8)
+                 for k in range(len(FIVE_PAIRS))]
+        halves = LANES // 16
+        for h in range(halves):  # lanes 16h .. 16h + 15
+            acc = [_broadcast16(builder, builder.neg(c)) for c in cs]
+            words = {}
+            for k, (j, recipe, half) in enumerate(FIVE_PAIRS):
+                if j not in words:
+                    words[j] = builder.load(builder.gep(wp, [ir.Constant(_I32, j * halves + h)]), align=1)
+                q = builder.bitcast(_five_bytes(builder, words[j], recipe), _V32I8)
+                acc[half] = builder.add(acc[half], builder.call(pmaddubs, [q, pairs[k]]))
+            for out, a in zip(outs, acc, strict=True):
+                builder.store(a, builder.gep(out, [ir.Constant(_I32, h)]), align=1)
+        return context.get_dummy_value()
+
+    return types.void(w, x, xp, c0, c1, sa, sb), codegen

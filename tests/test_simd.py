@@ -1,0 +1,98 @@
+"""The AVX2 block dots (kernels.simd) against the portable loops they replace, exactly.
+
+Each intrinsic must return the very integers of its loop version (dots._sum4, dots._sum5,
+the quad loop) on random blocks and on the extremes (fields all at their maximum, activations
+at +-127, 5-bit half sums at the edge of int16): the kernels scale those integers the same
+way, so whole products stay bit-identical to the portable path (test_kernels.py checks them
+against gguf-py). Skipped where the host has no AVX2 or the JIT is off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import njit
+
+from archrun.kernels import dots, simd
+from archrun.kernels._jit import LANES, QB
+
+pytestmark = pytest.mark.skipif(not simd.AVX2, reason="no AVX2 here (or the JIT is off)")
+
+
+@njit
+def _nibbles(w, X, c):
+    XP = dots.nibble_pairs(X)
+    got, ref = np.empty(LANES, np.int16), np.empty(LANES, np.int16)
+    simd.nibbles_dot(w, X[0, 0], XP[0, 0], c, got)
+    dots._sum4(w, X[0, 0], c, ref)
+    return got, ref
+
+
+@njit
+def _fives(w, X, c0, c1):
+    XP = dots.five_pairs(X)
+    got_a, got_b = np.empty(LANES, np.int16), np.empty(LANES, np.int16)
+    ref_a, ref_b = np.empty(LANES, np.int16), np.empty(LANES, np.int16)
+    simd.fives_dot(w, X[0, 0], XP[0, 0], c0, c1, got_a, got_b)
+    dots._sum5(w, X[0, 0], c0, c1, ref_a, ref_b)
+    return got_a, got_b, ref_a, ref_b
+
+
+@njit
+def _quads(w, x8):
+    got, ref = np.empty(LANES, np.int32), np.empty(LANES, np.int32)
+    simd.q8_quads_dot(w, x8, got)
+    dots._quads_dot_loops(w, x8, ref)
+    return got, ref
+
+
+def _activations(rng, kind):
+    if kind == "random":
+        x = rng.integers(-127, 128, QB)
+    elif kind == "max":
+        x = np.full(QB, 127)
+    else:
+        x = np.where(rng.random(QB) < 0.5, -127, 127)
+    return x.astype(np.int16).reshape(1, 1, QB)
+
+
+KINDS = ["random", "max", "signs"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nibbles_dot(kind):
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        w = rng.integers(0, 1 << 16, 8 * LANES).astype(np.uint16)
+        if kind == "max":
+            w[:] = 0xFFFF
+        X = _activations(rng, kind)
+        got, ref = _nibbles(w, X, np.int64(8 * int(X.sum())))  # the Q4_0 offset: wraps on purpose
+        assert np.array_equal(got, ref)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fives_dot(kind):
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        w = (rng.integers(0, 1 << 15, 11 * LANES)).astype(np.uint16)
+        if kind == "max":
+            w[:] = 0x7FFF
+        X = _activations(rng, kind)
+        c0, c1 = 16 * int(X[0, 0, :16].sum()), 16 * int(X[0, 0, 16:].sum())
+        got_a, got_b, ref_a, ref_b = _fives(w, X, np.int64(c0), np.int64(c1))
+        assert np.array_equal(got_a, ref_a) and np.array_equal(got_b, ref_b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_q8_quads_dot(kind):
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        w = rng.integers(-128, 128, QB * LANES).astype(np.int8)
+        if kind == "max":
+            w[:] = -128
+        x8 = _activations(rng, kind)[0, 0].astype(np.int8)
+        got, ref = _quads(w, x8)
+        assert np.array_equal(got, ref)
+        rows = w.reshape(QB // 4, LANES, 4).transpose(1, 0, 2).reshape(LANES, QB)  # quad layout -> rows
+        assert np.array_equal(got, rows.astype(np.int64) @ x8.astype(np.int64))
