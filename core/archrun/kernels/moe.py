@@ -41,6 +41,7 @@ from numba import njit, typed
 from archrun.errors import ShapeMismatch
 from archrun.kernels import block
 from archrun.kernels._jit import JIT
+from archrun.kernels.lists import typed_list
 from archrun.kernels.qmatrix import QMatrix
 
 _F32 = np.float32
@@ -82,24 +83,9 @@ class MoeKernel:
 # -- bind time: kernel arrays of a layer's expert weights -----------------------------------------
 
 
-@njit(cache=True)
-def _list_of(u):
-    lst = typed.List()
-    lst.append(u)
-    return lst
-
-
-@njit(cache=True)
-def _push(lst, u):
-    lst.append(u)
-
-
 def expert_list(uniforms: Sequence[tuple]) -> typed.List:
     """A numba typed list of uniform matrices (list methods run cached, compiled code)."""
-    lst = _list_of(uniforms[0])
-    for u in uniforms[1:]:
-        _push(lst, u)
-    return lst
+    return typed_list(uniforms)
 
 
 def _check(what: str, q: QMatrix, n_out: int, n_in: int) -> None:

@@ -38,10 +38,11 @@ from contextlib import contextmanager
 
 import numba
 import numpy as np
-from numba import njit, typed
+from numba import njit
 
 from archrun.kernels import atomics
 from archrun.kernels._jit import JIT, QB
+from archrun.kernels.lists import typed_list
 
 JOB, DONE, SLEEP, N, N_IN, THREADS, WORKER_CHUNKS = 0, 8, 16, 24, 32, 40, 48
 CTRL_SIZE = 56
@@ -155,7 +156,7 @@ class DecodePool:
     def __init__(self, groups: list[tuple], max_in: int, max_out: int, serve: Callable):
         if not groups or len(groups) >= MAX_GROUPS:
             raise ValueError(f"a pool takes 1..{MAX_GROUPS - 1} product groups")
-        self.groups = typed.List(groups)
+        self.groups = typed_list(groups)
         nb = -(-max_in // QB)
         self.ctrl = np.zeros(CTRL_SIZE, np.int64)
         self.ctrl[SLEEP] = 1
