@@ -3,8 +3,8 @@
 A layer can run fused when every op bound to it describes itself to the kernel through a
 `kernel` attribute (archrun.kernels.block: NormKernel, RopeKernel, AttentionKernel,
 ActKernel; archrun.kernels.moe: MoeKernel for a MoE FFN) and every weight is prepared for the
-fast kernels. Dense layers run kernels.block.decode_block, MoE layers
-kernels.moe.decode_block_moe. Ops from other plugins that do not, and the reference
+fast kernels. Dense layers run kernels.block.decode_block (as decode_layer, their arguments
+in one typed list), MoE layers kernels.moe.decode_block_moe. Ops from other plugins that do not, and the reference
 backend, keep the op-by-op path, which computes the same block. The core only moves these
 descriptions and arrays into the kernel: it knows no math.
 
@@ -20,9 +20,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+from numba.core.errors import TypingError
 
 from archrun.errors import ContextOverflow
 from archrun.kernels import block, moe, pool, qmatrix
+from archrun.kernels.lists import typed_list
 from archrun.weights import Matrix
 
 _EMPTY_F32 = np.empty(0, np.float32)
@@ -45,7 +47,7 @@ class FusedBlock:
     """One layer's decode step as one kernel call: `fb(x, slot, start, angles)` updates x f32 [d] in place."""
 
     def __init__(self, kernel: Any, args: tuple, attention: block.AttentionKernel, rope: int, parallel: bool):
-        self._kernel = kernel       # block.decode_block or moe.decode_block_moe
+        self._kernel = kernel       # block.decode_block (decode_layer) or moe.decode_block_moe
         self._args = args           # (qkv, o, *ffn, vecs, geo, eps, scale); ffn: (gate_up, down) or the MoE arrays
         self._slot_arrays = attention.slot_arrays
         self._rope = rope           # index into the per-token rope angles (-1: no rope)
@@ -136,7 +138,22 @@ def fuse_layers(plan: Any, groups: list[tuple] | None = None) -> list[FusedBlock
         if fb is None:
             return None
         blocks.append(fb)
+    _share_dense_args(blocks)
     return blocks
+
+
+def _share_dense_args(blocks: list[FusedBlock]) -> None:
+    """Dense layers call block.decode_layer with their arguments in one typed list (when all of
+    them have one numba type, as every dense layer built here does)."""
+    dense = [fb for fb in blocks if fb._kernel is block.decode_block]
+    if not dense:
+        return
+    try:
+        layers = typed_list([fb._args for fb in dense])
+    except TypingError:  # layers of different argument types: keep the per-layer arguments
+        return
+    for i, fb in enumerate(dense):
+        fb._kernel, fb._args = block.decode_layer, (layers, np.int64(i))
 
 
 class DecodeSteps:
@@ -150,7 +167,8 @@ class DecodeSteps:
         self._head_id = _group_id(groups, head, plan.output.n_in) if head is not None else -1
         self._head = head
         self._output = plan.output
-        dense = self.blocks is not None and all(fb._kernel is block.decode_block for fb in self.blocks)
+        dense = self.blocks is not None and all(fb._kernel in (block.decode_block, block.decode_layer)
+                                                for fb in self.blocks)
         self._groups = groups if dense and head is not None and pool.enabled() else None
         self._pool: pool.DecodePool | None = None
 

@@ -511,3 +511,13 @@ def decode_block(x, qkv, o_mat, gate_up, down, vecs, geo, eps, scale, kc, vc, kp
     """
     _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par)
     _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks, par)
+
+
+@njit(**JIT)
+def decode_layer(x, layers, i, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+    """decode_block of layer i, whose (qkv, o_mat, gate_up, down, vecs, geo, eps, scale) is
+    layers[i] (a numba typed list of them): one list argument instead of ~150 arrays makes the
+    call from Python ~15 us cheaper (numba unboxes every array of a call's arguments)."""
+    qkv, o_mat, gate_up, down, vecs, geo, eps, scale = layers[i]
+    _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par)
+    _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks, par)
