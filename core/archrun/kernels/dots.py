@@ -8,8 +8,9 @@ block is computed with no horizontal reduction, then scaled into a float32 accum
 lane -- the arithmetic of llama.cpp's vec_dot_*_q8_0 / *_q8_K, with per-32 activation
 scales for every type.
 
-Q8_0 (bytes in quads, layout.py) goes through simd.q8_quads_dot where the host has AVX2: exact
-int32 sums from byte-pair multiplies, ~3.5x fewer instructions than the lane loops.
+Where the host has AVX2, block sums come from simd's byte-pair multiplies (exact, the same
+integers as the lane loops): Q8_0 (bytes in quads, layout.py) through simd.q8_quads_dot, the
+4-bit types (Q4_0, Q4_1, Q4_K) through simd.nibbles_dot, the 5-bit ones through simd.fives_dot.
 
 int16 sums wrap on purpose: a block's sum of q * x (q >= 0) can exceed int16, but the sum of
 (q - offset) * x cannot (|q - 8| <= 8 and |x| <= 127 give at most 32 * 8 * 127 = 32512; 5-bit
@@ -419,6 +420,7 @@ def q4_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
     """Q4_K: d * sc * q - dmin * mn, per 32 elements."""
     n, nb = DX.shape
     s = np.empty(LANES, np.int16)
+    XP = nibble_pairs(X)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
@@ -429,7 +431,7 @@ def q4_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
             sc = SC[grp, b]
             mn = MN[grp, b]
             for t in range(n):
-                _sum4(w, X[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
+                _nibbles_dot(w, X[t, b], XP[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
                 sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
                 dx = DX[t, b]
                 a = acc[t]
