@@ -194,9 +194,10 @@ _FIVE_ELEMS = np.array([(3 * j + int(r[0]), 3 * j + int(r[1]) if len(r) > 1 else
 
 @njit(**_INLINE)
 def five_pairs(X):
-    """X int16 [n, nb, 32] -> the int8 pairs simd.fives_dot reads, int16 [n, nb, 24] (FIVE_PAIRS order)."""
+    """X int16 [n, nb, 32] -> the int8 pairs simd.fives_dot reads, int16 [n, nb, FIVE_PAIR_SLOTS]
+    (FIVE_PAIRS order)."""
     n, nb = X.shape[0], X.shape[1]
-    XP = np.zeros((n, nb, 24), np.int16)
+    XP = np.zeros((n, nb, simd.FIVE_PAIR_SLOTS), np.int16)
     for t in range(n):
         for b in range(nb):
             x = X[t, b]

@@ -52,6 +52,12 @@ def _broadcast32(builder, value):
     return builder.shuffle_vector(v, ir.Constant(_V8I32, ir.Undefined), ir.Constant(_V8I32, [0] * 8))
 
 
+def _broadcast16(builder, value):
+    """<16 x i16> with `value` in every element."""
+    v = builder.insert_element(ir.Constant(_V16I16, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(_V16I16, ir.Undefined), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+
+
 @intrinsic
 def q8_quads_dot(typingctx, w, x, out):
     """out int32 [LANES] = the dot of each lane's 32 int8 weights with x int8 [32].
@@ -129,12 +135,6 @@ def nibbles_dot(typingctx, w, x, xp, c, out):
     return types.void(w, x, xp, c, out), codegen
 
 
-def _broadcast16(builder, value):
-    """<16 x i16> with `value` in every element."""
-    v = builder.insert_element(ir.Constant(_V16I16, ir.Undefined), value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(_V16I16, ir.Undefined), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
-
-
 # 5-bit words (layout.py: element 3j + t at bits 5t of word j, 11 words): the byte pairs each
 # word yields, as (word, mask/shift recipe, half) in the order of `five_pairs`' activation pairs.
 # Recipes: "02" fields 0 and 2 as bytes (elements 3j, 3j + 2); "1" field 1 alone; "0" field 0
@@ -145,6 +145,7 @@ FIVE_PAIRS = (
     *((j, r, 1) for j in range(6, 10) for r in ("02", "1")),
     (10, "01", 1),
 )
+FIVE_PAIR_SLOTS = 24  # int16 pairs per activation block for fives_dot (21 used)
 
 
 def _five_bytes(builder, v, recipe):
@@ -166,7 +167,7 @@ def fives_dot(typingctx, w, x, xp, c0, c1, sa, sb):
     wrapped to int16 (exactly dots._sum5's results).
 
     w: uint16 [11 * LANES] (layout.py); x: the int16 activation block (the loop version's
-    input, unused); xp: int16 [24], the activation's int8 pairs in FIVE_PAIRS order
+    input, unused); xp: int16 [FIVE_PAIR_SLOTS], the activation's int8 pairs in FIVE_PAIRS order
     (`dots.five_pairs`). Each pair goes through vpmaddubsw (|pair sum| <= 2 * 31 * 127).
     """
     if not all(isinstance(a, types.Array) for a in (w, x, xp, sa, sb)):
