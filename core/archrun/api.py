@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from archrun.compile import compile_gguf
-from archrun.descriptor import BLOCK_STYLES
 from archrun.errors import InvalidRequest
 from archrun.ggufio import open_gguf
 from archrun.model import Interpreter, build_plan
@@ -19,10 +18,15 @@ Model = Interpreter  # every loaded model is an Interpreter of its block style (
 
 def load(path: str | os.PathLike, block_style: str | None = None, backend: str | None = None,
          plugins: Any = None, threads: int | None = None,
-         progress: Callable[[str, int, int], None] | None = None) -> Interpreter:
+         progress: Callable[[str, int, int], None] | None = None,
+         hints: Mapping[str, Any] | None = None) -> Interpreter:
     """Load a GGUF file into a runnable model.
 
-    block_style: "fused" | "host_reference" (default: what the family says, usually fused).
+    block_style: a registered block style, e.g. "fused" | "host_reference" (default: what the
+    family says, usually fused).
+    hints: conventions the file does not state (archrun.family.FamilyHints fields, e.g.
+    {"rope_pairing": "norm", "activation": "silu"}), on top of the family's; an architecture no
+    plugin describes loads only when they state everything it needs (else UnsupportedArchitecture).
     backend: "reference" runs every op's numpy float32 reference; "fast" (the default) the
     fastest available implementation of each op.
     plugins: a pluggy PluginManager (default: every installed archrun plugin).
@@ -32,15 +36,16 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     backend = backend or "fast"
     if backend not in BACKENDS:
         raise InvalidRequest(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if block_style is not None and block_style not in BLOCK_STYLES:
-        raise InvalidRequest(f"block_style must be one of {', '.join(BLOCK_STYLES)}, got {block_style!r}")
     if threads is not None:
         _set_threads(threads)
     pm = plugins or default_plugin_manager()
+    vocab = build_vocabulary(pm)
+    if block_style is not None and ("block_style", block_style) not in vocab:
+        styles = ", ".join(sorted(e.op.name for e in vocab if e.op.slot == "block_style"))
+        raise InvalidRequest(f"block_style must be one of {styles}, got {block_style!r}")
     gguf = open_gguf(path)
     try:
-        compiled = compile_gguf(gguf, plugins=pm, block_style=block_style)
-        vocab = build_vocabulary(pm)
+        compiled = compile_gguf(gguf, plugins=pm, block_style=block_style, hints=hints)
         plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress)  # refuses bad input first
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
         model = style(plan, gguf, lambda: _tokenizer(gguf), compiled.chat_template)
@@ -48,14 +53,20 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
             gguf.release_pages()  # the kernels hold repacked copies; file pages would double the RSS
             from archrun.kernels.warmup import warm_up
 
-            # compile before the first token: the kernels of the file's weight types, then one
-            # throwaway decode step (the model's own fused blocks and head)
-            warm_up({t.ggml_type for t in gguf.tensors.values()}, progress,
-                    extra=[lambda: model.forward_step([0], model.init_cache(1))])
+            # compile before the first token: the kernels of the file's weight types, then a
+            # throwaway prefill and decode step (the model's ops, its fused blocks and head)
+            warm_up({t.ggml_type for t in gguf.tensors.values()}, progress, extra=[lambda: _throwaway_steps(model)])
     except BaseException:
         gguf.close()
         raise
     return model
+
+
+def _throwaway_steps(model: Interpreter) -> None:
+    cache = model.init_cache(min(3, model.descriptor.n_ctx))
+    if model.descriptor.n_ctx >= 3:
+        model.forward_step([0, 0], cache)
+    model.forward_step([0], cache)
 
 
 def _tokenizer(gguf):

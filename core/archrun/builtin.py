@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import pluggy
-
+from archrun.hookspecs import hookimpl
 from archrun.model import fused_style, host_reference_style
 from archrun.vocab import Op
-
-hookimpl = pluggy.HookimplMarker("archrun")
 
 
 @hookimpl

@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="print a model's descriptor and which plugin provides each op")
     ins.add_argument("model", help="path to a .gguf file")
     ins.add_argument("--json", action="store_true", help="machine-readable output")
+    ins.add_argument("--hint", action="append", default=[], metavar="NAME=VALUE",
+                     help="a convention the file does not state (repeatable)")
     ins.set_defaults(func=_cmd_inspect)
     plg = sub.add_parser("plugins", help="list installed vocabulary and families")
     plg.add_argument("--json", action="store_true", help="machine-readable output")
@@ -71,7 +73,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="path to a .gguf file")
     p.add_argument("--threads", type=int, default=None, help="compute threads (default: all cores)")
     p.add_argument("--backend", choices=("fast", "reference"), default=None, help="op implementations")
-    p.add_argument("--block-style", choices=("fused", "host_reference"), default=None)
+    p.add_argument("--block-style", default=None, help="a registered block style (see `archrun plugins`)")
+    p.add_argument("--hint", action="append", default=[], metavar="NAME=VALUE",
+                   help="a convention the file does not state, e.g. rope_pairing=norm (repeatable)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -92,10 +96,11 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 
 def _load(args: argparse.Namespace):
     from archrun.api import load
+    from archrun.family import parse_hints
     from archrun.progress import LoadProgress
 
     with LoadProgress() as progress:
-        return load(args.model, block_style=args.block_style, backend=args.backend,
+        return load(args.model, block_style=args.block_style, backend=args.backend, hints=parse_hints(args.hint),
                     threads=args.threads, progress=progress)
 
 
@@ -152,7 +157,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from archrun.inspect import inspect_model, render_text
 
-    info = inspect_model(args.model)
+    from archrun.family import parse_hints
+
+    info = inspect_model(args.model, parse_hints(args.hint))
     print(json.dumps(info, indent=2) if args.json else render_text(info))
     return 0
 

@@ -1,12 +1,14 @@
-"""The metadata compiler: GGUF metadata + tensor presence -> Descriptor.
+"""The metadata compiler: GGUF metadata + tensor presence + conventions -> Descriptor.
 
 `compile_gguf` reads the standard `<arch>.*` key layout for whatever architecture a file
-names and infers structure from which tensors exist (q/k norms, QKV biases, expert
-stacks, router bias, shared experts, sandwich norms). What a file cannot say comes from
-the family plugin answering `archrun_describe_family` (a `FamilyHints`); a file whose
-architecture has no family plugin compiles with generic assumptions, listed in a warning.
-Every metadata key that is not used is reported; a required key that is missing fails
-loudly, naming it.
+names and infers structure from which tensors exist (q/k norms, biases, fused QKV, packed
+gate|up, gated or plain FFN, expert stacks, router bias, shared experts, sandwich norms).
+What a file cannot say — its conventions (archrun.family.CONVENTIONS) — comes from the family
+plugin answering `archrun_describe_family`, with a caller's hints on top. The compiler knows
+no vocabulary: every op name in a descriptor comes from those hints or from what a file says
+by key (archrun.family's tables). A model whose conventions are not all stated does not
+compile (UnsupportedArchitecture lists what is missing). Every metadata key that is not used
+is reported; a required key that is missing fails loudly, naming it.
 """
 
 from __future__ import annotations
@@ -15,16 +17,14 @@ import math
 import os
 import warnings
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-import pluggy
-from attrs import field, frozen
-from attrs import validators as v
+from attrs import frozen
 
 from archrun.descriptor import (
     DEFAULT_TENSOR_NAMES,
+    NO_ROPE,
     AttentionSpec,
     Descriptor,
     FfnSpec,
@@ -33,7 +33,8 @@ from archrun.descriptor import (
     RopeSpec,
     default_attention_scale,
 )
-from archrun.errors import ArchrunWarning, MetadataError, MissingTensor, ShapeMismatch
+from archrun.errors import ArchrunWarning, MetadataError, MissingTensor, ShapeMismatch, UnsupportedArchitecture
+from archrun.family import CONVENTIONS, GATING_BY_ID, NORM_BY_EPSILON_KEY, FamilyHints
 from archrun.ggufio import GGUFFile, open_gguf
 
 # Sanity bounds (BAD_INPUTS M1): larger values are hostile or corrupt, not models.
@@ -42,64 +43,8 @@ MAX_CONTEXT = 1 << 24
 MAX_WIDTH = 1 << 18
 MAX_HEADS = 4096
 MAX_EXPERTS = 4096
-
-GATING = {1: "softmax", 2: "sigmoid"}  # GGUF expert_gating_func numbering
-_hookimpl = pluggy.HookimplMarker("archrun")
-
-
-@frozen
-class FamilyHints:
-    """What a family plugin says about an architecture that its GGUF files do not.
-
-    Data only. `defaults` maps key suffixes (without the `<arch>.` prefix) to values used
-    when the file omits them; `tensor_names` remaps tensor roles (see
-    archrun.descriptor.DEFAULT_TENSOR_NAMES; None: the architecture has no such tensor);
-    `swa_period` P > 0 makes layer i sliding iff i % P < P - 1 unless the file has
-    attention.sliding_window_pattern.
-    """
-
-    name: str = field(validator=v.instance_of(str))
-    rope_pairing: str = field(default="neox", validator=v.in_(("norm", "neox", "none")))
-    defaults: Mapping[str, Any] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
-    tensor_names: Mapping[str, str | None] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
-    ffn_kind: str = "swiglu"
-    embed_scale: str = field(default="none", validator=v.in_(("none", "sqrt_n_embd")))
-    swa_period: int = 0
-    block_style: str = "fused"
-    gating: str = "softmax"
-    moe_weights_norm: bool = False
-    chat_template: str | None = None
-    generic: bool = False  # True only for the built-in fallback
-
-
-class FamilyPlugin:
-    """A family plugin made from architecture -> FamilyHints: implements both family hooks.
-
-    A family package needs only `plugin = FamilyPlugin({...})` and the entry point
-    `[project.entry-points.archrun] name = "package:plugin"`.
-    """
-
-    def __init__(self, hints: Mapping[str, FamilyHints]):
-        self.hints = MappingProxyType(dict(hints))
-
-    @_hookimpl
-    def archrun_describe_family(self, architecture: str) -> FamilyHints | None:
-        return self.hints.get(architecture)
-
-    @_hookimpl
-    def archrun_families(self) -> list[str]:
-        return sorted(self.hints)
-
-
-GENERIC_HINTS = FamilyHints(name="generic", generic=True)
-GENERIC_ASSUMPTIONS = (
-    "rope pairing NEOX (x[i], x[i+n_rot/2])",
-    "gated FFN is SwiGLU",
-    "no embedding scale",
-    "MoE gating softmax unless expert_gating_func says otherwise",
-    "MoE weights not renormalised unless expert_weights_norm says so",
-    "block style fused",
-)
+# Rope scalings the rope ops implement (the others are refused at compile time).
+ROPE_SCALINGS = ("none", "linear")
 
 
 @frozen
@@ -107,9 +52,9 @@ class CompileResult:
     """A descriptor plus what the compiler noticed on the way."""
 
     descriptor: Descriptor
-    family: str  # name of the FamilyHints used ("generic" when no plugin knew the architecture)
+    family: str  # name of the FamilyHints used (the architecture string when only a caller's hints described it)
     unused_keys: tuple[str, ...]
-    assumptions: tuple[str, ...]
+    hints: FamilyHints  # the conventions used (family + caller)
     chat_template: str | None = None  # a family default, for files that carry none
 
 
@@ -197,28 +142,35 @@ class _Tensors:
             )
 
 
-def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = None) -> CompileResult:
+def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = None,
+                 hints: Mapping[str, Any] | None = None) -> CompileResult:
     """Compile a GGUF file (path or open GGUFFile) into a Descriptor; see the module docstring.
 
     plugins: a pluggy PluginManager (default: archrun.plugins.default_plugin_manager()).
-    block_style: override the family's block style ("fused" | "host_reference").
+    block_style: override the family's block style (a name in slot "block_style").
+    hints: conventions (archrun.family.FamilyHints fields) given by the caller, on top of the
+    family's; for an architecture no plugin describes they are the only source.
     """
     if isinstance(source, (str, os.PathLike)):
         with open_gguf(source) as gguf:
-            return compile_gguf(gguf, plugins, block_style)
+            return compile_gguf(gguf, plugins, block_style, hints)
     gguf: GGUFFile = source
     arch = _typed("general.architecture", _require(gguf, "general.architecture"), str)
-    hints = _family_hints(arch, plugins)
-    meta = _Meta(gguf, arch, hints.defaults)
-    tensors = _Tensors(gguf, {**DEFAULT_TENSOR_NAMES, **hints.tensor_names})
+    fam = _family_hints(arch, plugins, hints)
+    meta = _Meta(gguf, arch, fam.defaults)
+    tensors = _Tensors(gguf, {**DEFAULT_TENSOR_NAMES, **fam.tensor_names})
     try:
-        descriptor = _build(meta, tensors, hints, block_style)
+        descriptor = _build(meta, tensors, fam, block_style)
     except (ValueError, TypeError) as e:  # a descriptor validator refused a value from the file
         raise MetadataError(f"{arch}: metadata describes an impossible model: {e.args[0]}") from None
     unused = _unused_keys(gguf, meta.used)
-    assumptions = GENERIC_ASSUMPTIONS if hints.generic else ()
-    _warn(arch, unused, assumptions)
-    return CompileResult(descriptor, hints.name, unused, assumptions, hints.chat_template)
+    _warn(arch, unused)
+    return CompileResult(descriptor, fam.name, unused, fam, fam.chat_template)
+
+
+def describe(source: Any, plugins: Any = None, hints: Mapping[str, Any] | None = None) -> Descriptor:
+    """The Descriptor of a GGUF file (path or open GGUFFile): `compile_gguf(...).descriptor`."""
+    return compile_gguf(source, plugins, hints=hints).descriptor
 
 
 def _require(gguf: GGUFFile, key: str) -> Any:
@@ -227,21 +179,68 @@ def _require(gguf: GGUFFile, key: str) -> Any:
     return gguf.metadata[key]
 
 
-def _family_hints(arch: str, plugins: Any) -> FamilyHints:
+def _family_hints(arch: str, plugins: Any, hints: Mapping[str, Any] | None) -> FamilyHints:
+    """The family's hints for `arch` with the caller's on top (a caller's alone when no family knows it)."""
     if plugins is None:
         from archrun.plugins import default_plugin_manager
 
         plugins = default_plugin_manager()
-    hints = plugins.hook.archrun_describe_family(architecture=arch)
-    return GENERIC_HINTS if hints is None else hints
+    fam = plugins.hook.archrun_describe_family(architecture=arch)
+    if fam is None:
+        fam = FamilyHints(name=arch, generic=True)
+    return fam.updated(hints)
 
 
-def _build(meta: _Meta, t: _Tensors, hints: FamilyHints, block_style: str | None) -> Descriptor:
+class _Conventions:
+    """The conventions a model needs, each from the hints (or the file where it says so); collects
+    what is missing instead of guessing, so one error can name all of it."""
+
+    def __init__(self, meta: _Meta, fam: FamilyHints):
+        self.meta, self.fam = meta, fam
+        self.missing: list[str] = []
+
+    def need(self, name: str) -> Any:
+        value = getattr(self.fam, name)
+        if value is None and name not in self.missing:
+            self.missing.append(name)
+        return value
+
+    def norm(self) -> tuple[str | None, float]:
+        """(norm op, epsilon): the hint, or what the file's epsilon key says."""
+        for key, kind in NORM_BY_EPSILON_KEY.items():
+            if self.meta.has(key):
+                eps = self.meta.get(key, float)
+                if not 0.0 < eps < 1.0:
+                    raise MetadataError(f"{self.meta.key(key)!r} = {eps} is not a valid epsilon")
+                return self.fam.norm or kind, eps
+        raise MetadataError(f"missing required metadata key {self.meta.key(next(iter(NORM_BY_EPSILON_KEY)))!r}")
+
+    def gating(self) -> str | None:
+        gating_id = self.meta.get("expert_gating_func", int, 0)  # 0: the file does not say
+        if gating_id:
+            return GATING_BY_ID.get(gating_id, f"gguf_{gating_id}")
+        return self.need("gating")
+
+    def check(self) -> None:
+        """UnsupportedArchitecture naming every convention nobody stated."""
+        if not self.missing:
+            return
+        arch, fam = self.meta.arch, self.fam
+        what = "; ".join(f"{name} ({CONVENTIONS[name][0]})" for name in self.missing)
+        who = (f"no installed family plugin describes architecture {arch!r}" if fam.generic
+               else f"family {fam.name!r} does not state every convention of this {arch!r} file")
+        example = " ".join(f"--hint {name}=..." for name in self.missing)
+        raise UnsupportedArchitecture(f"{who}; missing: {what}. State them with archrun.load(path, hints={{...}}) "
+                                      f"or `{example}`")
+
+
+def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) -> Descriptor:
+    conv = _Conventions(meta, fam)
     n_embd = _bounded(meta.key("embedding_length"), meta.get("embedding_length", int), 1, MAX_WIDTH)
     n_ctx = _bounded(meta.key("context_length"), meta.get("context_length", int), 1, MAX_CONTEXT)
     n_block = _bounded(meta.key("block_count"), meta.get("block_count", int), 1, MAX_LAYERS)
     n_nextn = _bounded(meta.key("nextn_predict_layers"), meta.get("nextn_predict_layers", int, 0), 0, n_block - 1)
-    eps = _norm_eps(meta)
+    norm, eps = conv.norm()
     emb = t.shape("token_embd")
     if len(emb) != 2 or emb[0] != n_embd:
         raise ShapeMismatch(f"token_embd has shape {tuple(emb)}, expected ({n_embd}, n_vocab)")
@@ -253,43 +252,48 @@ def _build(meta: _Meta, t: _Tensors, hints: FamilyHints, block_style: str | None
     if not tied:
         t.expect("output", None, (n_embd, n_vocab))
     t.expect("output_norm", None, (n_embd,))
-    geo = _Geometry(meta, t, hints, n_embd, n_block)
+    geo = _Geometry(meta, t, conv, n_embd, n_block)
     layers = tuple(geo.layer(i) for i in range(n_block - n_nextn))
     nextn_layers = tuple(geo.layer(i) for i in range(n_block - n_nextn, n_block))
+    rope_tables = geo.rope_tables()
+    softcap_value = meta.get("final_logit_softcapping", float, 0.0)
+    softcap = conv.need("softcap") if softcap_value else fam.softcap
+    embed_scale = conv.need("embed_scale")
+    conv.check()
     return Descriptor(
         architecture=meta.arch,
         n_vocab=n_vocab,
         n_embd=n_embd,
         n_ctx=n_ctx,
         layers=layers,
-        rope_tables=geo.rope_tables(),
-        norm="rms",
+        rope_tables=rope_tables,
+        norm=norm,
         norm_eps=eps,
-        embed_scale=math.sqrt(n_embd) if hints.embed_scale == "sqrt_n_embd" else 1.0,
+        embed_scale=math.sqrt(n_embd) if embed_scale == "sqrt_n_embd" else embed_scale,
         tied_output=tied,
-        logit_softcap=meta.get("final_logit_softcapping", float, 0.0),
-        block_style=block_style or hints.block_style,
+        logit_scale=fam.logit_scale or 1.0,
+        logit_softcap=softcap_value,
+        output_norm_bias=_vector_if_present(t, "output_norm.bias", None, n_embd),
+        block_style=block_style or fam.block_style,
         nextn_layers=nextn_layers,
         tensor_names=t.names,
+        **({"softcap": softcap} if softcap else {}),
     )
 
 
-def _norm_eps(meta: _Meta) -> float:
-    if not meta.has("attention.layer_norm_rms_epsilon") and meta.has("attention.layer_norm_epsilon"):
-        from archrun.errors import UnknownVocabulary
-
-        raise UnknownVocabulary("norm='layer' (LayerNorm with attention.layer_norm_epsilon) is not supported")
-    eps = meta.get("attention.layer_norm_rms_epsilon", float)
-    if not 0.0 < eps < 1.0:
-        raise MetadataError(f"{meta.key('attention.layer_norm_rms_epsilon')!r} = {eps} is not a valid epsilon")
-    return eps
+def _vector_if_present(t: _Tensors, role: str, i: int | None, n: int) -> bool:
+    if not t.has(role, i):
+        return False
+    t.expect(role, i, (n,))
+    return True
 
 
 class _Geometry:
-    """Per-layer geometry from metadata plus tensor presence."""
+    """Per-layer geometry from metadata plus tensor presence; vocabulary from the conventions."""
 
-    def __init__(self, meta: _Meta, t: _Tensors, hints: FamilyHints, n_embd: int, n_block: int):
-        self.meta, self.t, self.hints, self.n_embd, self.n_block = meta, t, hints, n_embd, n_block
+    def __init__(self, meta: _Meta, t: _Tensors, conv: _Conventions, n_embd: int, n_block: int):
+        self.meta, self.t, self.conv, self.fam = meta, t, conv, conv.fam
+        self.n_embd, self.n_block = n_embd, n_block
         self.heads = meta.per_layer("attention.head_count", n_block)
         self.heads_kv = meta.per_layer("attention.head_count_kv", n_block, 0)
         self.n_ff = meta.per_layer("feed_forward_length", n_block, 0)
@@ -304,9 +308,16 @@ class _Geometry:
         _bounded(meta.key("attention.key_length"), self.head_dim, 1, MAX_WIDTH)
         _bounded(meta.key("attention.value_length"), self.v_head_dim, 1, MAX_WIDTH)
         self.scale = meta.get("attention.scale", float, default_attention_scale(self.head_dim))
+        self.softcap = meta.get("attn_logit_softcapping", float, 0.0)
         self.window = meta.get("attention.sliding_window", int, 0)
         self.sliding = self._sliding_layers()
-        self.leading_dense = meta.get("leading_dense_block_count", int, 0)
+        self.nope = self._nope_layers()
+        self.n_rot = meta.get("rope.dimension_count", int, self.head_dim)
+        if self.n_rot > self.head_dim:
+            raise MetadataError(f"rope.dimension_count {self.n_rot} exceeds the head width {self.head_dim}")
+        self.pairing = conv.need("rope_pairing") if self.n_rot and not all(self.nope) else NO_ROPE
+        self.attention_kind = conv.need("attention")
+        self.residual = conv.need("residual")
 
     def _sliding_layers(self) -> tuple[bool, ...]:
         n = self.n_block
@@ -319,83 +330,114 @@ class _Geometry:
                 return tuple(bool(x) for x in pattern)
             period = _bounded("attention.sliding_window_pattern", _typed("pattern", pattern, int), 1, MAX_LAYERS)
         else:
-            period = self.hints.swa_period
+            period = self.fam.swa_period
         if not self.window or not period:
             return (False,) * n
         return tuple(i % period < period - 1 for i in range(n))
 
+    def _nope_layers(self) -> tuple[bool, ...]:
+        """Layers without rotary embedding: every nope_period-th layer (the family says)."""
+        period = self.fam.nope_period
+        return tuple(bool(period) and i % period == period - 1 for i in range(self.n_block))
+
     def rope_tables(self) -> tuple[RopeSpec, ...]:
-        meta = self.meta
-        n_rot = meta.get("rope.dimension_count", int, self.head_dim)
-        if n_rot > self.head_dim:
-            raise MetadataError(f"rope.dimension_count {n_rot} exceeds the head width {self.head_dim}")
+        """Table 0: global layers; 1: sliding layers (when any); last: NO_ROPE (when any NoPE layer)."""
+        meta, pairing = self.meta, self.pairing
         scaling = meta.get("rope.scaling.type", str, "none")
+        if scaling not in ROPE_SCALINGS:
+            raise MetadataError(f"{meta.key('rope.scaling.type')!r} = {scaling!r}: archrun implements "
+                                f"rope scaling {', '.join(ROPE_SCALINGS)} only")
         factor = meta.get("rope.scaling.factor", float, 1.0) if scaling != "none" else 1.0
-        pairing = self.hints.rope_pairing
         glob = RopeSpec(
             pairing=pairing,
-            n_rot=n_rot,
+            n_rot=self.n_rot if pairing != NO_ROPE else 0,
             freq_base=meta.get("rope.freq_base", float, 10000.0),
             scaling=scaling,
             scaling_factor=factor,
             original_context=meta.get("rope.scaling.original_context_length", int, 0),
             freq_factors="rope_freqs" if self.t.has("rope_freqs") else None,
         )
-        if not any(self.sliding):
-            return (glob,)
-        local = RopeSpec(pairing=pairing, n_rot=n_rot, freq_base=meta.get("rope.freq_base_swa", float, 10000.0))
-        return (glob, local)
+        tables = [glob]
+        if any(self.sliding):
+            tables.append(RopeSpec(pairing=pairing, n_rot=glob.n_rot,
+                                   freq_base=meta.get("rope.freq_base_swa", float, 10000.0)))
+        if any(self.nope) and pairing != NO_ROPE:
+            tables.append(RopeSpec(pairing=NO_ROPE, n_rot=0, freq_base=glob.freq_base))
+        return tuple(tables)
+
+    def _rope_table(self, i: int) -> int:
+        if self.nope[i] and self.pairing != NO_ROPE:
+            return 2 if any(self.sliding) else 1
+        return 1 if self.sliding[i] else 0
 
     def layer(self, i: int) -> LayerSpec:
-        t = self.t
+        t, d = self.t, self.n_embd
+        t.expect("attn_norm", i, (d,))
+        ffn_norm = _vector_if_present(t, "ffn_norm", i, d)
         return LayerSpec(
             attention=self._attention(i),
             ffn=self._moe(i) if t.has("ffn_gate_inp", i) else self._dense(i),
-            post_attn_norm=self._norm_if_present("post_attn_norm", i),
-            post_ffn_norm=self._norm_if_present("post_ffn_norm", i),
+            post_attn_norm=_vector_if_present(t, "post_attn_norm", i, d),
+            post_ffn_norm=_vector_if_present(t, "post_ffn_norm", i, d),
+            residual=self.residual or "",
+            residual_scale=self.fam.residual_scale or 1.0,
+            ffn_norm=ffn_norm,
+            norm_bias=self._norm_bias(i, ffn_norm),
         )
+
+    def _norm_bias(self, i: int, ffn_norm: bool) -> bool:
+        bias = _vector_if_present(self.t, "attn_norm.bias", i, self.n_embd)
+        if ffn_norm and _vector_if_present(self.t, "ffn_norm.bias", i, self.n_embd) != bias:
+            raise MissingTensor(f"layer {i}: attn_norm and ffn_norm must both have biases or neither")
+        return bias
 
     def _attention(self, i: int) -> AttentionSpec:
         t, d = self.t, self.n_embd
         n_head, n_kv = self.heads[i], self.heads_kv[i] or self.heads[i]
         hd, vd = self.head_dim, self.v_head_dim
-        t.expect("attn_norm", i, (d,))
-        if not t.has("attn_q", i) and t.name("attn_q", i).replace("attn_q", "attn_qkv") in t.gguf.tensors:
-            raise MissingTensor(f"layer {i}: fused attn_qkv is not supported (expected separate attn_q/k/v)")
-        t.expect("attn_q", i, (d, n_head * hd))
-        t.expect("attn_k", i, (d, n_kv * hd))
-        t.expect("attn_v", i, (d, n_kv * vd))
+        packed = t.has("attn_qkv", i)
+        if packed:
+            t.expect("attn_qkv", i, (d, n_head * hd + n_kv * (hd + vd)))
+            bias = _vector_if_present(t, "attn_qkv.bias", i, n_head * hd + n_kv * (hd + vd))
+        else:
+            t.expect("attn_q", i, (d, n_head * hd))
+            t.expect("attn_k", i, (d, n_kv * hd))
+            t.expect("attn_v", i, (d, n_kv * vd))
+            bias = t.has("attn_q.bias", i)
+            if bias:
+                t.expect("attn_q.bias", i, (n_head * hd,))
+                t.expect("attn_k.bias", i, (n_kv * hd,))
+                t.expect("attn_v.bias", i, (n_kv * vd,))
         t.expect("attn_output", i, (n_head * vd, d))
-        bias = t.has("attn_q.bias", i)
-        if bias:
-            t.expect("attn_q.bias", i, (n_head * hd,))
-            t.expect("attn_k.bias", i, (n_kv * hd,))
-            t.expect("attn_v.bias", i, (n_kv * vd,))
         qk_norm = t.has("attn_q_norm", i)
         if qk_norm:
             t.expect("attn_q_norm", i, (hd,))
             t.expect("attn_k_norm", i, (hd,))
         sliding = self.sliding[i]
         return AttentionSpec(
-            kind="causal", n_head=n_head, n_head_kv=n_kv, head_dim=hd, v_head_dim=vd, scale=self.scale,
-            rope=1 if sliding else 0, window=self.window if sliding else 0, qk_norm=qk_norm,
-            qkv_bias=bias, output_bias=t.has("attn_output.bias", i),
+            kind=self.attention_kind or "", n_head=n_head, n_head_kv=n_kv, head_dim=hd, v_head_dim=vd,
+            scale=self.scale, rope=self._rope_table(i), window=self.window if sliding else 0, qk_norm=qk_norm,
+            qkv_bias=bias, output_bias=t.has("attn_output.bias", i), softcap=self.softcap, qkv_packed=packed,
         )
 
     def _dense(self, i: int) -> FfnSpec:
         t, d = self.t, self.n_embd
-        n_ff = self.n_ff[i] or t.shape("ffn_up", i)[-1]
-        t.expect("ffn_norm", i, (d,))
-        for role, shape in (("ffn_gate", (d, n_ff)), ("ffn_up", (d, n_ff)), ("ffn_down", (n_ff, d))):
-            t.expect(role, i, shape)
-        return FfnSpec(kind=self.hints.ffn_kind, n_ff=n_ff)
+        up = t.shape("ffn_up", i)
+        gated = t.has("ffn_gate", i)
+        n_ff = self.n_ff[i] or up[-1]
+        packed = not gated and len(up) == 2 and up[-1] == 2 * n_ff  # gate|up stacked in one tensor
+        if gated:
+            t.expect("ffn_gate", i, (d, n_ff))
+        t.expect("ffn_up", i, (d, 2 * n_ff if packed else n_ff))
+        t.expect("ffn_down", i, (n_ff, d))
+        return FfnSpec(activation=self.conv.need("activation") or "", n_ff=n_ff, gated=gated or packed,
+                       packed=packed)
 
     def _moe(self, i: int) -> MoeSpec:
         meta, t, d = self.meta, self.t, self.n_embd
         n_expert = _bounded(meta.key("expert_count"), meta.get("expert_count", int), 1, MAX_EXPERTS)
         n_used = meta.get("expert_used_count", int)
         n_ff = meta.get("expert_feed_forward_length", int, 0) or t.shape("ffn_up_exps", i)[1]
-        t.expect("ffn_norm", i, (d,))
         t.expect("ffn_gate_inp", i, (d, n_expert))
         for role, shape in (("ffn_gate_exps", (d, n_ff, n_expert)), ("ffn_up_exps", (d, n_ff, n_expert)),
                             ("ffn_down_exps", (n_ff, d, n_expert))):
@@ -404,11 +446,10 @@ class _Geometry:
         if bias:
             t.expect("exp_probs_b", i, (n_expert,))
         n_shared, n_ff_shared = self._shared(i)
-        gating_id = meta.get("expert_gating_func", int, 0)  # 0: the file does not say
-        gating = self.hints.gating if gating_id == 0 else GATING.get(gating_id, f"gguf_{gating_id}")
         return MoeSpec(
-            kind="topk", expert_kind=self.hints.ffn_kind, n_expert=n_expert, n_expert_used=n_used, n_ff=n_ff,
-            gating=gating, weights_norm=meta.get("expert_weights_norm", bool, self.hints.moe_weights_norm),
+            kind=self.conv.need("moe") or "", activation=self.conv.need("activation") or "", n_expert=n_expert,
+            n_expert_used=n_used, n_ff=n_ff, gating=self.conv.gating() or "",
+            weights_norm=meta.get("expert_weights_norm", bool, self.fam.moe_weights_norm),
             weights_scale=meta.get("expert_weights_scale", float, 1.0) or 1.0, router_bias=bias,
             router_input_bias=t.has("ffn_gate_inp.bias", i),
             n_group=meta.get("expert_group_count", int, 1) or 1,
@@ -426,12 +467,6 @@ class _Geometry:
             t.expect(role, i, shape)
         return max(1, self.meta.get("expert_shared_count", int, 1)), n_ff_sh
 
-    def _norm_if_present(self, role: str, i: int) -> bool:
-        if not self.t.has(role, i):
-            return False
-        self.t.expect(role, i, (self.n_embd,))
-        return True
-
 
 _INFORMATIONAL_PREFIXES = ("general.", "tokenizer.", "quantize.", "split.")
 
@@ -443,14 +478,7 @@ def _unused_keys(gguf: GGUFFile, used: set[str]) -> tuple[str, ...]:
     )
 
 
-def _warn(arch: str, unused: tuple[str, ...], assumptions: tuple[str, ...]) -> None:
-    if assumptions:
-        warnings.warn(
-            f"no family plugin describes architecture {arch!r}; compiled generically assuming: "
-            + "; ".join(assumptions),
-            ArchrunWarning,
-            stacklevel=3,
-        )
+def _warn(arch: str, unused: tuple[str, ...]) -> None:
     if unused:
         warnings.warn(f"{arch}: metadata keys not used by archrun: {', '.join(unused)}", ArchrunWarning,
                       stacklevel=3)

@@ -1,14 +1,17 @@
 """The descriptor: a model as data.
 
 A `Descriptor` holds every structural choice of a decoder-only transformer as plain,
-validated, frozen values. Each field that names a choice (norm kind, rope pairing,
-attention kind, FFN kind, gating function, block style) is a vocabulary value that the
-plan resolves to a registered op once, at load. Per-layer geometry is a tuple of
-`LayerSpec`, so interleaved sliding/global layers, leading dense layers and per-layer
-head counts are data, not code.
+validated, frozen values. Each field that names a choice is a vocabulary value, a name in
+one of the registry's slots (archrun.vocab.SLOTS), that the plan resolves to a registered op
+once, at load: norm kind (slot "norm"), rope pairing ("rope"), attention kind ("attention"),
+FFN activation ("activation"), residual topology ("residual"), MoE router ("moe", "gating"),
+logit softcap ("softcap") and block style ("block_style"). Structure found by tensor
+presence is plain data: biases, q/k norms, sandwich norms, gated or plain FFN, fused QKV and
+packed gate|up projections. Per-layer geometry is a tuple of `LayerSpec`, so interleaved
+sliding/global layers, NoPE layers, leading dense layers and per-layer head counts are data.
 
-Build descriptors with `Descriptor.from_gguf(...)` (see archrun.compile); variants with
-`attrs.evolve`. Never construct one from raw metadata.
+Build descriptors with `archrun.compile.describe(path)` (or `compile_gguf` for the full
+report); variants with `attrs.evolve`. Never construct one from raw metadata.
 """
 
 from __future__ import annotations
@@ -35,7 +38,11 @@ DEFAULT_TENSOR_NAMES: Mapping[str, str] = MappingProxyType(
         "output_norm": "output_norm.weight",
         "output": "output.weight",
         "rope_freqs": "rope_freqs.weight",
+        "output_norm.bias": "output_norm.bias",
         "attn_norm": "blk.{i}.attn_norm.weight",
+        "attn_norm.bias": "blk.{i}.attn_norm.bias",
+        "attn_qkv": "blk.{i}.attn_qkv.weight",
+        "attn_qkv.bias": "blk.{i}.attn_qkv.bias",
         "attn_q": "blk.{i}.attn_q.weight",
         "attn_k": "blk.{i}.attn_k.weight",
         "attn_v": "blk.{i}.attn_v.weight",
@@ -48,6 +55,7 @@ DEFAULT_TENSOR_NAMES: Mapping[str, str] = MappingProxyType(
         "attn_k_norm": "blk.{i}.attn_k_norm.weight",
         "post_attn_norm": "blk.{i}.post_attention_norm.weight",
         "ffn_norm": "blk.{i}.ffn_norm.weight",
+        "ffn_norm.bias": "blk.{i}.ffn_norm.bias",
         "post_ffn_norm": "blk.{i}.post_ffw_norm.weight",
         "ffn_gate": "blk.{i}.ffn_gate.weight",
         "ffn_up": "blk.{i}.ffn_up.weight",
@@ -70,9 +78,6 @@ DEFAULT_TENSOR_NAMES: Mapping[str, str] = MappingProxyType(
     }
 )
 
-BLOCK_STYLES = ("fused", "host_reference")
-
-
 def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
 
@@ -81,12 +86,13 @@ def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
 class RopeSpec:
     """One rotary-embedding table.
 
-    pairing: "norm" rotates (x[2i], x[2i+1]); "neox" rotates (x[i], x[i + n_rot/2]);
-    "none" disables rope. Only the first `n_rot` dims of each head rotate.
+    pairing: the rope op (slot "rope"), e.g. "norm" rotates (x[2i], x[2i+1]) and "neox"
+    (x[i], x[i + n_rot/2]); "none" (NO_ROPE) means no rotary embedding (NoPE layers).
+    Only the first `n_rot` dims of each head rotate.
     theta_i = pos * freq_base^(-2i/n_rot) / (scaling_factor for "linear" scaling).
     """
 
-    pairing: str = field(validator=v.in_(("norm", "neox", "none")))
+    pairing: str = field(validator=v.instance_of(str))
     n_rot: int = field(validator=_nonneg_int)
     freq_base: float = field(converter=float, validator=_pos_float)
     scaling: str = field(default="none", validator=v.in_(("none", "linear", "yarn", "longrope")))
@@ -100,9 +106,17 @@ class RopeSpec:
             raise ValueError(f"rope n_rot must be even, got {value}")
 
 
+NO_ROPE = "none"  # RopeSpec.pairing of a table that rotates nothing
+
+
 @frozen
 class AttentionSpec:
-    """Attention geometry of one layer. `window` 0 means global (full causal)."""
+    """Attention geometry of one layer. `window` 0 means global (full causal).
+
+    scale multiplies the q.k scores (an attention multiplier is just another scale);
+    softcap > 0 caps scores to softcap * tanh(s / softcap); qkv_packed: q|k|v come from one
+    fused attn_qkv tensor.
+    """
 
     kind: str = field(validator=v.instance_of(str))  # vocabulary slot "attention"
     n_head: int = field(validator=_pos_int)
@@ -115,6 +129,8 @@ class AttentionSpec:
     qk_norm: bool = field(default=False, validator=v.instance_of(bool))
     qkv_bias: bool = field(default=False, validator=v.instance_of(bool))
     output_bias: bool = field(default=False, validator=v.instance_of(bool))
+    softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))
+    qkv_packed: bool = field(default=False, validator=v.instance_of(bool))
 
     @n_head_kv.validator
     def _divides(self, _attr, value: int) -> None:
@@ -129,10 +145,16 @@ class AttentionSpec:
 
 @frozen
 class FfnSpec:
-    """A dense gated FFN: down(act(gate x) * up x). kind: "swiglu" | "geglu_tanh"."""
+    """A dense FFN: gated down(act(gate x) * up x), or plain down(act(up x)).
 
-    kind: str = field(validator=v.instance_of(str))  # vocabulary slot "ffn"
+    activation names the slot "activation" op; gated is found by the presence of a gate
+    projection; packed: gate|up come from one ffn_up tensor of 2 n_ff outputs.
+    """
+
+    activation: str = field(validator=v.instance_of(str))  # vocabulary slot "activation"
     n_ff: int = field(validator=_pos_int)
+    gated: bool = field(default=True, validator=v.instance_of(bool))
+    packed: bool = field(default=False, validator=v.instance_of(bool))
 
 
 @frozen
@@ -147,7 +169,7 @@ class MoeSpec:
     """
 
     kind: str = field(validator=v.instance_of(str))  # vocabulary slot "moe"
-    expert_kind: str = field(validator=v.instance_of(str))  # slot "ffn" of each expert
+    activation: str = field(validator=v.instance_of(str))  # slot "activation" of each (gated) expert
     n_expert: int = field(validator=_pos_int)
     n_expert_used: int = field(validator=_pos_int)
     n_ff: int = field(validator=_pos_int)
@@ -174,12 +196,22 @@ class MoeSpec:
 
 @frozen
 class LayerSpec:
-    """One decoder block: h = x + [post_attn_norm](Attn(norm(x))); out = h + [post_ffn_norm](FFN(norm(h)))."""
+    """One decoder block: a = [post_attn_norm](Attn(attn_norm(x))); f = [post_ffn_norm](FFN(ffn_norm(g)));
+    the residual op (slot "residual") says what g is and how x, a and f combine, e.g.
+    "sequential": g = x + s a, out = g + s f; "parallel": g = x, out = x + s (a + f).
+
+    ffn_norm False: the FFN reads the attention's normed input (a parallel block with one norm).
+    residual_scale s multiplies each branch before it joins the stream.
+    """
 
     attention: AttentionSpec = field(validator=v.instance_of(AttentionSpec))
     ffn: FfnSpec | MoeSpec = field(validator=v.instance_of((FfnSpec, MoeSpec)))
     post_attn_norm: bool = field(default=False, validator=v.instance_of(bool))
     post_ffn_norm: bool = field(default=False, validator=v.instance_of(bool))
+    residual: str = field(default="sequential", validator=v.instance_of(str))  # vocabulary slot "residual"
+    residual_scale: float = field(default=1.0, converter=float)
+    ffn_norm: bool = field(default=True, validator=v.instance_of(bool))
+    norm_bias: bool = field(default=False, validator=v.instance_of(bool))  # attn/ffn norms carry biases
 
     @property
     def is_moe(self) -> bool:
@@ -204,12 +236,15 @@ class Descriptor:
     rope_tables: tuple[RopeSpec, ...] = field(
         converter=tuple, validator=v.deep_iterable(v.instance_of(RopeSpec), v.min_len(1))
     )
-    norm: str = field(default="rms", validator=v.instance_of(str))  # vocabulary slot "norm"
+    norm: str = field(validator=v.instance_of(str))  # vocabulary slot "norm"
     norm_eps: float = field(default=1e-6, converter=float, validator=_pos_float)
     embed_scale: float = field(default=1.0, converter=float, validator=_pos_float)
     tied_output: bool = field(default=False, validator=v.instance_of(bool))
+    logit_scale: float = field(default=1.0, converter=float, validator=_pos_float)  # multiplies the logits
     logit_softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))
-    block_style: str = field(default="fused", validator=v.in_(BLOCK_STYLES))
+    softcap: str = field(default="tanh", validator=v.instance_of(str))  # vocabulary slot "softcap"
+    output_norm_bias: bool = field(default=False, validator=v.instance_of(bool))
+    block_style: str = field(default="fused", validator=v.instance_of(str))  # vocabulary slot "block_style"
     nextn_layers: tuple[LayerSpec, ...] = field(
         default=(), converter=tuple, validator=v.deep_iterable(v.instance_of(LayerSpec))
     )
@@ -218,19 +253,8 @@ class Descriptor:
     @layers.validator
     def _rope_refs(self, _attr, layers: tuple[LayerSpec, ...]) -> None:
         for i, layer in enumerate(layers):
-            if layer.attention.rope >= len(self.rope_tables):
+            if layer.attention.rope >= len(self.rope_tables):  # NoPE layers name a NO_ROPE table
                 raise ValueError(f"layer {i} names rope table {layer.attention.rope}, which does not exist")
-
-    @classmethod
-    def from_gguf(cls, source: Any, plugins: Any = None) -> Descriptor:
-        """Compile a GGUF file's metadata (a path or an open archrun.ggufio.GGUFFile) into a Descriptor.
-
-        Unused metadata keys and generic assumptions are reported as ArchrunWarning;
-        missing or contradictory metadata raises a typed ArchrunError.
-        """
-        from archrun.compile import compile_gguf
-
-        return compile_gguf(source, plugins=plugins).descriptor
 
     @property
     def n_layer(self) -> int:

@@ -1,12 +1,13 @@
 """Fused decode blocks: one jitted call per layer for a single token (the fused block style's fast path).
 
-A layer can run fused when every op bound to it describes itself to the kernel through a
-`kernel` attribute (archrun.kernels.block: NormKernel, RopeKernel, AttentionKernel,
-ActKernel; archrun.kernels.moe: MoeKernel for a MoE FFN) and every weight is prepared for the
-fast kernels. Dense layers run kernels.block.decode_block (as decode_layer, their arguments
-in one typed list), MoE layers kernels.moe.decode_block_moe. Ops from other plugins that do not, and the reference
-backend, keep the op-by-op path, which computes the same block. The core only moves these
-descriptions and arrays into the kernel: it knows no math.
+A layer runs fused when every op bound to it carries a kernel part (archrun.kernels.parts:
+`op.fused`, and the residual op's `fused_input`) and every weight is prepared for the fast
+kernels. Dense layers run archrun.kernels.layer.decode_block (as decode_layer, their arguments
+in one typed list), whose parts are first-class function values: any op, from any plugin,
+decodes fused. A layer whose FFN op brings its own layer kernel (`ffn_op.fused_layer`, e.g. a
+mixture of experts) runs that. Ops without parts, and the reference backend, keep the op-by-op
+path, which computes the same block. The core only moves parts and arrays into the kernel: it
+knows no math.
 
 On more than one thread, the products of a dense model's one-token step (every layer's
 product groups and the output head) are shared with a worker pool (kernels.pool.DecodePool):
@@ -23,8 +24,10 @@ import numpy as np
 from numba.core.errors import TypingError
 
 from archrun.errors import ContextOverflow
-from archrun.kernels import block, moe, pool, qmatrix
+from archrun.kernels import block, layer, pool, qmatrix
 from archrun.kernels.lists import typed_list
+from archrun.kernels.parts import NO_ROPE, Part, slot_part
+from archrun.plan import DenseFfn, LayerPlan
 from archrun.weights import Matrix
 
 _EMPTY_F32 = np.empty(0, np.float32)
@@ -46,10 +49,10 @@ def _uniforms(matrices: list[Matrix], width: int) -> tuple | None:
 class FusedBlock:
     """One layer's decode step as one kernel call: `fb(x, slot, start, angles)` updates x f32 [d] in place."""
 
-    def __init__(self, kernel: Any, args: tuple, attention: block.AttentionKernel, rope: int, parallel: bool):
-        self._kernel = kernel       # block.decode_block (decode_layer) or moe.decode_block_moe
-        self._args = args           # (qkv, o, *ffn, vecs, geo, eps, scale); ffn: (gate_up, down) or the MoE arrays
-        self._slot_arrays = attention.slot_arrays
+    def __init__(self, kernel: Any, args: tuple, slot_arrays: Any, rope: int, parallel: bool):
+        self._kernel = kernel       # layer.decode_block (decode_layer) or an FFN op's layer kernel
+        self._args = args           # the kernel's arguments before the cache ones
+        self._slot_arrays = slot_arrays
         self._rope = rope           # index into the per-token rope angles (-1: no rope)
         self._parallel = parallel   # big enough to split products over the threads
 
@@ -70,26 +73,30 @@ class FusedBlock:
         self._kernel(x, *self._args, k, v, kpos, ring, row, start, cos, sin, chunks, par)
 
 
-def _ffn_args(lp: Any) -> tuple[Any, tuple, int, int, bool] | None:
-    """(kernel, ffn args, act kind, n_ff, parallel) of the layer's FFN, or None when it must run op by op."""
-    from archrun.model import DenseFfn, MoeFfn
+def _parts(lp: LayerPlan, norm: Any, rope: Any) -> tuple[tuple, tuple] | None:
+    """(fns, params) of the layer's parts in kernels.layer's order, or None when an op has none."""
+    act = lp.ffn.act if isinstance(lp.ffn, DenseFfn) else getattr(lp.ffn.moe, "act_part", None)
+    found = [slot_part(norm, "norm"), NO_ROPE if rope is None else slot_part(rope, "rope"),
+             slot_part(lp.attention, "attention"), act if isinstance(act, Part) else slot_part(act, "activation"),
+             slot_part(lp.residual, "residual", "fused_input"), slot_part(lp.residual, "residual")]
+    if any(p is None for p in found) or not callable(getattr(lp.attention, "slot_arrays", None)):
+        return None
+    fns = tuple(p.fn for p in found)
+    params = tuple(p.params for p in found[:5])  # the residual's two functions share its parameters
+    return fns, params
 
-    if isinstance(lp.ffn, DenseFfn):
-        act_k = getattr(lp.ffn.act, "kernel", None)
-        gate_up = _uniforms(lp.ffn.gate_up.matrices, 3)
-        down = _uniforms([lp.ffn.down], 3)
-        if not isinstance(act_k, block.ActKernel) or gate_up is None or down is None:
-            return None
-        return block.decode_block, (gate_up, down), act_k.kind, lp.ffn.down.n_in, False
-    if isinstance(lp.ffn, MoeFfn):
-        moe_k = getattr(lp.ffn.moe, "kernel", None)
-        arrays = moe_k.arrays(lp.ffn.weights) if isinstance(moe_k, moe.MoeKernel) else None
-        if arrays is None:
-            return None
-        w = lp.ffn.weights
-        big = max(w.gate[0].prepared.nbytes, w.down[0].prepared.nbytes) >= qmatrix.PARALLEL_MIN_BYTES
-        return moe.decode_block_moe, (*arrays, moe_k.rp, moe_k.scale), moe_k.rp[moe.RP_ACT], 0, big
-    return None
+
+def _geo(lp: LayerPlan, rope_on: bool, ids: list[int]) -> tuple:
+    a = lp.spec.attention
+    dense = isinstance(lp.ffn, DenseFfn)
+    n_ff = lp.ffn.down.n_in if dense else 0
+    gated = int(dense and lp.ffn.gated)
+    return tuple(int(g) for g in (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim, n_ff, gated, rope_on, *ids))
+
+
+def _vecs(lp: LayerPlan) -> tuple:
+    return tuple(_vec(v) for v in (lp.attn_norm, lp.attn_norm_b, lp.q_norm, lp.k_norm, lp.post_attn_norm,
+                                   lp.ffn_norm, lp.ffn_norm_b, lp.post_ffn_norm))
 
 
 def _group_id(groups: list[tuple], ms: tuple, n_in: int) -> int:
@@ -98,36 +105,37 @@ def _group_id(groups: list[tuple], ms: tuple, n_in: int) -> int:
     return len(groups) - 1
 
 
-def fuse_layer(lp: Any, norm: Any, ropes: list, groups: list[tuple] | None = None) -> FusedBlock | None:
-    """The fused decode step of a bound layer (archrun.model.LayerPlan), or None when it must run op by op.
+def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None = None) -> FusedBlock | None:
+    """The fused decode step of a bound layer, or None when it must run op by op.
 
-    groups: when given, the layer's dense product groups are appended (pool group ids).
+    groups: when given, a dense layer's product groups are appended (pool group ids).
     """
     a = lp.spec.attention
     rope = ropes[a.rope]
-    norm_k = getattr(norm, "kernel", None)
-    attn_k = getattr(lp.attention, "kernel", None)
-    rope_k = getattr(rope, "kernel", None) if rope is not None else block.RopeKernel(0, False)
-    if not (isinstance(norm_k, block.NormKernel) and isinstance(attn_k, block.AttentionKernel)
-            and isinstance(rope_k, block.RopeKernel)):
+    found = _parts(lp, norm, rope)
+    qkv, o = _uniforms(lp.qkv.matrices, 3), _uniforms([lp.o], 3)
+    if found is None or qkv is None or o is None:
         return None
-    ffn = _ffn_args(lp)
-    qkv = _uniforms(lp.qkv.matrices, 3)
-    o = _uniforms([lp.o], 3)
-    if ffn is None or qkv is None or o is None:
+    fns, params = found
+    rope_index = a.rope if rope is not None else -1
+    if not isinstance(lp.ffn, DenseFfn):  # an FFN op with its own layer kernel (e.g. MoE)
+        fused_layer = getattr(lp.ffn.moe, "fused_layer", None)
+        common = (qkv, o, _vecs(lp), _geo(lp, rope is not None, [-1] * 4), fns, params)
+        made = fused_layer(lp.ffn.weights, common) if fused_layer is not None else None
+        if made is None:
+            return None
+        kernel, args, big = made
+        return FusedBlock(kernel, args, lp.attention.slot_arrays, rope_index, big)
+    gate_up, down = _uniforms(lp.ffn.gate_up.matrices, 3), _uniforms([lp.ffn.down], 3)
+    if gate_up is None or down is None:
         return None
-    kernel, ffn_args, act, n_ff, big_ffn = ffn
-    vecs = tuple(_vec(v) for v in (lp.attn_norm, lp.q_norm, lp.k_norm, lp.post_attn_norm, lp.ffn_norm,
-                                   lp.post_ffn_norm))
-    ids = [-1] * 4  # pool groups of qkv, o, gate_up, down (dense layers only: experts use numba's threads)
-    if groups is not None and kernel is block.decode_block:
+    ids = [-1] * 4  # pool groups of qkv, o, gate_up, down
+    if groups is not None:
         widths = (lp.qkv.matrices[0].n_in, lp.o.n_in, lp.ffn.gate_up.matrices[0].n_in, lp.ffn.down.n_in)
-        ids = [_group_id(groups, ms, n_in) for ms, n_in in zip((qkv, o, *ffn_args), widths, strict=True)]
-    geo = (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim, rope_k.n_rot, int(rope_k.neox), attn_k.window,
-           act, n_ff, *ids)
-    args = (qkv, o, *ffn_args, vecs, tuple(int(g) for g in geo), float(norm_k.eps), float(attn_k.scale))
-    parallel = big_ffn or lp.o.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES
-    return FusedBlock(kernel, args, attn_k, a.rope if rope is not None else -1, parallel)
+        ids = [_group_id(groups, ms, n_in) for ms, n_in in zip((qkv, o, gate_up, down), widths, strict=True)]
+    args = (qkv, o, gate_up, down, _vecs(lp), _geo(lp, rope is not None, ids), fns, params)
+    parallel = lp.o.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES
+    return FusedBlock(layer.decode_block, args, lp.attention.slot_arrays, rope_index, parallel)
 
 
 def fuse_layers(plan: Any, groups: list[tuple] | None = None) -> list[FusedBlock] | None:
@@ -143,9 +151,9 @@ def fuse_layers(plan: Any, groups: list[tuple] | None = None) -> list[FusedBlock
 
 
 def _share_dense_args(blocks: list[FusedBlock]) -> None:
-    """Dense layers call block.decode_layer with their arguments in one typed list (when all of
+    """Dense layers call layer.decode_layer with their arguments in one typed list (when all of
     them have one numba type, as every dense layer built here does)."""
-    dense = [fb for fb in blocks if fb._kernel is block.decode_block]
+    dense = [fb for fb in blocks if fb._kernel is layer.decode_block]
     if not dense:
         return
     try:
@@ -153,7 +161,7 @@ def _share_dense_args(blocks: list[FusedBlock]) -> None:
     except TypingError:  # layers of different argument types: keep the per-layer arguments
         return
     for i, fb in enumerate(dense):
-        fb._kernel, fb._args = block.decode_layer, (layers, np.int64(i))
+        fb._kernel, fb._args = layer.decode_layer, (layers, np.int64(i))
 
 
 class DecodeSteps:
@@ -167,7 +175,7 @@ class DecodeSteps:
         self._head_id = _group_id(groups, head, plan.output.n_in) if head is not None else -1
         self._head = head
         self._output = plan.output
-        dense = self.blocks is not None and all(fb._kernel in (block.decode_block, block.decode_layer)
+        dense = self.blocks is not None and all(fb._kernel in (layer.decode_block, layer.decode_layer)
                                                 for fb in self.blocks)
         self._groups = groups if dense and head is not None and pool.enabled() else None
         self._pool: pool.DecodePool | None = None

@@ -14,6 +14,7 @@ from typing import Any
 import pluggy
 
 hookspec = pluggy.HookspecMarker("archrun")
+hookimpl = pluggy.HookimplMarker("archrun")  # what plugins mark their implementations with
 
 
 # -- vocabulary (load time, collect-all) ---------------------------------------------------
@@ -34,11 +35,11 @@ def archrun_register_vocabulary(register: Callable[..., None]) -> None:
 
 @hookspec(firstresult=True)
 def archrun_describe_family(architecture: str) -> Any:
-    """Return an `archrun.compile.FamilyHints` for a `general.architecture` string, or None.
+    """Return an `archrun.family.FamilyHints` for a `general.architecture` string, or None.
 
     firstresult: the first plugin that knows the architecture answers. The hints carry only
-    what a GGUF file does not say (rope pairing, per-family defaults, tensor-role aliases,
-    block style); they never carry math.
+    what a GGUF file does not say (its conventions: rope pairing, activation, residual
+    topology, ...; per-family defaults, tensor-role aliases, block style); they never carry math.
     """
 
 

@@ -9,18 +9,19 @@ from typing import Any
 
 from archrun.compile import compile_gguf
 from archrun.errors import UnknownVocabulary
+from archrun.family import CONVENTIONS
 from archrun.ggufio import open_gguf
 from archrun.model import vocabulary_of
 from archrun.plugins import default_plugin_manager, installed_plugins
 from archrun.vocab import build_vocabulary
 
 
-def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
-    """Descriptor, op providers, unused keys and assumptions of a GGUF file (JSON-ready)."""
+def inspect_model(path: str | os.PathLike, hints: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Descriptor, op providers, unused keys and the conventions used for a GGUF file (JSON-ready)."""
     pm = default_plugin_manager()
     with open_gguf(path) as gguf, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        compiled = compile_gguf(gguf, plugins=pm)
+        compiled = compile_gguf(gguf, plugins=pm, hints=hints)
         types = Counter(t.type_name for t in gguf.tensors.values())
         n_tensors = len(gguf.tensors)
     vocab = build_vocabulary(pm)
@@ -39,8 +40,12 @@ def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
         "descriptor": compiled.descriptor.to_dict(),
         "providers": providers,
         "unused_keys": list(compiled.unused_keys),
-        "assumptions": list(compiled.assumptions),
+        "conventions": {name: _plain(getattr(compiled.hints, name)) for name in CONVENTIONS},
     }
+
+
+def _plain(value: Any) -> Any:
+    return value if value is None or isinstance(value, (str, int, float)) else str(value)
 
 
 def render_text(info: dict[str, Any]) -> str:
@@ -62,8 +67,8 @@ def render_text(info: dict[str, Any]) -> str:
     lines += [f"  {op:28s} {plugin or 'NOT INSTALLED'}" for op, plugin in info["providers"].items()]
     if info["unused_keys"]:
         lines.append("unused keys   " + ", ".join(info["unused_keys"]))
-    if info["assumptions"]:
-        lines.append("assumptions   " + "; ".join(info["assumptions"]))
+    stated = {k: v for k, v in info["conventions"].items() if v is not None}
+    lines.append("conventions   " + " ".join(f"{k}={v}" for k, v in stated.items()))
     return "\n".join(lines)
 
 
@@ -79,8 +84,9 @@ def _layer_groups(layers: list[dict[str, Any]]) -> list[str]:
             span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
             ly = layers[start]
             out.append(f"layers {span:7s} attn[{_kv(ly['attention'])}]")
-            out.append(f"               ffn[{_kv(ly['ffn'])}] post_attn_norm={ly['post_attn_norm']} "
-                       f"post_ffn_norm={ly['post_ffn_norm']}")
+            out.append(f"               ffn[{_kv(ly['ffn'])}]")
+            rest = {k: v for k, v in ly.items() if k not in ("attention", "ffn")}
+            out.append(f"               {_kv(rest)}")
             start = i
     return out
 

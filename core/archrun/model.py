@@ -6,12 +6,13 @@ bound ops; it does no registry lookups and knows no architecture.
 
 Block styles are vocabulary too (slot "block_style"): `FusedDecoder` carries the batched
 entries, `HostReferenceDecoder` carries `host_step`; each refuses the other's entries
-with WrongBlockStyle.
+with WrongBlockStyle, and says what it carries in `caps`.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,104 +23,37 @@ import numpy as np
 from archrun import quant
 from archrun.cache import KvCache
 from archrun.decoder import Caps
-from archrun.descriptor import Descriptor, LayerSpec, MoeSpec
-from archrun.errors import ContextOverflow, InvalidRequest, MissingTensor, UnsupportedQuantType, WrongBlockStyle
+from archrun.descriptor import NO_ROPE, Descriptor, LayerSpec, MoeSpec
+from archrun.errors import (
+    ArchrunWarning,
+    ContextOverflow,
+    InvalidRequest,
+    MissingTensor,
+    UnsupportedQuantType,
+    WrongBlockStyle,
+)
 from archrun.ggufio import GGUFFile, TensorInfo
+from archrun.fusion import DecodeSteps
+from archrun.plan import DenseFfn, LayerPlan, MoeFfn, Plan, Projections
 from archrun.vocab import Vocabulary
 from archrun.weights import Matrix, MoeWeights
 
 F32 = np.float32
 
 
-class Projections:
-    """Bound products sharing one input: x[n, d] -> [x @ W_r.T (+ b_r) for each role r].
-
-    matrices: one Matrix per role, or a single stacked Matrix whose output columns `spans`
-    (one (start, end) per role) split back into the roles.
-    """
-
-    def __init__(self, matrices: list[Matrix], spans: list[tuple[int, int]] | None = None):
-        self.matrices = matrices
-        self.spans = spans
-
-    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
-        if self.spans is None:
-            return [m(x) for m in self.matrices]
-        y = self.matrices[0](x)
-        return [y[:, a:b] for a, b in self.spans]
-
-
-class DenseFfn:
-    """A bound gated FFN: x[n, d] -> down(act(gate x, up x)) [n, d]."""
-
-    def __init__(self, act: Callable[[np.ndarray, np.ndarray], np.ndarray], gate_up: Projections, down: Matrix):
-        self.act, self.gate_up, self.down = act, gate_up, down
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.down(self.act(*self.gate_up(x)))
-
-
-class MoeFfn:
-    """A bound mixture-of-experts FFN: x[n, d] -> moe(x, weights) [n, d]."""
-
-    def __init__(self, moe: Callable[[np.ndarray, MoeWeights], np.ndarray], weights: MoeWeights):
-        self.moe, self.weights = moe, weights
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.moe(x, self.weights)
-
-
-@attrs.define
-class LayerPlan:
-    """Bound ops and weights of one block."""
-
-    spec: LayerSpec
-    attn_norm: np.ndarray
-    qkv: Projections                   # h[n, d] -> [q, k, v] (one stacked product when the types allow)
-    o: Matrix
-    attention: Any                     # bound attention op (makes this layer's cache slot)
-    ffn_norm: np.ndarray
-    ffn: DenseFfn | MoeFfn
-    q_norm: np.ndarray | None = None
-    k_norm: np.ndarray | None = None
-    post_attn_norm: np.ndarray | None = None
-    post_ffn_norm: np.ndarray | None = None
-
-
-@attrs.define
-class Plan:
-    """Everything the per-token path calls, resolved once."""
-
-    descriptor: Descriptor
-    embed: Matrix
-    output: Matrix
-    output_norm: np.ndarray
-    norm: Callable[[np.ndarray, np.ndarray], np.ndarray]
-    ropes: list[Any]                   # one bound rope op per descriptor rope table (None: no rope)
-    layers: list[LayerPlan]
-    softcap: Callable[[np.ndarray], np.ndarray] | None
-    providers: dict[str, str]          # "slot=name" -> plugin that provides it
-    binder: _Binder                    # binds further blocks on request (e.g. a family's MTP block)
-
-
 class _Binder:
     """Resolves vocabulary and binds weights for one model."""
 
-    def __init__(self, d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str):
+    def __init__(self, d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str, op_backend: str):
         self.d, self.gguf, self.vocab, self.backend = d, gguf, vocab, backend
+        self.op_backend = op_backend  # the backend of the small ops (the block style may audit them)
         self.providers: dict[str, str] = {}
+        self.bound: set[str] = set()  # names of the tensors bound so far
 
-    def op(self, slot: str, name: str, *args: Any) -> Any:
+    def op(self, slot: str, name: str, *args: Any, backend: str | None = None) -> Any:
         entry = self.vocab.entry(slot, name)
         self.providers[f"{slot}={name}"] = entry.plugin
-        return entry.op.factory(self._op_backend(slot))(*args)
-
-    def _op_backend(self, slot: str) -> str:
-        # host_reference audits every op in its float32 reference form; only the heavy
-        # linears and the MoE mixture share the fast kernels with the fused style.
-        if self.d.block_style == "host_reference" and slot != "moe":
-            return "reference"
-        return self.backend
+        return entry.op.factory(backend or self.op_backend)(*args)
 
     def vector(self, role: str, layer: int | None = None) -> np.ndarray:
         return np.ascontiguousarray(self.gguf.dequantize(self._checked(role, layer).name), dtype=F32)
@@ -129,6 +63,7 @@ class _Binder:
         name = self.d.tensor_name(role, layer)
         if name not in self.gguf.tensors:
             raise MissingTensor(f"required tensor {name!r} is missing")
+        self.bound.add(name)
         info = self.gguf.tensors[name]
         if info.ggml_type not in quant.SUPPORTED_TYPES:
             raise UnsupportedQuantType(f"tensor {name!r} uses quantization type {info.type_name}, "
@@ -141,6 +76,11 @@ class _Binder:
         name = info.name
         bias = self.vector(bias_role, layer) if bias_role else None
         return Matrix(self.gguf.raw_rows(name), info.ggml_type, info.shape[0], self.backend, bias, name, lazy)
+
+    def packed(self, role: str, layer: int, widths: list[int], bias_role: str | None = None) -> Projections:
+        """One tensor whose output columns hold several products side by side (fused QKV, gate|up)."""
+        ends = np.cumsum(widths).tolist()
+        return Projections([self.matrix(role, layer, bias_role)], list(zip([0, *ends[:-1]], ends, strict=True)))
 
     def projections(self, roles: tuple[str, ...], layer: int,
                     bias_roles: tuple[str | None, ...] | None = None) -> Projections:
@@ -176,15 +116,15 @@ class _Binder:
 def vocabulary_of(d: Descriptor) -> list[tuple[str, str]]:
     """Every (slot, name) the descriptor names, in first-use order, without duplicates."""
     wanted = [("norm", d.norm)]
-    wanted += [("rope", r.pairing) for r in d.rope_tables if r.pairing != "none" and r.n_rot]
-    for layer in d.layers:
-        wanted.append(("attention", layer.attention.kind))
+    wanted += [("rope", r.pairing) for r in d.rope_tables if r.pairing != NO_ROPE and r.n_rot]
+    for layer in (*d.layers, *d.nextn_layers):
+        wanted += [("attention", layer.attention.kind), ("residual", layer.residual)]
         if isinstance(layer.ffn, MoeSpec):
-            wanted += [("gating", layer.ffn.gating), ("ffn", layer.ffn.expert_kind), ("moe", layer.ffn.kind)]
+            wanted += [("gating", layer.ffn.gating), ("activation", layer.ffn.activation), ("moe", layer.ffn.kind)]
         else:
-            wanted.append(("ffn", layer.ffn.kind))
+            wanted.append(("activation", layer.ffn.activation))
     if d.logit_softcap:
-        wanted.append(("softcap", "tanh"))
+        wanted.append(("softcap", d.softcap))
     wanted.append(("block_style", d.block_style))
     return list(dict.fromkeys(wanted))
 
@@ -194,18 +134,33 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     """Resolve the descriptor's vocabulary and bind its weights (once per model).
 
     Every vocabulary value is checked first, so a missing op fails before any weight is touched.
+    Tensors of the file that neither the plan nor the descriptor's MTP blocks use are reported
+    (ArchrunWarning), like unused metadata keys.
     """
     for slot, name in vocabulary_of(d):
         vocab.entry(slot, name)
-    b = _Binder(d, gguf, vocab, backend)
+    style = vocab.entry("block_style", d.block_style).op.reference()
+    b = _Binder(d, gguf, vocab, backend, getattr(style, "op_backend", None) or backend)
     norm = b.op("norm", d.norm, d.norm_eps)
     ropes = [_bind_rope(b, spec) for spec in d.rope_tables]
     layers = _bind_layers(b, gguf, progress)
     embed = b.matrix("token_embd", lazy=not d.tied_output)
     output = embed if d.tied_output else b.matrix("output")
-    softcap = b.op("softcap", "tanh", d.logit_softcap) if d.logit_softcap else None
+    softcap = b.op("softcap", d.softcap, d.logit_softcap) if d.logit_softcap else None
     b.op("block_style", d.block_style)
-    return Plan(d, embed, output, b.vector("output_norm"), norm, ropes, layers, softcap, b.providers, b)
+    output_norm_b = b.vector("output_norm.bias") if d.output_norm_bias else None
+    plan = Plan(d, embed, output, b.vector("output_norm"), output_norm_b, norm, ropes, layers, softcap, b.providers,
+                b)
+    _report_unused_tensors(d, gguf, b.bound)
+    return plan
+
+
+def _report_unused_tensors(d: Descriptor, gguf: GGUFFile, bound: set[str]) -> None:
+    mtp = tuple(f"blk.{i}." for i in range(d.n_layer, d.n_layer + d.n_nextn))  # bound by MTP heads on request
+    unused = [n for n in gguf.tensors if n not in bound and not n.startswith(mtp)]
+    if unused:
+        shown = ", ".join(unused[:12]) + (f" and {len(unused) - 12} more" if len(unused) > 12 else "")
+        warnings.warn(f"{d.architecture}: tensors not used by archrun: {shown}", ArchrunWarning, stacklevel=3)
 
 
 def _bind_layers(b: _Binder, gguf: GGUFFile, progress: Callable[[str, int, int], None] | None) -> list[LayerPlan]:
@@ -226,7 +181,7 @@ def _bind_layers(b: _Binder, gguf: GGUFFile, progress: Callable[[str, int, int],
 
 
 def _bind_rope(b: _Binder, spec) -> Any:
-    if spec.pairing == "none" or spec.n_rot == 0:
+    if spec.pairing == NO_ROPE or spec.n_rot == 0:
         return None
     factors = b.vector(spec.freq_factors) if spec.freq_factors else None
     return b.op("rope", spec.pairing, spec, factors)
@@ -234,17 +189,19 @@ def _bind_rope(b: _Binder, spec) -> Any:
 
 def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     a = spec.attention
-    bias = a.qkv_bias
     lp = LayerPlan(
         spec=spec,
         attn_norm=b.vector("attn_norm", i),
-        qkv=b.projections(("attn_q", "attn_k", "attn_v"), i,
-                          ("attn_q.bias", "attn_k.bias", "attn_v.bias") if bias else (None, None, None)),
+        qkv=_bind_qkv(b, i, spec),
         o=b.matrix("attn_output", i, "attn_output.bias" if a.output_bias else None),
         attention=b.op("attention", a.kind, a),
-        ffn_norm=b.vector("ffn_norm", i),
-        ffn=_bind_moe(b, i, spec.ffn) if isinstance(spec.ffn, MoeSpec) else _bind_dense(b, i, spec.ffn.kind),
+        residual=b.op("residual", spec.residual, spec.residual_scale),
+        ffn_norm=b.vector("ffn_norm", i) if spec.ffn_norm else None,
+        ffn=_bind_moe(b, i, spec.ffn) if isinstance(spec.ffn, MoeSpec) else _bind_dense(b, i, spec.ffn),
     )
+    if spec.norm_bias:
+        lp.attn_norm_b = b.vector("attn_norm.bias", i)
+        lp.ffn_norm_b = b.vector("ffn_norm.bias", i) if spec.ffn_norm else None
     if a.qk_norm:
         lp.q_norm, lp.k_norm = b.vector("attn_q_norm", i), b.vector("attn_k_norm", i)
     if spec.post_attn_norm:
@@ -254,14 +211,31 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     return lp
 
 
-def _bind_dense(b: _Binder, i: int, kind: str) -> DenseFfn:
-    return DenseFfn(b.op("ffn", kind), b.projections(("ffn_gate", "ffn_up"), i), b.matrix("ffn_down", i))
+def _bind_qkv(b: _Binder, i: int, spec: LayerSpec) -> Projections:
+    a = spec.attention
+    if a.qkv_packed:
+        widths = [a.n_head * a.head_dim, a.n_head_kv * a.head_dim, a.n_head_kv * a.v_head_dim]
+        return b.packed("attn_qkv", i, widths, "attn_qkv.bias" if a.qkv_bias else None)
+    biases = ("attn_q.bias", "attn_k.bias", "attn_v.bias") if a.qkv_bias else (None, None, None)
+    return b.projections(("attn_q", "attn_k", "attn_v"), i, biases)
+
+
+def _bind_dense(b: _Binder, i: int, spec) -> DenseFfn:
+    if spec.packed:
+        gate_up = b.packed("ffn_up", i, [spec.n_ff, spec.n_ff])
+    elif spec.gated:
+        gate_up = b.projections(("ffn_gate", "ffn_up"), i)
+    else:
+        gate_up = Projections([b.matrix("ffn_up", i)])
+    return DenseFfn(b.op("activation", spec.activation), gate_up, b.matrix("ffn_down", i), spec.gated)
 
 
 def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> MoeFfn:
-    gating = b.op("gating", spec.gating)
-    act = b.op("ffn", spec.expert_kind)
-    moe = b.op("moe", spec.kind, spec, gating, act)
+    # the mixture runs on the model's backend in every block style (the experts are heavy
+    # linears), so its gating and activation are bound for that backend too
+    gating = b.op("gating", spec.gating, backend=b.backend)
+    act = b.op("activation", spec.activation, backend=b.backend)
+    moe = b.op("moe", spec.kind, spec, gating, act, backend=b.backend)
     shared = None
     if spec.n_shared:
         shared = (b.matrix("ffn_gate_shexp", i), b.matrix("ffn_up_shexp", i), b.matrix("ffn_down_shexp", i))
@@ -288,9 +262,10 @@ class HostStep:
 
 
 class Interpreter:
-    """Runs a Plan. Subclasses (block styles) add their guarded entries."""
+    """Runs a Plan. Subclasses (block styles) add their guarded entries and say so in `caps`."""
 
     caps = Caps()
+    op_backend: str | None = None  # None: ops run on the model's backend; "reference": audit them in numpy
 
     def __init__(self, plan: Plan, gguf: GGUFFile, tokenizer_factory: Callable[[], Any] | None = None,
                  chat_template: str | None = None):
@@ -361,7 +336,7 @@ class Interpreter:
         for lp, slot in zip(p.layers, cache.slots, strict=True):
             x = self.run_block(lp, x, slot, start, angles)
         cache.advance(len(ids))
-        hidden = p.norm(x, p.output_norm)
+        hidden = p.norm(x, p.output_norm, p.output_norm_b)
         return self.head(hidden if all_logits else hidden[-1:]), hidden
 
     # -- building blocks, public for family-side extensions (e.g. MTP heads) --------------------
@@ -374,8 +349,14 @@ class Interpreter:
         return x
 
     def head(self, hidden: np.ndarray) -> np.ndarray:
-        """Output head on normed hidden states [n, d] -> logits [n, vocab] (softcapped if the model says so)."""
-        logits = self.plan.output(hidden)
+        """Output head on normed hidden states [n, d] -> logits [n, vocab] (scaled and softcapped if the
+        model says so)."""
+        return self.finish_logits(self.plan.output(hidden))
+
+    def finish_logits(self, logits: np.ndarray) -> np.ndarray:
+        """The output product's logits [n, vocab] times the logit scale, then softcapped."""
+        if self.descriptor.logit_scale != 1.0:
+            logits *= F32(self.descriptor.logit_scale)
         return self.plan.softcap(logits) if self.plan.softcap is not None else logits
 
     def rope_angles(self, positions: np.ndarray) -> list:
@@ -389,13 +370,13 @@ class Interpreter:
     def run_block(self, lp: LayerPlan, x: np.ndarray, slot: Any, start: int, angles: list) -> np.ndarray:
         """One decoder block on x [n, d]; its K/V go to `slot` at rows start..start+n-1."""
         norm, a = self.plan.norm, lp.spec.attention
-        h = norm(x, lp.attn_norm)
+        h = norm(x, lp.attn_norm, lp.attn_norm_b)
         n = len(x)
         q, k, v = lp.qkv(h)
         q = q.reshape(n, a.n_head, a.head_dim)
         k = k.reshape(n, a.n_head_kv, a.head_dim)
         v = v.reshape(n, a.n_head_kv, a.v_head_dim)
-        if lp.q_norm is not None:  # per-head RMSNorm before rope
+        if lp.q_norm is not None:  # per-head norm before rope
             q, k = norm(q, lp.q_norm), norm(k, lp.k_norm)
         rope = self.plan.ropes[a.rope]
         if rope is not None:
@@ -404,11 +385,11 @@ class Interpreter:
         o = lp.o(lp.attention(q, k, v, slot, start).reshape(n, a.n_head * a.v_head_dim))
         if lp.post_attn_norm is not None:
             o = norm(o, lp.post_attn_norm)
-        x = x + o
-        f = lp.ffn(norm(x, lp.ffn_norm))
+        g = h if lp.ffn_norm is None else norm(lp.residual.ffn_input(x, o), lp.ffn_norm, lp.ffn_norm_b)
+        f = lp.ffn(g)
         if lp.post_ffn_norm is not None:
             f = norm(f, lp.post_ffn_norm)
-        return x + f
+        return lp.residual.combine(x, o, f)
 
 
 class FusedDecoder(Interpreter):
@@ -420,8 +401,6 @@ class FusedDecoder(Interpreter):
     def __init__(self, plan: Plan, gguf: GGUFFile, tokenizer_factory: Callable[[], Any] | None = None,
                  chat_template: str | None = None):
         super().__init__(plan, gguf, tokenizer_factory, chat_template)
-        from archrun.fusion import DecodeSteps
-
         self._decode = DecodeSteps(plan)
         # None: some layer runs op by op (reference backend, or an op without a kernel description)
         self.fused_blocks = self._decode.blocks
@@ -438,9 +417,9 @@ class FusedDecoder(Interpreter):
             for fb, slot in zip(self.fused_blocks, cache.slots, strict=True):
                 fb(x, slot, start, angles, par)
             cache.advance(1)
-            hidden = p.norm(x[None, :], p.output_norm)
+            hidden = p.norm(x[None, :], p.output_norm, p.output_norm_b)
             logits = self._decode.head(hidden, par)
-        return (p.softcap(logits) if p.softcap is not None else logits), hidden
+        return self.finish_logits(logits), hidden
 
     def forward_step_batch(self, batch: Sequence[Sequence[int]], caches: Sequence[KvCache]) -> list[np.ndarray]:
         """One forward_step per (token_ids, cache) pair; returns the last-position logits of each."""
@@ -457,6 +436,7 @@ class HostReferenceDecoder(Interpreter):
     """The auditable host-side float32 shape: host_step; refuses the fused batched entries."""
 
     caps = Caps(host_step=True)
+    op_backend = "reference"  # every op in its float32 reference form; heavy linears and MoE stay fast
 
     def host_step(self, token_ids: Sequence[int] | np.ndarray, cache: KvCache, mtp_cache: Any = None) -> HostStep:
         """Append token_ids; return all-position logits and the trunk's final hidden states.

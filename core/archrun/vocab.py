@@ -7,17 +7,24 @@ descriptor and returns the bound callable the plan runs; nothing is looked up pe
 Slots and the contract of their factories (shapes: n tokens, d model width, H/KV heads,
 hd head width, f FFN width, E experts, k experts used):
 
-  norm        factory(eps: float) -> f(x[n, d], w[d]) -> [n, d]
+  norm        factory(eps: float) -> f(x[..., d], w[d], b[d] | None = None) -> [..., d]
   rope        factory(spec: RopeSpec, freq_factors: ndarray | None)
                 -> obj: obj.cos_sin(pos[n]) -> (cos, sin) each [n, n_rot/2];
                         obj(x[n, H, hd], cos, sin) -> [n, H, hd]
   attention   factory(spec: AttentionSpec) -> obj: obj.new_slot(capacity, max_rewind) -> slot;
                         obj(q[n, H, hd], k[n, KV, hd], v[n, KV, vd], slot, start: int) -> [n, H, vd]
-  ffn         factory() -> act(gate[n, f], up[n, f]) -> [n, f]       (the gated activation)
+  activation  factory() -> act(x[n, f], up[n, f] | None = None) -> act(x) (* up when given) [n, f]
+  residual    factory(scale: float) -> obj: obj.ffn_input(x[n, d], a[n, d]) -> [n, d] (what the FFN reads
+                        before its norm); obj.combine(x, a, f) -> [n, d] (the stream after the block)
   gating      factory() -> f(logits[n, E]) -> probs[n, E]
   moe         factory(spec: MoeSpec, gating, act) -> f(x[n, d], weights: archrun.weights.MoeWeights) -> [n, d]
   softcap     factory(cap: float) -> f(logits[n, V]) -> [n, V]
-  block_style factory(model parts) -> a Decoder class (see archrun.model)
+  block_style factory() -> a Decoder class (see archrun.model): its `caps` say which entries it carries,
+              its `op_backend` ("reference" or None) which backend the small ops run on
+
+A fast op joins the fused one-call-per-layer decode path by carrying kernel parts
+(archrun.kernels.parts: `op.fused`, and the residual op's `fused_input`); an FFN op with its own
+layer kernel (e.g. moe) offers `op.fused_layer(weights, common)`.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import pluggy
 
 from archrun.errors import PluginError, UnknownVocabulary
 
-SLOTS = ("norm", "rope", "attention", "ffn", "gating", "moe", "softcap", "block_style")
+SLOTS = ("norm", "rope", "attention", "activation", "residual", "gating", "moe", "softcap", "block_style")
 BACKENDS = ("reference", "fast")
 
 

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from archrun.compile import FamilyHints
+from archrun.family import FamilyHints
 from archrun.plugins import installed_plugins, make_plugin_manager
 from archrun.vocab import Entry, build_vocabulary
 

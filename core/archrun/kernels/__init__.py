@@ -1,14 +1,15 @@
-"""numba kernels: quantized matmul straight from GGUF blocks, and the fast elementwise ops.
+"""numba kernels: the quantized-matmul engine (GGUF block layouts, dots, dequantization, SIMD,
+the decode worker pool) and the fused decode path's layer kernel and calling conventions.
+The math of the ops lives with the vocabulary plugins that register them.
 
-Public API (see qmatrix.py and elementwise.py):
+Public API (see qmatrix.py, parts.py, layer.py):
     QMatrix, prepare(raw_rows, ggml_type, n_in), matmul(w, x, out=None),
     matmul_rows(w, x, rows, out=None), embedding_rows(raw_rows, ggml_type, n_in, ids),
-    rms_norm, rope, attention, swiglu, geglu_tanh, set_threads(n), SUPPORTED_TYPES.
+    set_threads(n), SUPPORTED_TYPES.
 """
 
 from __future__ import annotations
 
-from archrun.kernels.elementwise import attention, geglu_tanh, rms_norm, rope, swiglu
 from archrun.kernels.qmatrix import (
     SUPPORTED_TYPES,
     QMatrix,
@@ -22,14 +23,9 @@ from archrun.kernels.qmatrix import (
 __all__ = [
     "SUPPORTED_TYPES",
     "QMatrix",
-    "attention",
     "embedding_rows",
-    "geglu_tanh",
     "matmul",
     "matmul_rows",
     "prepare",
-    "rms_norm",
-    "rope",
     "set_threads",
-    "swiglu",
 ]

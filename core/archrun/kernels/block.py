@@ -1,41 +1,24 @@
-"""One decoder block for one token in one jitted call: the decode fast path.
+"""The product engine of the fused decode path: uniform matrices, product groups, the worker pool.
 
-`decode_block` runs the interpreter's generic block (archrun.model.Interpreter.run_block) for a
-single token, with every step inside one numba function: RMSNorm, the q/k/v products from
-8-bit-quantized activations, per-head q/k norms, rotary embedding, the K/V cache write,
-causal (optionally windowed) grouped-query attention over the cached rows, the output
-product, optional post-norms, the residuals, and the gated FFN. The per-token Python work is
-one call per layer, with no allocation outside the kernel.
+Every matrix reaches the jitted layer kernels (kernels.layer, and ops' own layer kernels) as a
+*uniform matrix* (`uniform(qmatrix, bias)`): one tuple type for every quantization, so one
+compiled kernel serves every model; its kind field selects the product kernel at run time
+(dots.py for quantized types, floatmm.py for 16-bit floats, a float32 dot for dense float32).
+Products come in groups of 3 matrices sharing one input (absent ones padding), computed from
+8-bit-quantized activations exactly as kernels.matmul does for one token; on more than one
+thread a group can be shared with the decode worker pool (kernels.pool).
 
-What the block computes is data, given by the ops bound to the layer (their `kernel`
-descriptions: NormKernel, RopeKernel, AttentionKernel, ActKernel) and by the weights:
-
-- every matrix is passed as a *uniform matrix* (`uniform(qmatrix, bias)`): one tuple type for
-  every quantization, so one compiled kernel serves every model; the kind field selects the
-  product kernel at run time (dots.py for quantized types, floatmm.py for 16-bit floats, a
-  float32 dot for dense float32);
-- absent optional vectors (q/k norms, post-norms, biases) are empty arrays.
-
-The numerics are those of the op-by-op fast path: activations are quantized once per product
-exactly as kernels.matmul does for one token, norms sum squares in float64, softmax runs in
-float32 after max subtraction.
-
-Validation happens when the block is built (FusedBlock in archrun.fusion) and per call on
-the few per-token values (cache row, position); the kernels do not bounds-check.
+Validation happens when the matrices are prepared and the blocks built (archrun.fusion); the
+kernels do not bounds-check.
 """
 
 from __future__ import annotations
 
-import math
-
-import attrs
 import numpy as np
 from numba import njit, prange
 
 from archrun.kernels import atomics, dots, floatmm, pool
 from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
-from archrun.kernels.decode_attention import attend_one, visible_rows
-from archrun.kernels.elementwise import rotate_pairs
 from archrun.kernels.qmatrix import BF16, F16, QMatrix
 
 _F32 = np.float32
@@ -43,49 +26,6 @@ _F32 = np.float32
 # function that calls the product kernels re-optimizes all of them when it is linked
 # (measured: ~5-20 s of cold compile per level).
 _STEP = dict(JIT, inline="always")
-
-# Activation kinds of the gated FFN (ActKernel.kind).
-ACT_SWIGLU, ACT_GEGLU_TANH = 0, 1
-_GELU_C = _F32(math.sqrt(2.0 / math.pi))
-
-
-# -- what a bound op tells the fused block (the op's `kernel` attribute) -------------------------
-
-
-@attrs.frozen
-class NormKernel:
-    """An RMSNorm op: x / sqrt(mean(x^2) + eps) * w."""
-
-    eps: float
-
-
-@attrs.frozen
-class RopeKernel:
-    """A rotary op on the first n_rot dims of each head; neox pairs (i, i + n_rot/2), else (2i, 2i+1)."""
-
-    n_rot: int
-    neox: bool
-
-
-@attrs.frozen
-class AttentionKernel:
-    """Causal grouped-query attention with softmax scale and optional window (0: global).
-
-    slot_arrays(slot) -> (k [cap, KV, hd], v [cap, KV, vd], pos int64 [cap], ring: bool):
-    the cache arrays of one of the op's slots; a ring slot keeps each row's position in pos
-    (-1: empty) and stores position p at row p % cap; a plain slot stores p at row p.
-    """
-
-    scale: float
-    window: int
-    slot_arrays: object = attrs.field(eq=False, repr=False)
-
-
-@attrs.frozen
-class ActKernel:
-    """A gated FFN activation: ACT_SWIGLU or ACT_GEGLU_TANH."""
-
-    kind: int
 
 # Uniform matrix fields: (kind, wu16, wi8, wu8, wh, wf, d, m, scu, sci, mn, bias, n_out)
 # kind: the ggml type, or 0 for a dense float32 matrix wf [n_out, n_in].
@@ -375,7 +315,7 @@ def serve(ctrl, groups, pxf, xq, dq, hq, py, idle_ticks, idle_spins):
 
 
 @njit(**_STEP)
-def _product_group(par, gid, ms, x, y, chunks):
+def product_group(par, gid, ms, x, y, chunks):
     """y[:] = [m @ x for m in ms] for one token x f32 [n_in] (see product_rows); group `gid` of the
     running pool `par` shares the work with its workers."""
     xf, yf = x.reshape(1, x.shape[0]), y.reshape(1, y.shape[0])
@@ -393,131 +333,3 @@ def pooled_product(par, gid, ms, xf, y, chunks):
         _pooled_rows(par, gid, ms, xf, y)
     else:
         product_rows(ms, xf, y, chunks)
-
-
-# -- elementwise steps ------------------------------------------------------------------------
-
-
-@njit(**_STEP)
-def _rms(x, w, eps, out):
-    """out = x / sqrt(mean(x^2) + eps) * w (sum of squares in float64, as kernels.rms_norm)."""
-    ss = 0.0
-    for i in range(x.shape[0]):
-        ss += np.float64(x[i]) * x[i]
-    r = _F32(1.0 / math.sqrt(ss / x.shape[0] + eps))
-    for i in range(x.shape[0]):
-        out[i] = x[i] * r * w[i]
-
-
-@njit(**_STEP)
-def _rms_heads(v, n_head, hd, w, eps):
-    """Per-head RMSNorm of v [n_head * hd] in place."""
-    for h in range(n_head):
-        seg = v[h * hd:(h + 1) * hd]
-        _rms(seg, w, eps, seg)
-
-
-@njit(**_STEP)
-def _rope_heads(v, n_head, hd, n_rot, neox, cos, sin):
-    """Rotate the first n_rot dims of every head of v [n_head * hd] in place."""
-    for h in range(n_head):
-        xi = v[h * hd:(h + 1) * hd]
-        rotate_pairs(xi, xi, n_rot, neox, cos, sin)
-
-
-@njit(**_STEP)
-def add_residual(x, y, post_norm, eps):
-    """x += y, y first RMS-normed in place by post_norm when the block has one (non-empty)."""
-    if post_norm.shape[0]:
-        _rms(y, post_norm, eps, y)
-    for i in range(x.shape[0]):
-        x[i] += y[i]
-
-
-@njit(**_STEP)
-def _act(gu, f, kind, out):
-    """out[i] = act(gate[i]) * up[i], gate = gu[:f], up = gu[f:2f]."""
-    for i in range(f):
-        g = gu[i]
-        if kind == ACT_SWIGLU:
-            a = g / (_F32(1.0) + np.exp(-g))
-        else:
-            a = _F32(0.5) * g * (_F32(1.0) + np.tanh(_GELU_C * (g + _F32(0.044715) * g * g * g)))
-        out[i] = a * gu[f + i]
-
-
-# -- the block ----------------------------------------------------------------------------------
-
-
-@njit(**_STEP)
-def _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
-    """x += attention sub-block (pre-norm, q/k/v, q/k norms, rope, cache write, attention, o, post-norm)."""
-    n_head, n_kv, hd, vd, n_rot, neox, window = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
-    attn_norm, q_norm, k_norm, post_attn_norm = vecs[0], vecs[1], vecs[2], vecs[3]
-    h = np.empty(x.shape[0], np.float32)
-    _rms(x, attn_norm, eps, h)
-    nq, nk = n_head * hd, n_kv * hd
-    y = np.empty(nq + nk + n_kv * vd, np.float32)
-    _product_group(par, geo[9], qkv, h, y, chunks)
-    q, k, v = y[:nq], y[nq:nq + nk], y[nq + nk:]
-    if q_norm.shape[0]:
-        _rms_heads(q, n_head, hd, q_norm, eps)
-        _rms_heads(k, n_kv, hd, k_norm, eps)
-    if n_rot:
-        _rope_heads(q, n_head, hd, n_rot, neox, cos, sin)
-        _rope_heads(k, n_kv, hd, n_rot, neox, cos, sin)
-    kc[row] = k.reshape(n_kv, hd)
-    vc[row] = v.reshape(n_kv, vd)
-    if ring:
-        kpos[row] = pos
-    rows = np.empty(kc.shape[0], np.int64)
-    count = visible_rows(kpos, ring, pos, window, rows)
-    att = np.empty(n_head * vd, np.float32)
-    attend_one(q, kc, vc, rows, count, n_head, scale, att)
-    o = np.empty(x.shape[0], np.float32)
-    _product_group(par, geo[10], o_mat, att, o, chunks)
-    add_residual(x, o, post_attn_norm, eps)
-
-
-@njit(**_STEP)
-def _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks, par):
-    """x += gated FFN sub-block (pre-norm, gate/up, activation, down, post-norm)."""
-    act, n_ff = geo[7], geo[8]
-    ffn_norm, post_ffn_norm = vecs[4], vecs[5]
-    h = np.empty(x.shape[0], np.float32)
-    _rms(x, ffn_norm, eps, h)
-    gu = np.empty(2 * n_ff, np.float32)
-    _product_group(par, geo[11], gate_up, h, gu, chunks)
-    a = np.empty(n_ff, np.float32)
-    _act(gu, n_ff, act, a)
-    f = np.empty(x.shape[0], np.float32)
-    _product_group(par, geo[12], down, a, f, chunks)
-    add_residual(x, f, post_ffn_norm, eps)
-
-
-@njit(**JIT)
-def decode_block(x, qkv, o_mat, gate_up, down, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin,
-                 chunks, par):
-    """One decoder block with a dense gated FFN on one token; x f32 [d] is updated in place.
-
-    Each product group is 3 uniform matrices whose outputs are concatenated, absent ones
-    padding: qkv (q, k, v) or (stacked q|k|v, -, -); o_mat (o, -, -); gate_up (gate, up, -) or
-    (stacked gate|up, -, -); down (down, -, -).
-    vecs: (attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, post_ffn_norm) float32, empty
-    when absent. geo: (n_head, n_kv, head_dim, v_head_dim, n_rot, neox, window, act, n_ff, and the
-    pool group ids of qkv, o_mat, gate_up, down: -1 for none).
-    The token's K/V go to cache row `row` of kc [cap, KV, hd] / vc [cap, KV, vd] (ring slots
-    also record kpos[row] = pos); cos/sin [n_rot / 2] are the rotary angles at `pos`.
-    """
-    _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par)
-    _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks, par)
-
-
-@njit(**JIT)
-def decode_layer(x, layers, i, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
-    """decode_block of layer i, whose (qkv, o_mat, gate_up, down, vecs, geo, eps, scale) is
-    layers[i] (a numba typed list of them): one list argument instead of ~150 arrays makes the
-    call from Python ~15 us cheaper (numba unboxes every array of a call's arguments)."""
-    qkv, o_mat, gate_up, down, vecs, geo, eps, scale = layers[i]
-    _attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par)
-    _dense_ffn_part(x, gate_up, down, vecs, geo, eps, chunks, par)

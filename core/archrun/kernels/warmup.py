@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from archrun import quant
-from archrun.kernels import dequant, dots, elementwise, floatmm, qmatrix
+from archrun.kernels import dequant, dots, floatmm, qmatrix
 from archrun.kernels._jit import LANES
 
 _N_IN = 256  # a multiple of every block size
@@ -43,29 +43,12 @@ def _type_kernels(ggml_type: int) -> tuple:
     return (dots.KERNELS[ggml_type], dequant.DEQUANT[ggml_type]) if ggml_type in dots.KERNELS else ()
 
 
-_ELEMENTWISE = (elementwise._rms_norm, elementwise._rope, elementwise._attend, elementwise._swiglu,
-                elementwise._geglu_tanh)
-
-
-def _elementwise() -> None:
-    x = np.ones((2, 2, 16), np.float32)
-    elementwise.rms_norm(x[0], np.ones(16, np.float32), 1e-6)
-    cs = np.ones((2, 4), np.float32)
-    for neox in (True, False):
-        elementwise.rope(x, cs, cs, 8, neox)
-    pos = np.arange(2, dtype=np.int64)
-    elementwise.attention(x, x, x, pos, pos, 0.25, 0)
-    elementwise.swiglu(x[0], x[0])
-    elementwise.geglu_tanh(x[0], x[0])
-
-
 def warm_up(ggml_types: Iterable[int], progress: Callable[[str, int, int], None] | None = None,
             extra: Iterable[Callable[[], None]] = ()) -> None:
-    """Compile/load the kernels of these weight types and the elementwise ops, then run the `extra`
-    steps (e.g. a throwaway decode step of the model); progress per step."""
+    """Compile/load the product kernels of these weight types, then run the `extra` steps (e.g. a
+    throwaway prefill and decode step of the model, which compile its ops' kernels); progress per step."""
     types = sorted(t for t in set(ggml_types) if t in qmatrix.SUPPORTED_TYPES)
-    steps: list[Callable[[], None]] = [] if _cached(*_ELEMENTWISE) else [_elementwise]
-    steps += [lambda t=t: _matmul_paths(t) for t in types if not _cached(*_type_kernels(t))]
+    steps: list[Callable[[], None]] = [lambda t=t: _matmul_paths(t) for t in types if not _cached(*_type_kernels(t))]
     steps += list(extra)
     for i, step in enumerate(steps):
         step()

@@ -11,7 +11,7 @@ What gemma3 files do not say (llama.cpp src/models/gemma3.cpp, HF modeling_gemma
 
 from __future__ import annotations
 
-from archrun.compile import FamilyHints, FamilyPlugin
+from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
 
 # Gemma's turn format (system text is prepended to the first user turn, as Gemma's own template does).
 CHAT_TEMPLATE = (
@@ -32,11 +32,12 @@ HINTS = {
     "gemma3": FamilyHints(
         name="gemma3",
         rope_pairing="neox",
-        ffn_kind="geglu_tanh",
+        activation="gelu_tanh",
         embed_scale="sqrt_n_embd",
         swa_period=6,
         defaults={"rope.freq_base_swa": 10000.0},
         chat_template=CHAT_TEMPLATE,
+        **TRANSFORMER,
     ),
 }
 

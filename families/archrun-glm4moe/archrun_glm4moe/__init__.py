@@ -13,7 +13,7 @@ The MTP (nextn) draft head lives in archrun_glm4moe.mtp: MtpHead, MtpCache, veri
 
 from __future__ import annotations
 
-from archrun.compile import FamilyHints, FamilyPlugin
+from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
 from archrun_glm4moe.mtp import MtpCache, MtpHead, verify
 
 __all__ = ["HINTS", "MtpCache", "MtpHead", "archrun_describe_family", "archrun_families", "verify"]
@@ -22,9 +22,12 @@ HINTS = {
     "glm4moe": FamilyHints(
         name="glm4moe",
         rope_pairing="neox",
+        activation="silu",
+        embed_scale=1.0,
         gating="sigmoid",
         block_style="host_reference",
         tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight", "post_attn_norm": None},
+        **TRANSFORMER,
     ),
 }
 

@@ -239,7 +239,7 @@ def verify(model, cache: KvCache, mtp_cache: MtpCache | None, last_token: int,
 
 def _check_model(model, k: int) -> None:
     d = model.descriptor
-    if d.block_style != "host_reference" or not hasattr(model, "host_step"):
+    if not model.caps.host_step:
         raise WrongBlockStyle(f"MTP heads run on block style 'host_reference'; this model is "
                               f"{d.block_style!r} (load with block_style='host_reference')")
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:

@@ -1,47 +1,64 @@
-"""Fast factories of the core vocabulary, backed by archrun.kernels (numba).
+"""Fast factories of the core vocabulary, backed by numba kernels.
 
 Each factory has the same contract as its reference twin in archrun_blocks.reference (the
 plugin's tests check every pair on random inputs); only the inner computation is swapped
-for a kernel. Shapes and validation stay with the callers, which build them from the
-descriptor, so the kernels never see an unchecked index.
+for a kernel. Each fast op also carries its kernel part (`op.fused`, an
+archrun.kernels.parts.Part from archrun_blocks.parts) so the fused decode path runs it; the
+op-by-op path runs the same part over rows (archrun_blocks.elementwise). Shapes and
+validation stay with the callers, which build them from the descriptor, so the kernels never
+see an unchecked index.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from archrun import kernels
 from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
 from archrun.errors import ShapeMismatch
-from archrun.kernels import moe as moe_kernels
 from archrun.kernels import qmatrix
-from archrun.kernels.block import ACT_GEGLU_TANH, ACT_SWIGLU, ActKernel, AttentionKernel, NormKernel, RopeKernel
-from archrun.kernels.moe import GATING_SIGMOID, GATING_SOFTMAX, GatingKernel, MoeKernel
-from archrun_blocks import reference
+from archrun.kernels.parts import Part, part, slot_part
+from archrun_blocks import elementwise, parts, reference
+from archrun_blocks import moe_kernels as mk
 
 F32 = np.float32
 _NO_POS = np.empty(0, np.int64)
 
 
+# -- norms ---------------------------------------------------------------------------------------
+
+
+def _norm(fn, eps: float):
+    p = part(fn, eps)
+
+    def norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        shape = x.shape
+        x2 = np.ascontiguousarray(x, dtype=F32).reshape(-1, shape[-1])
+        return elementwise.norm_rows(p.fn, p.params, x2, w, b).reshape(shape)
+
+    norm.fused = p  # lets archrun.fusion run it inside a fused decode block
+    return norm
+
+
 def rms_norm(eps: float):
     """RMSNorm over the last axis (any leading shape)."""
+    return _norm(parts.rms_norm, eps)
 
-    def norm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        shape = x.shape
-        out = kernels.rms_norm(np.ascontiguousarray(x, dtype=F32).reshape(-1, shape[-1]), w, eps)
-        return out.reshape(shape)
 
-    norm.kernel = NormKernel(float(eps))  # lets archrun.fusion run it inside a fused decode block
-    return norm
+def layer_norm(eps: float):
+    """LayerNorm over the last axis (any leading shape)."""
+    return _norm(parts.layer_norm, eps)
+
+
+# -- rope ----------------------------------------------------------------------------------------
 
 
 class _FastRope(reference.Rope):
     @property
-    def kernel(self) -> RopeKernel:
-        return RopeKernel(self.n_rot, self.neox)
+    def fused(self) -> Part:
+        return part(parts.rope, self.n_rot, 1.0 if self.neox else 0.0)
 
     def __call__(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        return kernels.rope(np.ascontiguousarray(x, dtype=F32), cos, sin, self.n_rot, self.neox)
+        return elementwise.rope(np.ascontiguousarray(x, dtype=F32), cos, sin, self.n_rot, self.neox)
 
 
 def rope_neox(spec: RopeSpec, freq_factors: np.ndarray | None = None) -> reference.Rope:
@@ -52,14 +69,19 @@ def rope_norm(spec: RopeSpec, freq_factors: np.ndarray | None = None) -> referen
     return _FastRope(spec, freq_factors, neox=False)
 
 
-def _attend(q, k, v, q_pos, k_pos, scale: float, window: int) -> np.ndarray:
-    return kernels.attention(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
-                             np.ascontiguousarray(q_pos, dtype=np.int64),
-                             np.ascontiguousarray(k_pos, dtype=np.int64), scale, window)
+# -- attention -----------------------------------------------------------------------------------
+
+
+def _attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0.0) -> np.ndarray:
+    return elementwise.attention(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
+                                 np.ascontiguousarray(q_pos, dtype=np.int64),
+                                 np.ascontiguousarray(k_pos, dtype=np.int64), scale, window, softcap)
 
 
 def _slot_arrays(slot) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """(k, v, pos, ring) of a KvSlot / RingKvSlot, as AttentionKernel.slot_arrays describes."""
+    """(k [cap, KV, hd], v [cap, KV, vd], pos int64 [cap or 0], ring) of a KvSlot / RingKvSlot: a ring
+    keeps each row's position in pos (-1: empty) and stores position p at row p % cap; a plain
+    slot stores p at row p."""
     if isinstance(slot, reference.RingKvSlot):
         return slot.k, slot.v, slot.pos, True
     return slot.k, slot.v, _NO_POS, False
@@ -68,111 +90,144 @@ def _slot_arrays(slot) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
 def causal_attention(spec: AttentionSpec) -> reference.CausalAttention:
     op = reference.CausalAttention(spec)
     op.attend = _attend
-    op.kernel = AttentionKernel(float(spec.scale), int(spec.window), _slot_arrays)
+    op.fused = part(parts.causal_attention, spec.scale, spec.window, spec.softcap)
+    op.slot_arrays = _slot_arrays  # the fused block reads and writes the cache through these
     return op
 
 
-def swiglu():
-    def act(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return kernels.swiglu(np.ascontiguousarray(gate), np.ascontiguousarray(up))
+# -- activations ---------------------------------------------------------------------------------
 
-    act.kernel = ActKernel(ACT_SWIGLU)
+
+def _activation(fn):
+    p = part(fn)
+
+    def act(x: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
+        return elementwise.activation(p.fn, p.params, np.ascontiguousarray(x, dtype=F32),
+                                      None if up is None else np.ascontiguousarray(up, dtype=F32))
+
+    act.fused = p
     return act
 
 
-def geglu_tanh():
-    def act(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return kernels.geglu_tanh(np.ascontiguousarray(gate), np.ascontiguousarray(up))
+def silu():
+    return _activation(parts.silu)
 
-    act.kernel = ActKernel(ACT_GEGLU_TANH)
-    return act
+
+def gelu_tanh():
+    return _activation(parts.gelu_tanh)
+
+
+def gelu():
+    return _activation(parts.gelu)
+
+
+def relu2():
+    return _activation(parts.relu2)
+
+
+# -- residual topologies -------------------------------------------------------------------------
+
+
+def sequential(scale: float = 1.0) -> reference.Sequential:
+    op = reference.Sequential(scale)
+    op.fused_input = part(parts.sequential_input, scale)
+    op.fused = part(parts.sequential_combine, scale)
+    return op
+
+
+def parallel(scale: float = 1.0) -> reference.Parallel:
+    op = reference.Parallel(scale)
+    op.fused_input = part(parts.parallel_input, scale)
+    op.fused = part(parts.parallel_combine, scale)
+    return op
+
+
+# -- gating and MoE --------------------------------------------------------------------------------
 
 
 def gating_softmax():
     probs = reference.gating_softmax()
-    probs.kernel = GatingKernel(GATING_SOFTMAX)  # lets the MoE kernel route inside numba
+    probs.fused = part(parts.gating_softmax)  # lets the MoE kernel route inside numba
     return probs
 
 
 def gating_sigmoid():
     probs = reference.gating_sigmoid()
-    probs.kernel = GatingKernel(GATING_SIGMOID)
+    probs.fused = part(parts.gating_sigmoid)
     return probs
 
 
-# archrun-blocks' own reference gating and activation functions, recognised by their code (block
-# style host_reference binds reference ops around the fast MoE op): the math the kernels compute.
-_REFERENCE_KINDS = {reference.gating_softmax().__code__: GatingKernel(GATING_SOFTMAX),
-                    reference.gating_sigmoid().__code__: GatingKernel(GATING_SIGMOID),
-                    reference.swiglu().__code__: ActKernel(ACT_SWIGLU),
-                    reference.geglu_tanh().__code__: ActKernel(ACT_GEGLU_TANH)}
-
-
-def _described(op, cls: type):
-    """The op's kernel description of type cls (its `kernel`, or that of this plugin's reference twin)."""
-    k = getattr(op, "kernel", None)
-    if not isinstance(k, cls):
-        k = _REFERENCE_KINDS.get(getattr(op, "__code__", None))
-    return k if isinstance(k, cls) else None
-
-
 def _moe_arrays(w) -> tuple | None:
-    """Kernel arrays of MoeWeights w (archrun.kernels.moe.moe_arrays), or None when a matrix is not
+    """Kernel arrays of MoeWeights w (moe_kernels.moe_arrays), or None when a matrix is not
     prepared for the fast kernels."""
     shared = tuple(w.shared) if w.shared is not None else ()
     mats = [w.gate_inp, *w.gate, *w.up, *w.down, *shared]
     if any(m.prepared is None for m in mats):
         return None
-    return moe_kernels.moe_arrays(w.gate_inp.prepared, w.gate_inp.bias, w.probs_bias,
-                                  [m.prepared for m in w.gate], [m.prepared for m in w.up],
-                                  [m.prepared for m in w.down],
-                                  tuple(m.prepared for m in shared) if shared else None)
+    return mk.moe_arrays(w.gate_inp.prepared, w.gate_inp.bias, w.probs_bias,
+                         [m.prepared for m in w.gate], [m.prepared for m in w.up], [m.prepared for m in w.down],
+                         tuple(m.prepared for m in shared) if shared else None)
 
 
-def _chunks(w) -> int:
-    """Threads for the MoE products: one unless an expert matrix is big enough to split."""
-    big = max(w.gate[0].prepared.nbytes, w.down[0].prepared.nbytes) >= qmatrix.PARALLEL_MIN_BYTES
-    return qmatrix.current_threads() if big else 1
+def _big(w) -> bool:
+    """Whether an expert matrix is big enough to split its products over the threads."""
+    return max(w.gate[0].prepared.nbytes, w.down[0].prepared.nbytes) >= qmatrix.PARALLEL_MIN_BYTES
 
 
-def moe_topk(spec: MoeSpec, gating, act):
-    """reference.moe_topk computed by archrun.kernels.moe (routing and experts in one call).
+class _FastMoe:
+    """reference.moe_topk computed by moe_kernels (routing and experts in one call).
 
-    Needs kernel descriptions of the gating (GatingKernel) and of the activation (ActKernel),
-    or this plugin's reference twins of them; otherwise, or with weights not prepared for the
-    fast kernels, the reference op runs.
-    The kernel arrays of a layer's MoeWeights are built on first use and kept (the op is
-    bound to one layer); `moe.kernel.arrays(weights)` hands them to archrun.fusion.
+    Needs kernel parts of the gating and of the activation; otherwise, or with weights not
+    prepared for the fast kernels, the reference mixture runs. The kernel arrays of a layer's
+    MoeWeights are built on first use and kept (the op is bound to one layer).
     """
-    gk, ak = _described(gating, GatingKernel), _described(act, ActKernel)
-    ref = reference.moe_topk(spec, gating, act)
-    if gk is None or ak is None:
-        return ref
-    bound: list = [None, None, 1]  # (weights, their kernel arrays, chunks) of the last weights seen
 
-    def arrays(w) -> tuple | None:
-        if bound[0] is not w:
-            if w.gate_inp.n_out != spec.n_expert:
+    def __init__(self, spec: MoeSpec, gating, act):
+        self.ref = reference.moe_topk(spec, gating, act)
+        self.spec = spec
+        self.gate_part = slot_part(gating, "gating")
+        self.act_part = slot_part(act, "activation")
+        self.rp = (spec.n_expert_used, spec.n_group, spec.n_group_used, int(spec.weights_norm))
+        self.scale = float(spec.weights_scale)
+        self._bound: list = [None, None]  # (weights, their kernel arrays) of the last weights seen
+
+    def arrays(self, w) -> tuple | None:
+        if self.gate_part is None or self.act_part is None:
+            return None
+        if self._bound[0] is not w:
+            if w.gate_inp.n_out != self.spec.n_expert:
                 raise ShapeMismatch(f"moe: {w.gate_inp.n_out} router rows, the descriptor says "
-                                    f"{spec.n_expert} experts")
-            a = _moe_arrays(w)
-            bound[:] = [w, a, _chunks(w) if a is not None else 1]
-        return bound[1]
+                                    f"{self.spec.n_expert} experts")
+            self._bound[:] = [w, _moe_arrays(w)]
+        return self._bound[1]
 
-    rp = (gk.kind, ak.kind, spec.n_expert_used, spec.n_group, spec.n_group_used, int(spec.weights_norm))
-    scale = float(spec.weights_scale)
-
-    def moe(x: np.ndarray, w) -> np.ndarray:
-        a = arrays(w)
+    def __call__(self, x: np.ndarray, w) -> np.ndarray:
+        a = self.arrays(w)
         if a is None:
-            return ref(x, w)
+            return self.ref(x, w)
         d = w.gate_inp.n_in
         if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != d:
             raise ShapeMismatch(f"moe: input {getattr(x, 'shape', None)} does not match [n, {d}]")
         x = np.ascontiguousarray(x, dtype=F32)
         out = np.empty_like(x)
-        moe_kernels.moe_rows(x, out, *a, rp, scale, bound[2])
+        chunks = qmatrix.current_threads() if _big(w) else 1
+        mk.moe_rows(x, out, *a, self.rp, self.scale, self.gate_part.fn, self.gate_part.params, self.act_part.fn,
+                    self.act_part.params, chunks)
         return out
 
-    moe.kernel = MoeKernel(rp, scale, arrays)
-    return moe
+    def fused_layer(self, w, common: tuple):
+        """(kernel, args, parallel) of a whole decode layer with this FFN, or None.
+
+        common: the layer's (qkv, o_mat, vecs, geo, fns, params) as archrun.kernels.layer
+        documents them; the kernel is called as kernel(x, *args, kc, vc, kpos, ring, row, pos,
+        cos, sin, chunks, par).
+        """
+        a = self.arrays(w)
+        if a is None:
+            return None
+        args = (*common, *a, self.rp, self.scale, self.gate_part.fn, self.gate_part.params)
+        return mk.decode_moe_layer, args, _big(w)
+
+
+def moe_topk(spec: MoeSpec, gating, act) -> _FastMoe:
+    return _FastMoe(spec, gating, act)

@@ -12,13 +12,20 @@ hookimpl = pluggy.HookimplMarker("archrun")
 
 @hookimpl
 def archrun_register_vocabulary(register) -> None:
-    register(Op("norm", "rms", reference.rms_norm, fast.rms_norm, "RMSNorm over the last axis"))
+    register(Op("norm", "rms", reference.rms_norm, fast.rms_norm, "RMSNorm over the last axis (+ bias if present)"))
+    register(Op("norm", "layer", reference.layer_norm, fast.layer_norm, "LayerNorm over the last axis (+ bias)"))
     register(Op("rope", "neox", reference.rope_neox, fast.rope_neox, "rotate (x[i], x[i+n_rot/2])"))
     register(Op("rope", "norm", reference.rope_norm, fast.rope_norm, "rotate (x[2i], x[2i+1])"))
     register(Op("attention", "causal", reference.CausalAttention, fast.causal_attention,
-                "causal grouped-query attention, optional sliding window mask, plain KV slot"))
-    register(Op("ffn", "swiglu", reference.swiglu, fast.swiglu, "silu(gate) * up"))
-    register(Op("ffn", "geglu_tanh", reference.geglu_tanh, fast.geglu_tanh, "gelu_tanh(gate) * up"))
+                "causal grouped-query attention, optional sliding window and score softcap"))
+    register(Op("activation", "silu", reference.silu, fast.silu, "x * sigmoid(x) (gated: SwiGLU)"))
+    register(Op("activation", "gelu_tanh", reference.gelu_tanh, fast.gelu_tanh, "tanh-approximated GELU"))
+    register(Op("activation", "gelu", reference.gelu, fast.gelu, "exact (erf) GELU"))
+    register(Op("activation", "relu2", reference.relu2, fast.relu2, "squared ReLU"))
+    register(Op("residual", "sequential", reference.Sequential, fast.sequential,
+                "x + attn(norm x), then + ffn(norm of that), optional residual scale"))
+    register(Op("residual", "parallel", reference.Parallel, fast.parallel,
+                "x + attn(norm x) + ffn(norm x), optional residual scale"))
     register(Op("gating", "softmax", reference.gating_softmax, fast.gating_softmax, "softmax over experts (GGUF 1)"))
     register(Op("gating", "sigmoid", reference.gating_sigmoid, fast.gating_sigmoid, "sigmoid per expert (GGUF 2)"))
     register(Op("moe", "topk", reference.moe_topk, fast.moe_topk,

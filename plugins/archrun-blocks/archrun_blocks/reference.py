@@ -6,6 +6,8 @@ oracles the fast kernels are tested against, and what `backend="reference"` runs
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
@@ -17,11 +19,25 @@ F32 = np.float32
 
 
 def rms_norm(eps: float):
-    """RMSNorm: x / sqrt(mean(x^2) + eps) * w, over the last axis."""
+    """RMSNorm: x / sqrt(mean(x^2) + eps) * w (+ b), over the last axis."""
 
-    def norm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    def norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         ms = np.mean(np.square(x, dtype=F32), axis=-1, keepdims=True, dtype=F32)
-        return (x / np.sqrt(ms + F32(eps))) * w
+        y = (x / np.sqrt(ms + F32(eps))) * w
+        return y if b is None else y + b
+
+    return norm
+
+
+def layer_norm(eps: float):
+    """LayerNorm: (x - mean(x)) / sqrt(var(x) + eps) * w (+ b), over the last axis."""
+
+    def norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        x64 = x.astype(np.float64)
+        mean = x64.mean(axis=-1, keepdims=True)
+        var = np.square(x64 - mean).mean(axis=-1, keepdims=True)
+        y = ((x64 - mean) / np.sqrt(var + eps)).astype(F32) * w
+        return y if b is None else y + b
 
     return norm
 
@@ -90,17 +106,19 @@ class KvSlot:
         return self.k.nbytes + self.v.nbytes
 
 
-def attend(q, k, v, q_pos, k_pos, scale: float, window: int) -> np.ndarray:
+def attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0.0) -> np.ndarray:
     """Causal grouped-query attention.
 
     q [n, H, hd], k [T, KV, hd], v [T, KV, vd]; key j is visible to query i iff
-    k_pos[j] <= q_pos[i] and (window == 0 or k_pos[j] > q_pos[i] - window).
-    Returns [n, H, vd].
+    k_pos[j] <= q_pos[i] and (window == 0 or k_pos[j] > q_pos[i] - window). Scores are
+    scaled, then capped to softcap * tanh(s / softcap) when softcap > 0. Returns [n, H, vd].
     """
     n, n_head, hd = q.shape
     n_kv = k.shape[1]
     qg = q.reshape(n, n_kv, n_head // n_kv, hd)  # [n, KV, G, hd]
     scores = np.einsum("nkgd,tkd->kgnt", qg, k, dtype=F32) * F32(scale)  # [KV, G, n, T]
+    if softcap > 0:
+        scores = F32(softcap) * np.tanh(scores / F32(softcap))
     visible = k_pos[None, :] <= q_pos[:, None]
     if window:
         visible &= k_pos[None, :] > (q_pos[:, None] - window)
@@ -166,34 +184,78 @@ class CausalAttention:
             keys, values = np.concatenate([old_k, k]), np.concatenate([old_v, v])
             k_pos = np.concatenate([old_pos, q_pos])
             slot.write(k, v, start)
-            return self.attend(q, keys, values, q_pos, k_pos, self.spec.scale, self.spec.window)
+            return self.attend(q, keys, values, q_pos, k_pos, self.spec.scale, self.spec.window, self.spec.softcap)
         end = start + n
         slot.k[start:end] = k
         slot.v[start:end] = v
-        return self.attend(q, slot.k[:end], slot.v[:end], q_pos, np.arange(end), self.spec.scale, self.spec.window)
+        return self.attend(q, slot.k[:end], slot.v[:end], q_pos, np.arange(end), self.spec.scale, self.spec.window,
+                           self.spec.softcap)
 
 
 # -- FFN activations, gating, MoE --------------------------------------------------------------
 
 
-def swiglu():
-    """silu(gate) * up."""
+def _activation(f):
+    """An activation op from the elementwise function f: act(x) (* up when given)."""
 
-    def act(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return (gate / (F32(1.0) + np.exp(-gate))) * up
+    def act(x: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
+        y = f(x)
+        return y if up is None else y * up
 
     return act
 
 
-def geglu_tanh():
-    """gelu_tanh(gate) * up, gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+def silu():
+    """silu(x) = x / (1 + exp(-x)); gated: SwiGLU."""
+    return _activation(lambda g: g / (F32(1.0) + np.exp(-g)))
+
+
+def gelu_tanh():
+    """gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); gated: GeGLU (tanh)."""
     c = F32(np.sqrt(2.0 / np.pi))
+    return _activation(lambda g: F32(0.5) * g * (F32(1.0) + np.tanh(c * (g + F32(0.044715) * g * g * g))))
 
-    def act(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        g = F32(0.5) * gate * (F32(1.0) + np.tanh(c * (gate + F32(0.044715) * gate * gate * gate)))
-        return g * up
 
-    return act
+_ERF = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def gelu():
+    """Exact GELU: 0.5 x (1 + erf(x / sqrt 2)) (computed in float64)."""
+    return _activation(lambda g: (0.5 * g * (1.0 + _ERF(g.astype(np.float64) / math.sqrt(2.0)))).astype(F32))
+
+
+def relu2():
+    """Squared ReLU: max(x, 0)^2."""
+    return _activation(lambda g: np.square(np.maximum(g, F32(0.0))))
+
+
+# -- residual topologies -------------------------------------------------------------------------
+
+
+class Sequential:
+    """x -> h = x + s attn(x) -> h + s ffn(h): the FFN reads the stream after the attention."""
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = F32(scale)
+
+    def ffn_input(self, x: np.ndarray, a: np.ndarray) -> np.ndarray:
+        return x + a * self.scale
+
+    def combine(self, x: np.ndarray, a: np.ndarray, f: np.ndarray) -> np.ndarray:
+        return (x + a * self.scale) + f * self.scale
+
+
+class Parallel:
+    """x -> x + s (attn(x) + ffn(x)): attention and FFN read the same input."""
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = F32(scale)
+
+    def ffn_input(self, x: np.ndarray, a: np.ndarray) -> np.ndarray:
+        return x
+
+    def combine(self, x: np.ndarray, a: np.ndarray, f: np.ndarray) -> np.ndarray:
+        return x + (a + f) * self.scale
 
 
 def gating_softmax():
@@ -246,7 +308,7 @@ def moe_topk(spec: MoeSpec, gating, act):
         for e in np.unique(ids):
             rows, slot = np.nonzero(ids == e)
             xe = x[rows]
-            ye = w.down[e](act(w.gate[e](xe), w.up[e](xe)))  # [m, d]
+            ye = w.down[e](act(w.gate[e](xe), w.up[e](xe)))  # [m, d]: down(act(gate) * up)
             out[rows] += weights[rows, slot][:, None] * ye
         if w.shared is not None:
             g, u, d = w.shared

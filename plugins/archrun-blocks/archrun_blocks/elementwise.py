@@ -1,8 +1,10 @@
-"""Fast elementwise ops: RMSNorm, rotary embedding, causal GQA attention, gated activations.
+"""Op-by-op fast kernels (prefill and the op path): norms, rotary embedding, attention, activations.
 
-Each public function validates shapes and dtypes in Python (raising ShapeMismatch), then
-runs one jitted kernel that writes into a fresh float32 output. They match the numpy
-reference ops of the core vocabulary (archrun_blocks.reference) to float32 rounding.
+Norms, rope and activations run their kernel part (archrun_blocks.parts) over rows, so the
+numba math of an op exists once; attention over many queries has its own kernel (the
+decode part attends one token). Each public function validates shapes and dtypes in Python
+(raising ShapeMismatch), then runs one jitted kernel that writes into a fresh float32 output.
+They match the numpy reference ops (archrun_blocks.reference) to float32 rounding.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from numba import njit, prange
 
 from archrun.errors import ShapeMismatch
 from archrun.kernels._jit import JIT, JIT_PAR
+from archrun_blocks import parts
 
 _F32 = np.float32
 # attention work (n * H * T * head_dim multiply-adds) above which heads go to the thread pool
@@ -27,6 +30,7 @@ def _need(cond: bool, what) -> None:
 
 
 _F32_DTYPE = np.dtype(np.float32)
+_NONE = np.empty(0, np.float32)
 
 
 def _f32(a, name: str, ndim: int) -> None:
@@ -39,62 +43,34 @@ def _f32(a, name: str, ndim: int) -> None:
                         f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
 
 
-# -- RMSNorm -----------------------------------------------------------------------------------
+# -- norms, rope, activations: parts over rows -----------------------------------------------------
 
 
 @njit(**JIT)
-def _rms_norm(x, w, eps, out):
-    n, d = x.shape
-    for t in range(n):
-        row = x[t]
-        ss = 0.0  # float64 sum of squares
-        for i in range(d):
-            ss += np.float64(row[i]) * row[i]
-        r = _F32(1.0 / math.sqrt(ss / d + eps))
-        o = out[t]
-        for i in range(d):
-            o[i] = row[i] * r * w[i]
+def _norm_rows(fn, p, x, w, b, out):
+    for t in range(x.shape[0]):
+        fn(p, x[t], w, b, out[t])
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x[n, d] / sqrt(mean(x^2) + eps) * w[d] -> float32 [n, d]."""
+def norm_rows(fn, params: np.ndarray, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    """The norm part fn over the rows of x[n, d] with weight w[d] (and bias b[d]) -> float32 [n, d]."""
     _f32(x, "x", 2)
     _f32(w, "w", 1)
     _need(w.shape[0] == x.shape[1], lambda: f"norm weight {w.shape} does not match x {x.shape}")
+    b = _NONE if b is None else b
+    _f32(b, "b", 1)
+    _need(b.shape[0] in (0, x.shape[1]), lambda: f"norm bias {b.shape} does not match x {x.shape}")
     out = np.empty(x.shape, np.float32)
-    _rms_norm(np.ascontiguousarray(x), np.ascontiguousarray(w), float(eps), out)
+    _norm_rows(fn, params, np.ascontiguousarray(x), np.ascontiguousarray(w), np.ascontiguousarray(b), out)
     return out
 
 
-# -- rotary embedding --------------------------------------------------------------------------
-
-
-@njit(**dict(JIT, inline="always"))
-def rotate_pairs(xi, o, n_rot, neox, c, s):
-    """o[ia], o[ib] = rotation of (xi[ia], xi[ib]) by angle i (cos c[i], sin s[i]) for i < n_rot/2:
-    NEOX pairs (i, i + n_rot/2), NORM pairs (2i, 2i + 1). o may be xi (each pair is read first)."""
-    half = n_rot // 2
-    for i in range(half):
-        ia = i if neox else 2 * i
-        ib = i + half if neox else 2 * i + 1
-        a = xi[ia]
-        b = xi[ib]
-        o[ia] = a * c[i] - b * s[i]
-        o[ib] = b * c[i] + a * s[i]
-
-
 @njit(**JIT)
-def _rope(x, cos, sin, n_rot, neox, out):
+def _rope_rows(fn, p, x, cos, sin, out):
     n, n_head, hd = x.shape
+    out[:] = x
     for t in range(n):
-        c = cos[t]
-        s = sin[t]
-        for h in range(n_head):
-            xi = x[t, h]
-            o = out[t, h]
-            for i in range(n_rot, hd):
-                o[i] = xi[i]
-            rotate_pairs(xi, o, n_rot, neox, c, s)
+        fn(p, out[t].reshape(n_head * hd), n_head, hd, cos[t], sin[t])
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool) -> np.ndarray:
@@ -111,8 +87,29 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool
     _need(cos.shape == (n, n_rot // 2) and sin.shape == cos.shape,
           lambda: f"cos/sin {cos.shape}/{sin.shape} must be [{n}, {n_rot // 2}]")
     out = np.empty(x.shape, np.float32)
-    _rope(np.ascontiguousarray(x), np.ascontiguousarray(cos), np.ascontiguousarray(sin),
-          int(n_rot), bool(neox), out)
+    params = np.array([n_rot, 1.0 if neox else 0.0])
+    _rope_rows(parts.rope, params, np.ascontiguousarray(x), np.ascontiguousarray(cos), np.ascontiguousarray(sin),
+               out)
+    return out
+
+
+@njit(**JIT)
+def _act_rows(fn, p, gate, up, out):
+    fn(p, gate, out)
+    if up.shape[0]:
+        for i in range(out.shape[0]):
+            out[i] = out[i] * up[i]
+
+
+def activation(fn, params: np.ndarray, gate: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
+    """The activation part fn of gate (any shape, float32), times up (same shape) when given."""
+    _f32(gate, "gate", gate.ndim if isinstance(gate, np.ndarray) else 2)
+    if up is not None:
+        _need(isinstance(up, np.ndarray) and up.dtype == np.float32 and up.shape == gate.shape,
+              lambda: f"up {getattr(up, 'shape', None)} must be float32 shaped like gate {gate.shape}")
+    out = np.empty(gate.shape, np.float32)
+    flat_up = _NONE if up is None else np.ascontiguousarray(up).reshape(-1)
+    _act_rows(fn, params, np.ascontiguousarray(gate).reshape(-1), flat_up, out.reshape(-1))
     return out
 
 
@@ -120,7 +117,7 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool
 
 
 @njit(**JIT)
-def _attend_one(q, k, v, q_pos, k_pos, scale, window, item, group, out):
+def _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, item, group, out):
     """One (query i, kv head) item: the `group` query heads sharing that kv head."""
     n_kv = k.shape[1]
     i = item // n_kv
@@ -138,7 +135,8 @@ def _attend_one(q, k, v, q_pos, k_pos, scale, window, item, group, out):
                 s = _F32(0.0)
                 for e in range(hd):
                     s += qg[e] * kj[e]
-                p[g, j] = s * scale
+                s = s * scale
+                p[g, j] = softcap * np.tanh(s / softcap) if softcap > 0 else s
             else:
                 p[g, j] = -np.inf
     for g in range(group):
@@ -159,17 +157,17 @@ def _attend_one(q, k, v, q_pos, k_pos, scale, window, item, group, out):
 
 
 @njit(**JIT)
-def _attend(q, k, v, q_pos, k_pos, scale, window, out):
+def _attend(q, k, v, q_pos, k_pos, scale, window, softcap, out):
     group = q.shape[1] // k.shape[1]
     for item in range(q.shape[0] * k.shape[1]):
-        _attend_one(q, k, v, q_pos, k_pos, scale, window, item, group, out)
+        _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, item, group, out)
 
 
 @njit(**JIT_PAR)
-def _attend_par(q, k, v, q_pos, k_pos, scale, window, out):
+def _attend_par(q, k, v, q_pos, k_pos, scale, window, softcap, out):
     group = q.shape[1] // k.shape[1]
     for item in prange(q.shape[0] * k.shape[1]):
-        _attend_one(q, k, v, q_pos, k_pos, scale, window, item, group, out)
+        _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, item, group, out)
 
 
 def _check_attention(q, k, v, q_pos, k_pos, window) -> None:
@@ -187,12 +185,13 @@ def _check_attention(q, k, v, q_pos, k_pos, window) -> None:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray,
-              scale: float, window: int) -> np.ndarray:
+              scale: float, window: int, softcap: float = 0.0) -> np.ndarray:
     """Causal grouped-query attention: q[n, H, hd], k[T, KV, hd], v[T, KV, vd] -> [n, H, vd].
 
     Key j is visible to query i iff k_pos[j] <= q_pos[i] and (window == 0 or
     k_pos[j] > q_pos[i] - window); head h reads kv head h // (H // KV). Softmax in float32
-    with max subtraction. Every query must see at least one key.
+    with max subtraction, scores capped to softcap * tanh(s / softcap) when softcap > 0. Every
+    query must see at least one key.
     """
     _check_attention(q, k, v, q_pos, k_pos, window)
     n, n_head, _ = q.shape
@@ -200,46 +199,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, k_
     if n == 0:
         return out
     args = (np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
-            q_pos, k_pos, _F32(scale), int(window), out)
+            q_pos, k_pos, _F32(scale), int(window), _F32(softcap), out)
     work = n * n_head * k.shape[0] * q.shape[2]
     (_attend_par if work >= _ATTN_PARALLEL_WORK else _attend)(*args)
     return out
-
-
-# -- gated activations -------------------------------------------------------------------------
-
-
-@njit(**JIT)
-def _swiglu(gate, up, out):
-    for i in range(gate.size):
-        g = gate[i]
-        out[i] = g / (_F32(1.0) + np.exp(-g)) * up[i]
-
-
-_GELU_C = _F32(math.sqrt(2.0 / math.pi))
-
-
-@njit(**JIT)
-def _geglu_tanh(gate, up, out):
-    for i in range(gate.size):
-        g = gate[i]
-        out[i] = _F32(0.5) * g * (_F32(1.0) + np.tanh(_GELU_C * (g + _F32(0.044715) * g * g * g))) * up[i]
-
-
-def _gated(kernel, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    _f32(gate, "gate", gate.ndim if isinstance(gate, np.ndarray) else 2)
-    _need(isinstance(up, np.ndarray) and up.dtype == np.float32 and up.shape == gate.shape,
-          lambda: f"up {getattr(up, 'shape', None)} must be float32 shaped like gate {gate.shape}")
-    out = np.empty(gate.shape, np.float32)
-    kernel(np.ascontiguousarray(gate).reshape(-1), np.ascontiguousarray(up).reshape(-1), out.reshape(-1))
-    return out
-
-
-def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """silu(gate) * up, elementwise over [n, f] float32."""
-    return _gated(_swiglu, gate, up)
-
-
-def geglu_tanh(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """gelu_tanh(gate) * up, gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    return _gated(_geglu_tanh, gate, up)

@@ -25,21 +25,20 @@ Expert weights are passed without copying: `expert_list` holds one uniform matri
 j = 0 gate, 1 up, 2 down, each a view of that expert's prepared arrays. Experts of any
 width work (no lane-multiple condition).
 
-`decode_block_moe` is kernels.block.decode_block with this FFN: one call per MoE layer for
+`decode_moe_layer` is archrun.kernels.layer's block with this FFN: one call per MoE layer for
 a single token. Shapes are validated when the arrays are built (`moe_arrays`) and by the
 callers; the kernels do not bounds-check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import attrs
 import numpy as np
 from numba import njit, typed
 
 from archrun.errors import ShapeMismatch
-from archrun.kernels import block
+from archrun.kernels import block, layer
 from archrun.kernels._jit import JIT
 from archrun.kernels.lists import typed_list
 from archrun.kernels.qmatrix import QMatrix
@@ -52,32 +51,8 @@ _STEP = dict(JIT, inline="always")
 _EXACT = dict(cache=True, nogil=True)
 _NORM_FLOOR = _F32(6.103515625e-5)  # llama.cpp's floor of the renormalisation sum (2^-14)
 
-# Gating kinds (GatingKernel.kind): GGUF expert_gating_func 1 and 2.
-GATING_SOFTMAX, GATING_SIGMOID = 0, 1
 # Routing parameters rp (int64 tuple): indices of its fields.
-RP_GATING, RP_ACT, RP_K, RP_GROUPS, RP_GROUPS_USED, RP_NORM = range(6)
-
-
-@attrs.frozen
-class GatingKernel:
-    """A gating op: GATING_SOFTMAX (softmax over the experts) or GATING_SIGMOID (per expert)."""
-
-    kind: int
-
-
-@attrs.frozen
-class MoeKernel:
-    """A top-k MoE op that `moe_rows` computes (archrun_blocks.reference.moe_topk semantics).
-
-    rp: routing parameters (gating kind, ActKernel kind, experts used, groups, groups used,
-    renormalise 0/1); scale: weights_scale. arrays(weights) -> the kernel arrays of an
-    archrun.weights.MoeWeights (`moe_arrays`, built once and kept by the op), or None when
-    the weights are not prepared for the fast kernels.
-    """
-
-    rp: tuple
-    scale: float
-    arrays: Callable[[object], tuple | None] = attrs.field(eq=False, repr=False)
+RP_K, RP_GROUPS, RP_GROUPS_USED, RP_NORM = range(4)
 
 
 # -- bind time: kernel arrays of a layer's expert weights -----------------------------------------
@@ -131,24 +106,6 @@ def moe_arrays(router: QMatrix, router_bias: np.ndarray | None, probs_bias: np.n
 
 
 # -- routing --------------------------------------------------------------------------------------
-
-
-@njit(**_EXACT)
-def _gate(logits, kind, probs):
-    """probs [E] = softmax(logits) or sigmoid(logits), float32 as reference.gating_*."""
-    if kind == GATING_SOFTMAX:
-        m = logits[0]
-        for e in range(logits.shape[0]):
-            m = max(m, logits[e])
-        s = _F32(0.0)
-        for e in range(logits.shape[0]):
-            probs[e] = np.exp(logits[e] - m)
-            s += probs[e]
-        for e in range(logits.shape[0]):
-            probs[e] = probs[e] / s
-    else:
-        for e in range(logits.shape[0]):
-            probs[e] = _F32(1.0) / (_F32(1.0) + np.exp(-logits[e]))
 
 
 @njit(**_EXACT)
@@ -221,12 +178,12 @@ def choose(probs, probs_bias, rp, scale, ids, wts):
 
 
 @njit(**_EXACT)
-def route_rows(logits, probs_bias, rp, scale, ids, wts):
+def route_rows(logits, probs_bias, rp, scale, gate_fn, gate_p, ids, wts):
     """Routing of every row: logits f32 [n, E] -> ids int64 [n, k], wts f32 [n, k] (reference.route
-    of the gating's probs)."""
+    of the probs of the gating part gate_fn)."""
     probs = np.empty(logits.shape[1], _F32)
     for t in range(logits.shape[0]):
-        _gate(logits[t], rp[RP_GATING], probs)
+        gate_fn(gate_p, logits[t], probs)
         choose(probs, probs_bias, rp, scale, ids[t], wts[t])
 
 
@@ -234,15 +191,17 @@ def route_rows(logits, probs_bias, rp, scale, ids, wts):
 
 
 @njit(**_STEP)
-def _gated_ffn(gate_up, down, x, act, chunks):
-    """down(act(gate x, up x)) for x f32 [m, d] -> [m, d_out] (one product group each)."""
+def _gated_ffn(gate_up, down, x, act_fn, act_p, chunks):
+    """down(act(gate x) * up x) for x f32 [m, d] -> [m, d_out] (one product group each)."""
     m = x.shape[0]
     f = gate_up[0][block._NOUT]
     gu = np.empty((m, 2 * f), _F32)
     block.product_rows(gate_up, x, gu, chunks)
     a = np.empty((m, f), _F32)
     for i in range(m):
-        block._act(gu[i], f, act, a[i])
+        act_fn(act_p, gu[i][:f], a[i])
+        for c in range(f):
+            a[i, c] = a[i, c] * gu[i, f + c]
     y = np.empty((m, down[0][block._NOUT]), _F32)
     block.product_rows(down, a, y, chunks)
     return y
@@ -270,19 +229,20 @@ def _by_expert(ids, n_exp):
 
 
 @njit(**JIT)
-def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, rp, scale, chunks):
+def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, rp, scale, gate_fn, gate_p, act_fn, act_p,
+             chunks):
     """out f32 [n, d] = the MoE FFN of h f32 [n, d] (C-contiguous); arguments as `moe_arrays` builds
-    them, rp/scale as MoeKernel. Products split over `chunks` threads."""
+    them, rp (RP_* fields) and scale the routing parameters, gate_fn/act_fn the gating's and the
+    experts' activation's kernel parts. Products split over `chunks` threads."""
     n, d = h.shape
     absent = router[1]
     n_exp = router[0][block._NOUT]
     k = rp[RP_K]
-    act = rp[RP_ACT]
     logits = np.empty((n, n_exp), _F32)
     block.product_rows(router, h, logits, chunks)
     ids = np.empty((n, k), np.int64)
     wts = np.empty((n, k), _F32)
-    route_rows(logits, probs_bias, rp, scale, ids, wts)
+    route_rows(logits, probs_bias, rp, scale, gate_fn, gate_p, ids, wts)
     out[:] = 0
     start, order = _by_expert(ids, n_exp)
     for e in range(n_exp):
@@ -293,35 +253,33 @@ def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, rp, sc
         for i in range(m):
             xe[i] = h[order[start[e] + i] // k]
         ye = _gated_ffn((experts[3 * e], experts[3 * e + 1], absent), (experts[3 * e + 2], absent, absent),
-                        xe, act, chunks)
+                        xe, act_fn, act_p, chunks)
         for i in range(m):
             p = order[start[e] + i]
             t, w = p // k, wts[p // k, p % k]
             for c in range(d):
                 out[t, c] += w * ye[i, c]
     if shared_gu[0][block._NOUT]:
-        ys = _gated_ffn(shared_gu, shared_down, h, act, chunks)
+        ys = _gated_ffn(shared_gu, shared_down, h, act_fn, act_p, chunks)
         for t in range(n):
             for c in range(d):
                 out[t, c] += ys[t, c]
 
 
 @njit(**JIT)
-def decode_block_moe(x, qkv, o_mat, router, experts, shared_gu, shared_down, probs_bias, rp, moe_scale, vecs, geo,
-                     eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+def decode_moe_layer(x, qkv, o_mat, vecs, geo, fns, params, router, experts, shared_gu, shared_down, probs_bias, rp,
+                     moe_scale, gate_fn, gate_p, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
     """One decoder block with a MoE FFN on one token; x f32 [d] is updated in place.
 
-    As kernels.block.decode_block, with the MoE arrays (router .. probs_bias, as `moe_arrays`
-    builds them) and rp/moe_scale (MoeKernel) in place of the dense gate_up/down; geo's act,
-    n_ff and FFN group ids are unused (the experts split over numba's threads, `chunks`). The
-    expert list is a top-level argument: numba types a typed list nested in a tuple through
-    its slow path, every array of the tuple included (~7 ms a call).
+    The attention sub-block and the residual joins are archrun.kernels.layer's (qkv .. params
+    as it documents; geo's FFN fields unused); the FFN is `moe_rows` with the experts'
+    activation fns[F_ACT]. The expert list is a top-level argument: numba types a typed list
+    nested in a tuple through its slow path, every array of the tuple included (~7 ms a call).
     """
-    block._attention_part(x, qkv, o_mat, vecs, geo, eps, scale, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par)
-    ffn_norm, post_ffn_norm = vecs[4], vecs[5]
-    d = x.shape[0]
-    h = np.empty((1, d), _F32)
-    block._rms(x, ffn_norm, eps, h[0])
-    f = np.empty((1, d), _F32)
-    moe_rows(h, f, router, experts, shared_gu, shared_down, probs_bias, rp, moe_scale, chunks)
-    block.add_residual(x, f[0], post_ffn_norm, eps)
+    a, h = layer.attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin,
+                                 chunks, par)
+    g = layer.ffn_input(x, a, h, vecs, fns, params)
+    f = np.empty((1, x.shape[0]), _F32)
+    moe_rows(g.reshape(1, x.shape[0]), f, router, experts, shared_gu, shared_down, probs_bias, rp, moe_scale,
+             gate_fn, gate_p, fns[layer.F_ACT], params[layer.P_ACT], chunks)
+    layer.join(x, a, f[0], vecs, fns, params)

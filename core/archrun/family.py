@@ -1,0 +1,164 @@
+"""The family plugin API: what an architecture's files do not say, as data.
+
+A family package describes one or more `general.architecture` strings with `FamilyHints` and
+registers them with `FamilyPlugin` (entry point group "archrun"):
+
+    from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
+
+    plugin = FamilyPlugin({"llama": FamilyHints(name="llama", rope_pairing="norm", activation="silu",
+                                                 embed_scale=1.0, **TRANSFORMER)})
+
+Every structural choice the compiler cannot read from a file is a *convention* (see
+CONVENTIONS): a family states it, or a caller does (`archrun.load(path, hints={...})`), or the
+model does not load. Values of vocabulary conventions are names in the registry's slots
+(archrun.vocab.SLOTS); the compiler copies them into the descriptor without knowing any.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+from attrs import validators as v
+
+from archrun.errors import InvalidRequest
+from archrun.hookspecs import hookimpl
+
+# Conventions a file does not state: hint field -> (what it means, the registry slot its value names or None).
+CONVENTIONS: Mapping[str, tuple[str, str | None]] = MappingProxyType({
+    "rope_pairing": ("which dims the rotary embedding pairs", "rope"),
+    "attention": ("the attention op", "attention"),
+    "activation": ("the FFN activation", "activation"),
+    "residual": ("the residual topology of a block", "residual"),
+    "embed_scale": ("the token-embedding multiplier (a number or 'sqrt_n_embd')", None),
+    "norm": ("the norm op (files name it only through their epsilon key)", "norm"),
+    "moe": ("the mixture-of-experts op", "moe"),
+    "gating": ("the expert gating function (files may say it in expert_gating_func)", "gating"),
+    "softcap": ("the final-logit softcap op", "softcap"),
+})
+
+# What files say by key (GGUF's own numbering and key names) -> the vocabulary it means.
+NORM_BY_EPSILON_KEY: Mapping[str, str] = MappingProxyType({
+    "attention.layer_norm_rms_epsilon": "rms",
+    "attention.layer_norm_epsilon": "layer",
+})
+GATING_BY_ID: Mapping[int, str] = MappingProxyType({1: "softmax", 2: "sigmoid"})  # expert_gating_func
+
+# The choices every decoder-only transformer family so far shares; a family spreads them into its
+# hints (`**TRANSFORMER`) and overrides what differs. Nothing applies them to an unknown architecture.
+TRANSFORMER: Mapping[str, Any] = MappingProxyType({
+    "attention": "causal", "residual": "sequential", "moe": "topk", "softcap": "tanh",
+})
+DEFAULT_BLOCK_STYLE = "fused"
+
+
+def _embed_scale(value: Any) -> str | float | None:
+    if value is None or value == "sqrt_n_embd":
+        return value
+    try:
+        scale = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"embed_scale must be a positive number or 'sqrt_n_embd', got {value!r}") from None
+    if not scale > 0:
+        raise ValueError(f"embed_scale must be a positive number or 'sqrt_n_embd', got {value!r}")
+    return scale
+
+
+def _opt_str(_inst, attr, value) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{attr.name} must be a vocabulary name (str), got {value!r}")
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@frozen
+class FamilyHints:
+    """What a family plugin (or a caller) says about an architecture that its GGUF files do not.
+
+    Data only, never math. Convention fields (CONVENTIONS) are None when not stated. Also:
+    `defaults` maps key suffixes (without the `<arch>.` prefix) to values used when the file
+    omits them; `tensor_names` remaps tensor roles (archrun.descriptor.DEFAULT_TENSOR_NAMES;
+    None: the architecture has no such tensor); `swa_period` P > 0 makes layer i sliding iff
+    i % P < P - 1 unless the file has attention.sliding_window_pattern; `nope_period` P > 0 makes
+    every P-th layer (i % P == P - 1) use no rotary embedding; `block_style` the default style.
+    """
+
+    name: str = field(validator=v.instance_of(str))
+    rope_pairing: str | None = field(default=None, validator=_opt_str)
+    attention: str | None = field(default=None, validator=_opt_str)
+    activation: str | None = field(default=None, validator=_opt_str)
+    residual: str | None = field(default=None, validator=_opt_str)
+    embed_scale: str | float | None = field(default=None, converter=_embed_scale)
+    norm: str | None = field(default=None, validator=_opt_str)
+    moe: str | None = field(default=None, validator=_opt_str)
+    gating: str | None = field(default=None, validator=_opt_str)
+    softcap: str | None = field(default=None, validator=_opt_str)
+    moe_weights_norm: bool = False
+    residual_scale: float | None = field(default=None, converter=_opt_float)
+    logit_scale: float | None = field(default=None, converter=_opt_float)
+    defaults: Mapping[str, Any] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
+    tensor_names: Mapping[str, str | None] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
+    swa_period: int = 0
+    nope_period: int = 0
+    block_style: str = DEFAULT_BLOCK_STYLE
+    chat_template: str | None = None
+    generic: bool = False  # no family plugin knows the architecture: everything came from the caller
+
+    def updated(self, hints: Mapping[str, Any] | None) -> FamilyHints:
+        """These hints with a caller's `hints` (field -> value; strings from a command line are fine) on top."""
+        if not hints:
+            return self
+        names = {a.name for a in attrs.fields(FamilyHints)} - {"name", "generic", "tensor_names", "defaults"}
+        unknown = sorted(set(hints) - names)
+        if unknown:
+            raise InvalidRequest(f"unknown hint(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        try:
+            return attrs.evolve(self, **{k: _hint_value(k, v) for k, v in hints.items()})
+        except (TypeError, ValueError) as e:
+            raise InvalidRequest(f"bad hint: {e}") from None
+
+
+def _hint_value(name: str, value: Any) -> Any:
+    """A hint from a command line arrives as a string: convert the non-string fields."""
+    if not isinstance(value, str):
+        return value
+    if name in ("moe_weights_norm",):
+        return value.lower() in ("1", "true", "yes")
+    if name in ("swa_period", "nope_period"):
+        return int(value)
+    return value
+
+
+def parse_hints(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """`["rope_pairing=norm", ...]` (the CLI's --hint values) -> {"rope_pairing": "norm", ...}."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidRequest(f"a hint is NAME=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+class FamilyPlugin:
+    """A family plugin made from architecture -> FamilyHints: implements both family hooks.
+
+    A family package needs only `plugin = FamilyPlugin({...})` and the entry point
+    `[project.entry-points.archrun] name = "package:plugin"`.
+    """
+
+    def __init__(self, hints: Mapping[str, FamilyHints]):
+        self.hints = MappingProxyType(dict(hints))
+
+    @hookimpl
+    def archrun_describe_family(self, architecture: str) -> FamilyHints | None:
+        return self.hints.get(architecture)
+
+    @hookimpl
+    def archrun_families(self) -> list[str]:
+        return sorted(self.hints)

@@ -1,0 +1,146 @@
+"""One decoder block for one token in one jitted call, composed of the ops' kernel parts.
+
+This is the interpreter's block (archrun.model.Interpreter.run_block) for a single token, as
+one numba function. It knows the anatomy of a block — pre-norm, q/k/v products, per-head q/k
+norms, rotary embedding, attention over the cache, output product, post-norm, the residual
+topology's two joins, the FFN's products and activation — and none of the math: every op is a
+first-class function value (a `kernels.parts.Part`) taken from the layer's arguments, so one
+compiled kernel runs every combination of built-in and third-party ops.
+
+A dense layer's arguments, built by archrun.fusion (one tuple; `decode_layer` takes a typed
+list of them):
+
+  qkv, o_mat, gate_up, down   product groups: 3 uniform matrices each (kernels.block), absent
+                              ones padding: (q, k, v) or (q|k|v, -, -); (o, -, -);
+                              (gate, up, -), (gate|up, -, -) or (up, -, -) for a plain FFN; (down, -, -)
+  vecs   float32 vectors, empty when absent: attn_norm, attn_norm bias, q_norm, k_norm,
+         post_attn_norm, ffn_norm, ffn_norm bias, post_ffn_norm
+  geo    int64: n_head, n_kv, head_dim, v_head_dim, n_ff, gated, rope (0/1), and the pool
+         group ids of qkv, o_mat, gate_up, down (-1: none)
+  fns    parts' functions: norm, rope, attention, activation, residual ffn_input, residual combine
+  params their float64 parameters in the same order (the residual's serve both of its functions)
+
+Layers whose FFN is not a dense product pair (e.g. a mixture of experts) run their op's own
+layer kernel, which calls `attention_block` and `join` from here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from archrun.kernels.block import product_group
+from archrun.kernels._jit import JIT
+
+_F32 = np.float32
+_STEP = dict(JIT, inline="always")
+
+# vecs and geo fields
+V_ATTN_NORM, V_ATTN_NORM_B, V_Q_NORM, V_K_NORM, V_POST_ATTN, V_FFN_NORM, V_FFN_NORM_B, V_POST_FFN = range(8)
+G_HEADS, G_KV, G_HD, G_VD, G_FF, G_GATED, G_ROPE, G_QKV, G_O, G_GU, G_DOWN = range(11)
+# fns / params fields
+F_NORM, F_ROPE, F_ATTN, F_ACT, F_RES_IN, F_RES_OUT = range(6)
+P_NORM, P_ROPE, P_ATTN, P_ACT, P_RES = range(5)
+
+
+@njit(**_STEP)
+def _heads_norm(norm, p, v, n_head, hd, w):
+    """Per-head norm of v [n_head * hd] in place (no bias)."""
+    none = np.empty(0, _F32)
+    for h in range(n_head):
+        seg = v[h * hd:(h + 1) * hd]
+        norm(p, seg, w, none, seg)
+
+
+@njit(**_STEP)
+def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+    """The attention sub-block of x f32 [d]: (a, h) = (its output [d] after the post-norm, the normed input [d])."""
+    n_head, n_kv, hd, vd = geo[G_HEADS], geo[G_KV], geo[G_HD], geo[G_VD]
+    norm, pn = fns[F_NORM], params[P_NORM]
+    d = x.shape[0]
+    h = np.empty(d, _F32)
+    norm(pn, x, vecs[V_ATTN_NORM], vecs[V_ATTN_NORM_B], h)
+    nq, nk = n_head * hd, n_kv * hd
+    y = np.empty(nq + nk + n_kv * vd, _F32)
+    product_group(par, geo[G_QKV], qkv, h, y, chunks)
+    q, k, v = y[:nq], y[nq:nq + nk], y[nq + nk:]
+    if vecs[V_Q_NORM].shape[0]:
+        _heads_norm(norm, pn, q, n_head, hd, vecs[V_Q_NORM])
+        _heads_norm(norm, pn, k, n_kv, hd, vecs[V_K_NORM])
+    if geo[G_ROPE]:
+        rope, pr = fns[F_ROPE], params[P_ROPE]
+        rope(pr, q, n_head, hd, cos, sin)
+        rope(pr, k, n_kv, hd, cos, sin)
+    att = np.empty(n_head * vd, _F32)
+    fns[F_ATTN](params[P_ATTN], q, k, v, kc, vc, kpos, ring, row, pos, att)
+    a = np.empty(d, _F32)
+    product_group(par, geo[G_O], o_mat, att, a, chunks)
+    if vecs[V_POST_ATTN].shape[0]:
+        norm(pn, a, vecs[V_POST_ATTN], np.empty(0, _F32), a)
+    return a, h
+
+
+@njit(**_STEP)
+def ffn_input(x, a, h, vecs, fns, params):
+    """The FFN sub-block's normed input [d]: the residual's ffn_input of (x, a), through ffn_norm; a
+    block without its own ffn_norm (a parallel block sharing one norm) reads the attention's h."""
+    if not vecs[V_FFN_NORM].shape[0]:
+        return h
+    g = np.empty(x.shape[0], _F32)
+    fns[F_RES_IN](params[P_RES], x, a, g)
+    fns[F_NORM](params[P_NORM], g, vecs[V_FFN_NORM], vecs[V_FFN_NORM_B], g)
+    return g
+
+
+@njit(**_STEP)
+def join(x, a, f, vecs, fns, params):
+    """x <- the residual stream after the block, from the attention output a and FFN output f
+    (f post-normed first when the block has a post-FFN norm)."""
+    if vecs[V_POST_FFN].shape[0]:
+        fns[F_NORM](params[P_NORM], f, vecs[V_POST_FFN], np.empty(0, _F32), f)
+    fns[F_RES_OUT](params[P_RES], x, a, f)
+
+
+@njit(**_STEP)
+def _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par):
+    """down(act(gate g) * up g) [d], or down(act(up g)) for a plain FFN, of the normed input g [d]."""
+    n_ff = geo[G_FF]
+    gated = geo[G_GATED]
+    gu = np.empty(2 * n_ff if gated else n_ff, _F32)
+    product_group(par, geo[G_GU], gate_up, g, gu, chunks)
+    act = np.empty(n_ff, _F32)
+    fns[F_ACT](params[P_ACT], gu[:n_ff], act)
+    if gated:
+        for i in range(n_ff):
+            act[i] = act[i] * gu[n_ff + i]
+    f = np.empty(g.shape[0], _F32)
+    product_group(par, geo[G_DOWN], down, act, f, chunks)
+    return f
+
+
+@njit(**JIT)
+def decode_block(x, qkv, o_mat, gate_up, down, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin,
+                 chunks, par):
+    """One decoder block with a dense FFN on one token; x f32 [d] is updated in place.
+
+    The token's K/V go to cache row `row` of kc [cap, KV, hd] / vc [cap, KV, vd] (ring slots
+    also record kpos[row] = pos); cos/sin [n_rot / 2] are the rotary angles at `pos`.
+    """
+    a, h = attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks,
+                           par)
+    g = ffn_input(x, a, h, vecs, fns, params)
+    f = _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par)
+    join(x, a, f, vecs, fns, params)
+
+
+@njit(**JIT)
+def decode_layer(x, layers, i, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+    """decode_block of layer i, whose arguments (qkv .. params) are layers[i] (a numba typed list):
+    one list argument instead of ~150 arrays makes the call from Python ~15 us cheaper (numba
+    unboxes every array of a call's arguments)."""
+    qkv, o_mat, gate_up, down, vecs, geo, fns, params = layers[i]
+    a, h = attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks,
+                           par)
+    g = ffn_input(x, a, h, vecs, fns, params)
+    f = _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par)
+    join(x, a, f, vecs, fns, params)

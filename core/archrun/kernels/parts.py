@@ -1,0 +1,91 @@
+"""The fused decode path's calling conventions: what an op's kernel part looks like.
+
+A fast op joins the one-call-per-layer decode path (archrun.fusion, kernels.layer) by carrying
+a `Part`: a numba function compiled with its slot's signature below, plus the op's scalar
+parameters as a float64 array. The layer kernel calls parts through numba first-class function
+values, so one compiled layer kernel runs any combination of parts: a part from a third-party
+plugin decodes fused exactly like a built-in one, and the core never knows what a part computes.
+
+Conventions (one token; every array float32 and C-contiguous unless noted; `p` is the part's
+float64 parameter array):
+
+  norm        fn(p, x[d], w[d], b[d or 0], out[d])        out may be x; b empty when the norm has no bias
+  rope        fn(p, v[H * hd], n_head, hd, cos[r], sin[r])  in place; cos/sin from the op's cos_sin(pos)[0]
+  attention   fn(p, q[H * hd], k[KV * hd], v[KV * vd], kc[cap, KV, hd], vc[cap, KV, vd],
+                 kpos int64[cap or 0], ring, row, pos, out[H * vd])
+                 stores k/v at cache row `row` (ring slots also kpos[row] = pos), then attends
+                 from position pos over the rows it can see
+  activation  fn(p, x[n], out[n])                          out may be x
+  residual    ffn_input fn(p, x[d], a[d], out[d])          what the FFN sub-block reads (before its norm)
+              combine   fn(p, x[d], a[d], f[d])            x <- the residual stream after the block
+  gating      fn(p, logits[E], probs[E])                    router probabilities of one token
+
+`part(fn, *params)` builds a Part; `NO_ROPE` is the part of layers without rotary embedding.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import attrs
+import numba
+import numpy as np
+from numba import njit, types
+from numba.core.errors import NumbaExperimentalFeatureWarning
+
+from archrun.kernels._jit import JIT
+
+# numba calls first-class function values "experimental"; they are the fused path's plug points.
+warnings.filterwarnings("ignore", category=NumbaExperimentalFeatureWarning)
+
+VEC = types.Array(types.float32, 1, "C")
+PARAMS = types.Array(types.float64, 1, "C")
+CACHE = types.Array(types.float32, 3, "C")
+POSITIONS = types.Array(types.int64, 1, "C")
+
+SIGNATURES = {
+    "norm": types.void(PARAMS, VEC, VEC, VEC, VEC),
+    "rope": types.void(PARAMS, VEC, types.int64, types.int64, VEC, VEC),
+    "attention": types.void(PARAMS, VEC, VEC, VEC, CACHE, CACHE, POSITIONS, types.boolean, types.int64,
+                            types.int64, VEC),
+    "activation": types.void(PARAMS, VEC, VEC),
+    "residual": types.void(PARAMS, VEC, VEC, VEC),
+    "gating": types.void(PARAMS, VEC, VEC),
+}
+
+
+@attrs.frozen
+class Part:
+    """An op's kernel part: `fn` compiled with SIGNATURES[slot], and its parameters (float64 [k])."""
+
+    fn: object = attrs.field(eq=False)
+    params: np.ndarray = attrs.field(eq=False)
+
+
+def part(fn: object, *params: float) -> Part:
+    """A Part of `fn` with scalar parameters `params` (stored as a float64 array)."""
+    return Part(fn, np.array(params if params else (0.0,), dtype=np.float64))
+
+
+def compiled_for(fn: object, slot: str) -> bool:
+    """Whether fn is a numba function compiled for `slot`'s signature (what the layer kernel can call)."""
+    if numba.config.DISABLE_JIT:  # pure-Python kernels: any function with the convention runs
+        return callable(fn)
+    sigs = getattr(fn, "signatures", None)
+    return sigs is not None and SIGNATURES[slot].args in [tuple(s) for s in sigs]
+
+
+def slot_part(op: object, slot: str, attr: str = "fused") -> Part | None:
+    """The op's Part for `slot` (attribute `attr`), or None when it has none usable by the layer kernel."""
+    p = getattr(op, attr, None)
+    if not isinstance(p, Part) or not compiled_for(p.fn, slot):
+        return None
+    return p
+
+
+@njit(SIGNATURES["rope"], **JIT)
+def _no_rope(p, v, n_head, hd, cos, sin):
+    """Layers without rotary embedding (NoPE): nothing to rotate."""
+
+
+NO_ROPE = part(_no_rope)

@@ -1,0 +1,93 @@
+"""A bound model: the ops and weights the per-token path calls, resolved once (archrun.model builds it).
+
+Shapes: n tokens, d model width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from archrun.descriptor import Descriptor, LayerSpec
+from archrun.weights import Matrix, MoeWeights
+
+
+class Projections:
+    """Bound products sharing one input: x[n, d] -> [x @ W_r.T (+ b_r) for each role r].
+
+    matrices: one Matrix per role, or a single stacked Matrix whose output columns `spans`
+    (one (start, end) per role) split back into the roles.
+    """
+
+    def __init__(self, matrices: list[Matrix], spans: list[tuple[int, int]] | None = None):
+        self.matrices = matrices
+        self.spans = spans
+
+    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+        if self.spans is None:
+            return [m(x) for m in self.matrices]
+        y = self.matrices[0](x)
+        return [y[:, a:b] for a, b in self.spans]
+
+
+class DenseFfn:
+    """A bound dense FFN: x[n, d] -> down(act(gate x) * up x) [n, d], or down(act(up x)) when not gated.
+
+    gate_up yields [gate, up] for a gated FFN and [up] for a plain one.
+    """
+
+    def __init__(self, act: Callable[..., np.ndarray], gate_up: Projections, down: Matrix, gated: bool):
+        self.act, self.gate_up, self.down, self.gated = act, gate_up, down, gated
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.down(self.act(*self.gate_up(x)))
+
+
+class MoeFfn:
+    """A bound mixture-of-experts FFN: x[n, d] -> moe(x, weights) [n, d]."""
+
+    def __init__(self, moe: Callable[[np.ndarray, MoeWeights], np.ndarray], weights: MoeWeights):
+        self.moe, self.weights = moe, weights
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.moe(x, self.weights)
+
+
+@attrs.define
+class LayerPlan:
+    """Bound ops and weights of one block."""
+
+    spec: LayerSpec
+    attn_norm: np.ndarray
+    qkv: Projections                   # h[n, d] -> [q, k, v] (one stacked product when the types allow)
+    o: Matrix
+    attention: Any                     # bound attention op (makes this layer's cache slot)
+    residual: Any                      # bound residual op: ffn_input(x, a), combine(x, a, f)
+    ffn_norm: np.ndarray | None        # None: the FFN reads the attention's normed input
+    ffn: DenseFfn | MoeFfn
+    attn_norm_b: np.ndarray | None = None
+    ffn_norm_b: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None
+    post_ffn_norm: np.ndarray | None = None
+
+
+@attrs.define
+class Plan:
+    """Everything the per-token path calls, resolved once."""
+
+    descriptor: Descriptor
+    embed: Matrix
+    output: Matrix
+    output_norm: np.ndarray
+    output_norm_b: np.ndarray | None
+    norm: Callable[..., np.ndarray]    # norm(x, w, b=None)
+    ropes: list[Any]                   # one bound rope op per descriptor rope table (None: no rope)
+    layers: list[LayerPlan]
+    softcap: Callable[[np.ndarray], np.ndarray] | None
+    providers: dict[str, str]          # "slot=name" -> plugin that provides it
+    binder: Any                        # archrun.model's binder: binds further blocks on request
