@@ -155,9 +155,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from archrun.inspect import inspect_model, render_text
-
     from archrun.family import parse_hints
+    from archrun.inspect import inspect_model, render_text
 
     info = inspect_model(args.model, parse_hints(args.hint))
     print(json.dumps(info, indent=2) if args.json else render_text(info))

@@ -43,8 +43,8 @@ MAX_CONTEXT = 1 << 24
 MAX_WIDTH = 1 << 18
 MAX_HEADS = 4096
 MAX_EXPERTS = 4096
-# Rope scalings the rope ops implement (the others are refused at compile time).
-ROPE_SCALINGS = ("none", "linear")
+# Rope scalings a RopeSpec can state (the rope ops implement them); others are refused at compile time.
+ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
 
 
 @frozen
@@ -315,7 +315,7 @@ class _Geometry:
         self.n_rot = meta.get("rope.dimension_count", int, self.head_dim)
         if self.n_rot > self.head_dim:
             raise MetadataError(f"rope.dimension_count {self.n_rot} exceeds the head width {self.head_dim}")
-        self.pairing = conv.need("rope_pairing") if self.n_rot and not all(self.nope) else NO_ROPE
+        self.pairing = (conv.need("rope_pairing") or "") if self.n_rot and not all(self.nope) else NO_ROPE
         self.attention_kind = conv.need("attention")
         self.residual = conv.need("residual")
 
@@ -343,20 +343,8 @@ class _Geometry:
     def rope_tables(self) -> tuple[RopeSpec, ...]:
         """Table 0: global layers; 1: sliding layers (when any); last: NO_ROPE (when any NoPE layer)."""
         meta, pairing = self.meta, self.pairing
-        scaling = meta.get("rope.scaling.type", str, "none")
-        if scaling not in ROPE_SCALINGS:
-            raise MetadataError(f"{meta.key('rope.scaling.type')!r} = {scaling!r}: archrun implements "
-                                f"rope scaling {', '.join(ROPE_SCALINGS)} only")
-        factor = meta.get("rope.scaling.factor", float, 1.0) if scaling != "none" else 1.0
-        glob = RopeSpec(
-            pairing=pairing,
-            n_rot=self.n_rot if pairing != NO_ROPE else 0,
-            freq_base=meta.get("rope.freq_base", float, 10000.0),
-            scaling=scaling,
-            scaling_factor=factor,
-            original_context=meta.get("rope.scaling.original_context_length", int, 0),
-            freq_factors="rope_freqs" if self.t.has("rope_freqs") else None,
-        )
+        glob = RopeSpec(pairing=pairing, n_rot=self.n_rot if pairing != NO_ROPE else 0,
+                        freq_base=meta.get("rope.freq_base", float, 10000.0), **self._scaling())
         tables = [glob]
         if any(self.sliding):
             tables.append(RopeSpec(pairing=pairing, n_rot=glob.n_rot,
@@ -364,6 +352,36 @@ class _Geometry:
         if any(self.nope) and pairing != NO_ROPE:
             tables.append(RopeSpec(pairing=NO_ROPE, n_rot=0, freq_base=glob.freq_base))
         return tuple(tables)
+
+    def _scaling(self) -> dict[str, Any]:
+        """RopeSpec scaling fields from rope.scaling.* keys and the rope factor tensors."""
+        meta, t = self.meta, self.t
+        longrope = t.has("rope_factors_long") and t.has("rope_factors_short")
+        scaling = meta.get("rope.scaling.type", str, "longrope" if longrope else "none")
+        if scaling not in ROPE_SCALINGS:
+            raise MetadataError(f"{meta.key('rope.scaling.type')!r} = {scaling!r}: rope scaling must be one of "
+                                f"{', '.join(ROPE_SCALINGS)}")
+        if scaling == "longrope" and not longrope:
+            raise MissingTensor("longrope scaling needs the rope_factors_long and rope_factors_short tensors")
+        n_ctx = meta.get("context_length", int)
+        original = meta.get("rope.scaling.original_context_length", int, 0)
+        if scaling in ("yarn", "longrope") and not original:
+            original = n_ctx
+        yarn_attn = meta.get("rope.scaling.yarn_attn_factor", float, 0.0)
+        return dict(
+            scaling=scaling,
+            scaling_factor=meta.get("rope.scaling.factor", float, 1.0) if scaling in ("linear", "yarn") else 1.0,
+            original_context=original,
+            freq_factors="rope_freqs" if t.has("rope_freqs") else None,
+            context=n_ctx,
+            beta_fast=meta.get("rope.scaling.yarn_beta_fast", float, 32.0),
+            beta_slow=meta.get("rope.scaling.yarn_beta_slow", float, 1.0),
+            ext_factor=meta.get("rope.scaling.yarn_ext_factor", float, 1.0),
+            attn_factor=yarn_attn or None,
+            attn_scale=meta.get("rope.scaling.attn_factor", float, 1.0) or 1.0,
+            long_factors="rope_factors_long" if longrope else None,
+            short_factors="rope_factors_short" if longrope else None,
+        )
 
     def _rope_table(self, i: int) -> int:
         if self.nope[i] and self.pairing != NO_ROPE:

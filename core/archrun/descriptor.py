@@ -38,6 +38,8 @@ DEFAULT_TENSOR_NAMES: Mapping[str, str] = MappingProxyType(
         "output_norm": "output_norm.weight",
         "output": "output.weight",
         "rope_freqs": "rope_freqs.weight",
+        "rope_factors_long": "rope_factors_long.weight",
+        "rope_factors_short": "rope_factors_short.weight",
         "output_norm.bias": "output_norm.bias",
         "attn_norm": "blk.{i}.attn_norm.weight",
         "attn_norm.bias": "blk.{i}.attn_norm.bias",
@@ -88,8 +90,14 @@ class RopeSpec:
 
     pairing: the rope op (slot "rope"), e.g. "norm" rotates (x[2i], x[2i+1]) and "neox"
     (x[i], x[i + n_rot/2]); "none" (NO_ROPE) means no rotary embedding (NoPE layers).
-    Only the first `n_rot` dims of each head rotate.
-    theta_i = pos * freq_base^(-2i/n_rot) / (scaling_factor for "linear" scaling).
+    Only the first `n_rot` dims of each head rotate; theta_i = pos * freq_base^(-2i/n_rot), then
+    scaled (archrun_blocks.rope_scaling, HF transformers' semantics): "linear" divides by
+    scaling_factor; "yarn" mixes interpolated and extrapolated frequencies between the
+    beta_fast/beta_slow correction dims (ext_factor 0: plain interpolation) and scales cos/sin
+    by its magnitude (attn_factor replaces the default 0.1 ln(factor) + 1); "longrope" divides
+    by the long_factors tensor when `context` exceeds original_context, else short_factors.
+    freq_factors (a tensor of per-frequency divisors, how llama3 scaling ships) applies to any
+    kind; attn_scale multiplies the cos/sin magnitude of any kind.
     """
 
     pairing: str = field(validator=v.instance_of(str))
@@ -99,6 +107,14 @@ class RopeSpec:
     scaling_factor: float = field(default=1.0, converter=float, validator=_pos_float)
     original_context: int = field(default=0, validator=_nonneg_int)
     freq_factors: str | None = field(default=None)  # role of a tensor of per-frequency divisors
+    context: int = field(default=0, validator=_nonneg_int)  # the context the table serves (longrope)
+    beta_fast: float = field(default=32.0, converter=float)
+    beta_slow: float = field(default=1.0, converter=float)
+    ext_factor: float = field(default=1.0, converter=float)
+    attn_factor: float | None = field(default=None)
+    attn_scale: float = field(default=1.0, converter=float, validator=_pos_float)
+    long_factors: str | None = field(default=None)   # tensor role (longrope)
+    short_factors: str | None = field(default=None)  # tensor role (longrope)
 
     @n_rot.validator
     def _even(self, _attr, value: int) -> None:

@@ -32,8 +32,8 @@ from archrun.errors import (
     UnsupportedQuantType,
     WrongBlockStyle,
 )
-from archrun.ggufio import GGUFFile, TensorInfo
 from archrun.fusion import DecodeSteps
+from archrun.ggufio import GGUFFile, TensorInfo
 from archrun.plan import DenseFfn, LayerPlan, MoeFfn, Plan, Projections
 from archrun.vocab import Vocabulary
 from archrun.weights import Matrix, MoeWeights
@@ -184,6 +184,8 @@ def _bind_rope(b: _Binder, spec) -> Any:
     if spec.pairing == NO_ROPE or spec.n_rot == 0:
         return None
     factors = b.vector(spec.freq_factors) if spec.freq_factors else None
+    if spec.long_factors:  # longrope's two divisor tables
+        return b.op("rope", spec.pairing, spec, factors, b.vector(spec.long_factors), b.vector(spec.short_factors))
     return b.op("rope", spec.pairing, spec, factors)
 
 

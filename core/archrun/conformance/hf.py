@@ -400,7 +400,7 @@ def _merge_pairs() -> list[tuple[str, str]]:
 def _write_tokenizer(writer: gguf.GGUFWriter, hp: Mapping[str, Any]) -> None:
     tokens, merges, types = vocabulary(hp["vocab_size"])
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
+    writer.add_tokenizer_pre("qwen2")  # a byte-level pre-tokenizer llama.cpp knows (not the arch)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)

@@ -31,24 +31,30 @@ def _probe() -> None:
     """A function of this folder: numba's cache locator for it gives the kernels' cache folder."""
 
 
-def _sources_digest(folder: Path) -> str:
+def _sources_digest(*folders: Path) -> str:
     import numba
 
     h = hashlib.sha256(numba.__version__.encode())
-    for src in sorted(folder.glob("*.py")):
-        text = src.read_bytes()
-        if b"@njit" in text or b"@intrinsic" in text:  # only files with kernels (editing warmup.py keeps the cache)
-            h.update(src.name.encode() + b"\0" + text)
+    for folder in folders:
+        for src in sorted(folder.glob("*.py")):
+            text = src.read_bytes()
+            if b"@njit" in text or b"@intrinsic" in text:  # only files with kernels (editing warmup.py keeps the cache)
+                h.update(src.name.encode() + b"\0" + text)
     return h.hexdigest()
 
 
-def purge_stale_cache() -> None:
-    """Empty the kernels' numba cache when any kernel source (or numba) changed since it was filled."""
+def guard_cache(probe: object) -> None:
+    """Empty the numba cache folder of `probe`'s module when any kernel source of its folder or of the
+    core's kernels (or numba) changed since it was filled.
+
+    Vocabulary plugins whose kernels call the core's (products, the layer kernel's steps) call
+    this once at import with any plain function of theirs: their cached code embeds the core's.
+    """
     try:
         from numba.core.caching import FunctionCache
 
-        cache_dir = Path(FunctionCache(_probe)._cache_path)
-        digest = _sources_digest(Path(__file__).parent)
+        cache_dir = Path(FunctionCache(probe)._cache_path)
+        digest = _sources_digest(Path(__file__).parent, Path(probe.__code__.co_filename).parent)
         stamp = cache_dir / _STAMP
         if stamp.exists() and stamp.read_text() == digest:
             return
@@ -57,6 +63,11 @@ def purge_stale_cache() -> None:
         stamp.write_text(digest)
     except (OSError, RuntimeError, ImportError, AttributeError):  # no usable cache folder (or another numba)
         return
+
+
+def purge_stale_cache() -> None:
+    """Empty the kernels' numba cache when any kernel source (or numba) changed since it was filled."""
+    guard_cache(_probe)
 
 
 purge_stale_cache()

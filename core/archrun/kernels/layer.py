@@ -29,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from archrun.kernels.block import product_group
 from archrun.kernels._jit import JIT
+from archrun.kernels.block import product_group
 
 _F32 = np.float32
 _STEP = dict(JIT, inline="always")

@@ -61,12 +61,12 @@ class _FastRope(reference.Rope):
         return elementwise.rope(np.ascontiguousarray(x, dtype=F32), cos, sin, self.n_rot, self.neox)
 
 
-def rope_neox(spec: RopeSpec, freq_factors: np.ndarray | None = None) -> reference.Rope:
-    return _FastRope(spec, freq_factors, neox=True)
+def rope_neox(spec: RopeSpec, freq_factors: np.ndarray | None = None, *factors: np.ndarray) -> reference.Rope:
+    return _FastRope(spec, freq_factors, True, *factors)
 
 
-def rope_norm(spec: RopeSpec, freq_factors: np.ndarray | None = None) -> reference.Rope:
-    return _FastRope(spec, freq_factors, neox=False)
+def rope_norm(spec: RopeSpec, freq_factors: np.ndarray | None = None, *factors: np.ndarray) -> reference.Rope:
+    return _FastRope(spec, freq_factors, False, *factors)
 
 
 # -- attention -----------------------------------------------------------------------------------

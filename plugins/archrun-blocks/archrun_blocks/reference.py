@@ -11,6 +11,8 @@ import math
 import numpy as np
 
 from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
+from archrun.errors import MetadataError
+from archrun_blocks import rope_scaling
 
 F32 = np.float32
 
@@ -46,25 +48,30 @@ def layer_norm(eps: float):
 
 
 class Rope:
-    """Rotary embedding on the first n_rot dims of each head; pairing fixed at bind time."""
+    """Rotary embedding on the first n_rot dims of each head; pairing fixed at bind time.
 
-    def __init__(self, spec: RopeSpec, freq_factors: np.ndarray | None, neox: bool):
-        half = spec.n_rot // 2
-        # theta_i = base^(-2i/n_rot), i < n_rot/2; computed in float64 then rounded once.
-        inv = spec.freq_base ** (-np.arange(half, dtype=np.float64) * 2.0 / spec.n_rot)
-        if spec.scaling == "linear":
-            inv = inv / spec.scaling_factor
-        elif spec.scaling != "none":
-            raise NotImplementedError(f"rope scaling {spec.scaling!r}")
-        if freq_factors is not None:
-            inv = inv / np.asarray(freq_factors, dtype=np.float64)[:half]
-        self.inv_freq = inv
+    Frequencies and the cos/sin magnitude follow the spec's scaling (archrun_blocks.rope_scaling).
+    """
+
+    def __init__(self, spec: RopeSpec, freq_factors: np.ndarray | None, neox: bool,
+                 long_factors: np.ndarray | None = None, short_factors: np.ndarray | None = None):
+        try:
+            self.inv_freq, self.magnitude = rope_scaling.frequencies(
+                spec.scaling, spec.n_rot, spec.freq_base, factor=spec.scaling_factor,
+                original_context=spec.original_context, context=spec.context, beta_fast=spec.beta_fast,
+                beta_slow=spec.beta_slow, ext_factor=spec.ext_factor, attn_factor=spec.attn_factor,
+                attn_scale=spec.attn_scale, short_factors=short_factors, long_factors=long_factors,
+                freq_factors=freq_factors)
+        except ValueError as e:
+            raise MetadataError(f"rope table: {e}") from None
         self.n_rot = spec.n_rot
         self.neox = neox
 
     def cos_sin(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(cos, sin), each [n, n_rot/2], for integer positions pos[n]."""
+        """(cos, sin), each [n, n_rot/2], for integer positions pos[n] (times the scaling's magnitude)."""
         angles = np.asarray(pos, dtype=np.float64)[:, None] * self.inv_freq[None, :]
+        if self.magnitude != 1.0:
+            return (np.cos(angles) * self.magnitude).astype(F32), (np.sin(angles) * self.magnitude).astype(F32)
         return np.cos(angles).astype(F32), np.sin(angles).astype(F32)
 
     def __call__(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -83,12 +90,14 @@ class Rope:
         return out
 
 
-def rope_neox(spec: RopeSpec, freq_factors: np.ndarray | None = None) -> Rope:
-    return Rope(spec, freq_factors, neox=True)
+def rope_neox(spec: RopeSpec, freq_factors: np.ndarray | None = None, *factors: np.ndarray) -> Rope:
+    """NEOX pairs (x[i], x[i + n_rot/2]); factors: longrope's (long, short) divisor tables when the spec has them."""
+    return Rope(spec, freq_factors, True, *factors)
 
 
-def rope_norm(spec: RopeSpec, freq_factors: np.ndarray | None = None) -> Rope:
-    return Rope(spec, freq_factors, neox=False)
+def rope_norm(spec: RopeSpec, freq_factors: np.ndarray | None = None, *factors: np.ndarray) -> Rope:
+    """NORM pairs (x[2i], x[2i+1]); factors as rope_neox."""
+    return Rope(spec, freq_factors, False, *factors)
 
 
 # -- attention -------------------------------------------------------------------------------
