@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from attrs import frozen
+from gguf.constants import Keys
 
 from archrun.descriptor import (
     DEFAULT_TENSOR_NAMES,
@@ -43,6 +44,13 @@ MAX_CONTEXT = 1 << 24
 MAX_WIDTH = 1 << 18
 MAX_HEADS = 4096
 MAX_EXPERTS = 4096
+# Every `<arch>.*` metadata key the compiler reads is one gguf-py spells (gguf.constants.Keys), without
+# its "{arch}." prefix: no hand copies of key names (_Meta refuses any other name).
+ARCH_KEYS = frozenset(
+    value.removeprefix("{arch}.")
+    for group in vars(Keys).values() if isinstance(group, type)
+    for value in vars(group).values() if isinstance(value, str) and value.startswith("{arch}.")
+)
 # Rope scalings a RopeSpec can state (the rope ops implement them); others are refused at compile time.
 ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
 
@@ -66,6 +74,8 @@ class _Meta:
         self.used: set[str] = set()
 
     def key(self, name: str) -> str:
+        if name not in ARCH_KEYS:
+            raise KeyError(f"{name!r} is not a gguf-py metadata key (gguf.constants.Keys)")
         return f"{self.arch}.{name}"
 
     def has(self, name: str) -> bool:

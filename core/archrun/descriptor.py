@@ -24,61 +24,46 @@ from typing import Any
 import attrs
 from attrs import field, frozen
 from attrs import validators as v
+from gguf.constants import MODEL_TENSOR, TENSOR_NAMES
 
 _pos_int = [v.instance_of(int), v.gt(0)]
 _nonneg_int = [v.instance_of(int), v.ge(0)]
 _pos_float = [v.instance_of(float), v.gt(0.0)]
 
-# Tensor roles of one decoder block, with the GGUF names the standard layout uses.
-# A family plugin may remap a role (e.g. glm4moe's pre-FFN norm is stored under
-# `post_attention_norm`); the interpreter only ever asks for roles.
+# Tensor roles of a model -> (gguf-py's MODEL_TENSOR, suffix): the GGUF names the standard layout
+# uses, spelled by gguf-py's TENSOR_NAMES. A family plugin may remap a role (e.g. glm4moe's pre-FFN
+# norm is stored under `post_attention_norm`); the interpreter only ever asks for roles.
+_T = MODEL_TENSOR
+_ROLES: dict[str, tuple[MODEL_TENSOR, str]] = {
+    "token_embd": (_T.TOKEN_EMBD, "weight"), "output_norm": (_T.OUTPUT_NORM, "weight"),
+    "output_norm.bias": (_T.OUTPUT_NORM, "bias"), "output": (_T.OUTPUT, "weight"),
+    "rope_freqs": (_T.ROPE_FREQS, "weight"), "rope_factors_long": (_T.ROPE_FACTORS_LONG, "weight"),
+    "rope_factors_short": (_T.ROPE_FACTORS_SHORT, "weight"),
+    "attn_norm": (_T.ATTN_NORM, "weight"), "attn_norm.bias": (_T.ATTN_NORM, "bias"),
+    "attn_qkv": (_T.ATTN_QKV, "weight"), "attn_qkv.bias": (_T.ATTN_QKV, "bias"),
+    "attn_q": (_T.ATTN_Q, "weight"), "attn_k": (_T.ATTN_K, "weight"), "attn_v": (_T.ATTN_V, "weight"),
+    "attn_q.bias": (_T.ATTN_Q, "bias"), "attn_k.bias": (_T.ATTN_K, "bias"), "attn_v.bias": (_T.ATTN_V, "bias"),
+    "attn_output": (_T.ATTN_OUT, "weight"), "attn_output.bias": (_T.ATTN_OUT, "bias"),
+    "attn_q_norm": (_T.ATTN_Q_NORM, "weight"), "attn_k_norm": (_T.ATTN_K_NORM, "weight"),
+    "post_attn_norm": (_T.ATTN_POST_NORM, "weight"),
+    "ffn_norm": (_T.FFN_NORM, "weight"), "ffn_norm.bias": (_T.FFN_NORM, "bias"),
+    "post_ffn_norm": (_T.FFN_POST_NORM, "weight"),
+    "ffn_gate": (_T.FFN_GATE, "weight"), "ffn_up": (_T.FFN_UP, "weight"), "ffn_down": (_T.FFN_DOWN, "weight"),
+    "ffn_gate_inp": (_T.FFN_GATE_INP, "weight"), "ffn_gate_inp.bias": (_T.FFN_GATE_INP, "bias"),
+    "exp_probs_b": (_T.FFN_EXP_PROBS_B, "bias"),
+    "ffn_gate_exps": (_T.FFN_GATE_EXP, "weight"), "ffn_up_exps": (_T.FFN_UP_EXP, "weight"),
+    "ffn_down_exps": (_T.FFN_DOWN_EXP, "weight"),
+    "ffn_gate_shexp": (_T.FFN_GATE_SHEXP, "weight"), "ffn_up_shexp": (_T.FFN_UP_SHEXP, "weight"),
+    "ffn_down_shexp": (_T.FFN_DOWN_SHEXP, "weight"),
+    "nextn.eh_proj": (_T.NEXTN_EH_PROJ, "weight"), "nextn.enorm": (_T.NEXTN_ENORM, "weight"),
+    "nextn.hnorm": (_T.NEXTN_HNORM, "weight"), "nextn.embed_tokens": (_T.NEXTN_EMBED_TOKENS, "weight"),
+    "nextn.shared_head_head": (_T.NEXTN_SHARED_HEAD_HEAD, "weight"),
+    "nextn.shared_head_norm": (_T.NEXTN_SHARED_HEAD_NORM, "weight"),
+}
 DEFAULT_TENSOR_NAMES: Mapping[str, str] = MappingProxyType(
-    {
-        "token_embd": "token_embd.weight",
-        "output_norm": "output_norm.weight",
-        "output": "output.weight",
-        "rope_freqs": "rope_freqs.weight",
-        "rope_factors_long": "rope_factors_long.weight",
-        "rope_factors_short": "rope_factors_short.weight",
-        "output_norm.bias": "output_norm.bias",
-        "attn_norm": "blk.{i}.attn_norm.weight",
-        "attn_norm.bias": "blk.{i}.attn_norm.bias",
-        "attn_qkv": "blk.{i}.attn_qkv.weight",
-        "attn_qkv.bias": "blk.{i}.attn_qkv.bias",
-        "attn_q": "blk.{i}.attn_q.weight",
-        "attn_k": "blk.{i}.attn_k.weight",
-        "attn_v": "blk.{i}.attn_v.weight",
-        "attn_q.bias": "blk.{i}.attn_q.bias",
-        "attn_k.bias": "blk.{i}.attn_k.bias",
-        "attn_v.bias": "blk.{i}.attn_v.bias",
-        "attn_output": "blk.{i}.attn_output.weight",
-        "attn_output.bias": "blk.{i}.attn_output.bias",
-        "attn_q_norm": "blk.{i}.attn_q_norm.weight",
-        "attn_k_norm": "blk.{i}.attn_k_norm.weight",
-        "post_attn_norm": "blk.{i}.post_attention_norm.weight",
-        "ffn_norm": "blk.{i}.ffn_norm.weight",
-        "ffn_norm.bias": "blk.{i}.ffn_norm.bias",
-        "post_ffn_norm": "blk.{i}.post_ffw_norm.weight",
-        "ffn_gate": "blk.{i}.ffn_gate.weight",
-        "ffn_up": "blk.{i}.ffn_up.weight",
-        "ffn_down": "blk.{i}.ffn_down.weight",
-        "ffn_gate_inp": "blk.{i}.ffn_gate_inp.weight",
-        "ffn_gate_inp.bias": "blk.{i}.ffn_gate_inp.bias",
-        "exp_probs_b": "blk.{i}.exp_probs_b.bias",
-        "ffn_gate_exps": "blk.{i}.ffn_gate_exps.weight",
-        "ffn_up_exps": "blk.{i}.ffn_up_exps.weight",
-        "ffn_down_exps": "blk.{i}.ffn_down_exps.weight",
-        "ffn_gate_shexp": "blk.{i}.ffn_gate_shexp.weight",
-        "ffn_up_shexp": "blk.{i}.ffn_up_shexp.weight",
-        "ffn_down_shexp": "blk.{i}.ffn_down_shexp.weight",
-        "nextn.eh_proj": "blk.{i}.nextn.eh_proj.weight",
-        "nextn.enorm": "blk.{i}.nextn.enorm.weight",
-        "nextn.hnorm": "blk.{i}.nextn.hnorm.weight",
-        "nextn.embed_tokens": "blk.{i}.nextn.embed_tokens.weight",
-        "nextn.shared_head_head": "blk.{i}.nextn.shared_head_head.weight",
-        "nextn.shared_head_norm": "blk.{i}.nextn.shared_head_norm.weight",
-    }
+    {role: TENSOR_NAMES[t].replace("{bid}", "{i}") + "." + suffix for role, (t, suffix) in _ROLES.items()}
 )
+
 
 def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))

@@ -75,7 +75,7 @@ def chat(model: Any, messages: Sequence[dict], *, template: str | None = None, *
     """
     from archrun.chat_template import chat_tokens
 
-    template = template or model.tokenizer.chat_template or getattr(model, "default_chat_template", None)
+    template = template or model.chat_template
     ids = chat_tokens(model.tokenizer, list(messages), template=template, add_generation_prompt=True)
     max_tokens = options.pop("max_tokens", 256)
     stop = options.pop("stop", None)

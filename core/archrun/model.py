@@ -341,7 +341,38 @@ class Interpreter:
         hidden = p.norm(x, p.output_norm, p.output_norm_b)
         return self.head(hidden if all_logits else hidden[-1:]), hidden
 
-    # -- building blocks, public for family-side extensions (e.g. MTP heads) --------------------
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template: the file's (tokenizer.chat_template), else the family's default."""
+        tok = self.tokenizer
+        return (tok.chat_template if tok is not None else None) or self.default_chat_template
+
+    # -- the Trunk interface (archrun.decoder.Trunk): for heads that hang off the trunk -------------
+
+    def has_tensor(self, role: str, layer: int | None = None) -> bool:
+        """Whether the file holds the tensor of `role` (in block `layer`)."""
+        try:
+            name = self.descriptor.tensor_name(role, layer)
+        except KeyError:  # the family maps this role to no tensor
+            return False
+        return name in self.gguf.tensors
+
+    def bind_matrix(self, role: str, layer: int | None = None) -> Matrix:
+        """The product of the tensor of `role` (x[n, n_in] -> [n, n_out]), on the model's backend."""
+        return self.plan.binder.matrix(role, layer)
+
+    def bind_vector(self, role: str, layer: int | None = None) -> np.ndarray:
+        """The tensor of `role` as float32."""
+        return self.plan.binder.vector(role, layer)
+
+    def norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        """The model's norm op over the last axis."""
+        return self.plan.norm(x, w, b)
+
+    @property
+    def output_norm(self) -> np.ndarray:
+        """The trunk's final norm weight [d]."""
+        return self.plan.output_norm
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         """Token embeddings [n, d], scaled by the descriptor's embed_scale."""

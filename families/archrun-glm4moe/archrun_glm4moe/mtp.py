@@ -52,24 +52,24 @@ class MtpHead:
         d = model.descriptor
         _check_model(model, k)
         self.model, self.k, self.index = model, k, d.n_layer + k
-        b, i = model.plan.binder, self.index
+        i = self.index
         for role in _REQUIRED:
-            if not _has(model, role, i):
+            if not model.has_tensor(role, i):
                 raise MissingTensor(f"MTP block {i} has no {d.tensor_name(role, i)!r}")
-        self.eh_proj = b.matrix("nextn.eh_proj", i)                     # [2d] -> [d]
+        self.eh_proj = model.bind_matrix("nextn.eh_proj", i)            # [2d] -> [d]
         if (self.eh_proj.n_in, self.eh_proj.n_out) != (2 * d.n_embd, d.n_embd):
             raise ShapeMismatch(f"nextn.eh_proj of block {i} maps {self.eh_proj.n_in} -> "
                                 f"{self.eh_proj.n_out}, expected {2 * d.n_embd} -> {d.n_embd}")
-        self.enorm, self.hnorm = b.vector("nextn.enorm", i), b.vector("nextn.hnorm", i)
+        self.enorm, self.hnorm = model.bind_vector("nextn.enorm", i), model.bind_vector("nextn.hnorm", i)
         # optional copies; None means the trunk's own (token_embd, output)
-        self.embed_tokens = self._optional(b.matrix, "nextn.embed_tokens")
-        self.head_matrix = self._optional(b.matrix, "nextn.shared_head_head")
-        head_norm = self._optional(b.vector, "nextn.shared_head_norm")
-        self.head_norm = model.plan.output_norm if head_norm is None else head_norm
+        self.embed_tokens = self._optional(model.bind_matrix, "nextn.embed_tokens")
+        self.head_matrix = self._optional(model.bind_matrix, "nextn.shared_head_head")
+        head_norm = self._optional(model.bind_vector, "nextn.shared_head_norm")
+        self.head_norm = model.output_norm if head_norm is None else head_norm
         self.block = _bind_block(model, i, d.nextn_layers[k])
 
     def _optional(self, bind, role: str):
-        return bind(role, self.index) if _has(self.model, role, self.index) else None
+        return bind(role, self.index) if self.model.has_tensor(role, self.index) else None
 
     def init_cache(self, max_tokens: int | None = None, max_rewind: int = 64) -> MtpCache:
         """An MTP cache in step with a trunk cache of the same max_tokens (default: context length).
@@ -124,7 +124,7 @@ class MtpHead:
         K/V go to the MTP slot at those rows; attention sees rows 0..start+n-1. The caller
         decides whether the rows count (MtpCache.advance commits them, drafts do not).
         """
-        m, norm = self.model, self.model.plan.norm
+        m, norm = self.model, self.model.norm
         ids = np.asarray(tokens, dtype=np.int64)
         e = self.embed_tokens.rows(ids) if self.embed_tokens is not None else m.embed(ids)   # [n, d]
         x = self.eh_proj(np.concatenate([norm(e, self.enorm), norm(h_prev, self.hnorm)], axis=-1))
@@ -132,7 +132,7 @@ class MtpHead:
         return m.run_block(self.block, x, mtp_cache.kv.slots[0], start, angles)
 
     def _normed(self, x: np.ndarray) -> np.ndarray:
-        return self.model.plan.norm(x, self.head_norm)
+        return self.model.norm(x, self.head_norm)
 
     def _logits(self, hidden: np.ndarray) -> np.ndarray:
         # hidden is already normed by shared_head_norm (or output_norm)
@@ -247,14 +247,6 @@ def _check_model(model, k: int) -> None:
     if k >= d.n_nextn:
         raise MissingTensor(f"{d.architecture} model has {d.n_nextn} MTP (nextn) blocks; "
                             f"block {k} does not exist (nextn_predict_layers = {d.n_nextn})")
-
-
-def _has(model, role: str, i: int) -> bool:
-    try:
-        name = model.descriptor.tensor_name(role, i)
-    except KeyError:  # the family maps this role to no tensor
-        return False
-    return name in model.gguf.tensors
 
 
 def _bind_block(model, i: int, spec):
