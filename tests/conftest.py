@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers: synth, gguf_fixtures, hf_convert
+sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers: synth, gguf_fixtures, test_tiny_hf
 
 MODEL_DIR = Path(os.environ.get("ARCHRUN_MODEL_DIR", Path.home() / ".cache" / "archrun" / "models"))
 REAL_MODELS = {

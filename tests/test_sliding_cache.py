@@ -11,7 +11,7 @@ NAMES = fixtures("gemma3")
 
 @pytest.fixture(scope="module", params=NAMES)
 def gemma(request):
-    return request.param, archrun.load(TINY / f"{request.param}.gguf")
+    return request.param, archrun.load(TINY[request.param])
 
 
 def sliding_bytes(model, cache):

@@ -81,7 +81,7 @@ def _parts(lp: LayerPlan, norm: Any, rope: Any) -> tuple[tuple, tuple] | None:
              slot_part(lp.residual, "residual", "fused_input"), slot_part(lp.residual, "residual")]
     if any(p is None for p in found) or not callable(getattr(lp.attention, "slot_arrays", None)):
         return None
-    fns = tuple(p.fn for p in found)
+    fns = tuple(p.value for p in found)
     params = tuple(p.params for p in found[:5])  # the residual's two functions share its parameters
     return fns, params
 

@@ -17,7 +17,8 @@ list of them):
          post_attn_norm, ffn_norm, ffn_norm bias, post_ffn_norm
   geo    int64: n_head, n_kv, head_dim, v_head_dim, n_ff, gated, rope (0/1), and the pool
          group ids of qkv, o_mat, gate_up, down (-1: none)
-  fns    parts' functions: norm, rope, attention, activation, residual ffn_input, residual combine
+  fns    parts' functions as first-class values (kernels.parts.Part.value, called f[0](...)): norm, rope,
+         attention, activation, residual ffn_input, residual combine
   params their float64 parameters in the same order (the residual's serve both of its functions)
 
 Layers whose FFN is not a dense product pair (e.g. a mixture of experts) run their op's own
@@ -49,7 +50,7 @@ def _heads_norm(norm, p, v, n_head, hd, w):
     none = np.empty(0, _F32)
     for h in range(n_head):
         seg = v[h * hd:(h + 1) * hd]
-        norm(p, seg, w, none, seg)
+        norm[0](p, seg, w, none, seg)
 
 
 @njit(**_STEP)
@@ -59,7 +60,7 @@ def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, r
     norm, pn = fns[F_NORM], params[P_NORM]
     d = x.shape[0]
     h = np.empty(d, _F32)
-    norm(pn, x, vecs[V_ATTN_NORM], vecs[V_ATTN_NORM_B], h)
+    norm[0](pn, x, vecs[V_ATTN_NORM], vecs[V_ATTN_NORM_B], h)
     nq, nk = n_head * hd, n_kv * hd
     y = np.empty(nq + nk + n_kv * vd, _F32)
     product_group(par, geo[G_QKV], qkv, h, y, chunks)
@@ -69,14 +70,14 @@ def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, r
         _heads_norm(norm, pn, k, n_kv, hd, vecs[V_K_NORM])
     if geo[G_ROPE]:
         rope, pr = fns[F_ROPE], params[P_ROPE]
-        rope(pr, q, n_head, hd, cos, sin)
-        rope(pr, k, n_kv, hd, cos, sin)
+        rope[0](pr, q, n_head, hd, cos, sin)
+        rope[0](pr, k, n_kv, hd, cos, sin)
     att = np.empty(n_head * vd, _F32)
-    fns[F_ATTN](params[P_ATTN], q, k, v, kc, vc, kpos, ring, row, pos, att)
+    fns[F_ATTN][0](params[P_ATTN], q, k, v, kc, vc, kpos, ring, row, pos, att)
     a = np.empty(d, _F32)
     product_group(par, geo[G_O], o_mat, att, a, chunks)
     if vecs[V_POST_ATTN].shape[0]:
-        norm(pn, a, vecs[V_POST_ATTN], np.empty(0, _F32), a)
+        norm[0](pn, a, vecs[V_POST_ATTN], np.empty(0, _F32), a)
     return a, h
 
 
@@ -87,8 +88,8 @@ def ffn_input(x, a, h, vecs, fns, params):
     if not vecs[V_FFN_NORM].shape[0]:
         return h
     g = np.empty(x.shape[0], _F32)
-    fns[F_RES_IN](params[P_RES], x, a, g)
-    fns[F_NORM](params[P_NORM], g, vecs[V_FFN_NORM], vecs[V_FFN_NORM_B], g)
+    fns[F_RES_IN][0](params[P_RES], x, a, g)
+    fns[F_NORM][0](params[P_NORM], g, vecs[V_FFN_NORM], vecs[V_FFN_NORM_B], g)
     return g
 
 
@@ -97,8 +98,8 @@ def join(x, a, f, vecs, fns, params):
     """x <- the residual stream after the block, from the attention output a and FFN output f
     (f post-normed first when the block has a post-FFN norm)."""
     if vecs[V_POST_FFN].shape[0]:
-        fns[F_NORM](params[P_NORM], f, vecs[V_POST_FFN], np.empty(0, _F32), f)
-    fns[F_RES_OUT](params[P_RES], x, a, f)
+        fns[F_NORM][0](params[P_NORM], f, vecs[V_POST_FFN], np.empty(0, _F32), f)
+    fns[F_RES_OUT][0](params[P_RES], x, a, f)
 
 
 @njit(**_STEP)
@@ -109,7 +110,7 @@ def _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par):
     gu = np.empty(2 * n_ff if gated else n_ff, _F32)
     product_group(par, geo[G_GU], gate_up, g, gu, chunks)
     act = np.empty(n_ff, _F32)
-    fns[F_ACT](params[P_ACT], gu[:n_ff], act)
+    fns[F_ACT][0](params[P_ACT], gu[:n_ff], act)
     if gated:
         for i in range(n_ff):
             act[i] = act[i] * gu[n_ff + i]

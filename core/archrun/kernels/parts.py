@@ -20,7 +20,8 @@ float64 parameter array):
               combine   fn(p, x[d], a[d], f[d])            x <- the residual stream after the block
   gating      fn(p, logits[E], probs[E])                    router probabilities of one token
 
-`part(fn, *params)` builds a Part; `NO_ROPE` is the part of layers without rotary embedding.
+`part(fn, *params)` builds a Part; kernels take `part.value` (see Part); `NO_ROPE` is the part of
+layers without rotary embedding.
 """
 
 from __future__ import annotations
@@ -56,10 +57,21 @@ SIGNATURES = {
 
 @attrs.frozen
 class Part:
-    """An op's kernel part: `fn` compiled with SIGNATURES[slot], and its parameters (float64 [k])."""
+    """An op's kernel part: `fn` compiled with SIGNATURES[slot], and its parameters (float64 [k]).
+
+    Kernels receive `value` = (fn,): numba types a 1-tuple of a function compiled for one
+    signature as a first-class function value (call it as `f[0](...)`), so one compiled caller
+    serves every part and its cache key is the same in every process; a bare function argument
+    would be typed as that very function (a new compile, and a new cache entry, per process).
+    """
 
     fn: object = attrs.field(eq=False)
     params: np.ndarray = attrs.field(eq=False)
+
+    @property
+    def value(self) -> tuple:
+        """(fn,): the part as a first-class function value for a kernel argument."""
+        return (self.fn,)
 
 
 def part(fn: object, *params: float) -> Part:

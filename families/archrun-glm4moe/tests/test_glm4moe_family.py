@@ -1,4 +1,4 @@
-"""What the glm4moe family hook supplies, measured on the tiny HF fixtures (tests/goldens/tiny)."""
+"""What the glm4moe family hook supplies, measured on the tiny HF fixtures (goldens/)."""
 
 from pathlib import Path
 
@@ -7,11 +7,11 @@ import pluggy
 import pytest
 
 import archrun
-from archrun.compile import FamilyHints
-from archrun.errors import MissingTensor
+from archrun.errors import MissingTensor, UnsupportedArchitecture
+from archrun.family import TRANSFORMER, FamilyHints
 from archrun.plugins import make_plugin_manager
 
-TINY = Path(__file__).parents[3] / "tests" / "goldens" / "tiny"
+TINY = Path(__file__).resolve().parent / "goldens"
 NAMES = sorted(p.stem for p in TINY.glob("glm4moe_*.gguf"))
 
 
@@ -24,19 +24,37 @@ def rel_err(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
+# The conventions every family states (glm4moe's are a transformer's: NEOX, SiLU, unscaled embeddings).
+CONVENTIONS = dict(rope_pairing="neox", activation="silu", embed_scale=1.0, **TRANSFORMER)
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_without_the_family_the_pre_ffn_norm_is_missing(name):
+def test_without_the_family_nothing_is_assumed(name):
     pm = make_plugin_manager(names=["blocks"])
-    with pytest.raises(MissingTensor, match=r"blk\.0\.ffn_norm\.weight"):
+    with pytest.raises(UnsupportedArchitecture, match="'glm4moe'.*rope_pairing"):
         archrun.load(TINY / f"{name}.gguf", plugins=pm)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_the_conventions_alone_miss_the_pre_ffn_norm(name):
+    """Stated conventions without the role remap do not give the HF model: its pre-FFN norm is stored
+    under post_attention_norm."""
+    ids, ref = golden(name)
+    pm = make_plugin_manager(names=["blocks"])
+    try:
+        model = archrun.load(TINY / f"{name}.gguf", plugins=pm, hints=CONVENTIONS, backend="reference")
+    except MissingTensor:
+        return
+    assert rel_err(model.logits(ids), ref) > 1e-2
+
+
 class OnlyTheRemap:
-    """The one thing the family must supply: the pre-FFN norm is stored as post_attention_norm."""
+    """Beyond the conventions, the one thing the family must supply: the pre-FFN norm is stored as
+    post_attention_norm."""
 
     @pluggy.HookimplMarker("archrun")
     def archrun_describe_family(self, architecture):
-        return FamilyHints(name="remap-only", generic=True,
+        return FamilyHints(name="remap-only", **CONVENTIONS,
                            tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight", "post_attn_norm": None})
 
 

@@ -1,6 +1,6 @@
 """glm4moe MTP (nextn) head: HF goldens, hand numpy math, the host_step seam, greedy verification.
 
-Goldens: tests/goldens/tiny/glm4moe_*.npz `mtp_logits` (recorded by tests/goldens/record_tiny.py
+Goldens: goldens/glm4moe_*.npz `mtp_logits` (recorded by goldens/record.py
 from HF transformers' MtpModel): row j = MTP fed hidden[j] (after output_norm) and ids[j+1] at
 position j+1, attending to rows 0..j; it predicts ids[j+2].
 """
@@ -18,7 +18,7 @@ from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.errors import InvalidRequest, MissingTensor, WrongBlockStyle
 from archrun_glm4moe.mtp import MtpHead, verify
 
-TINY = Path(__file__).resolve().parents[3] / "tests" / "goldens" / "tiny"
+TINY = Path(__file__).resolve().parent / "goldens"
 MTP_FIXTURES = ("glm4moe_base", "glm4moe_qknorm_groups_tied", "glm4moe_prf025_nonorm_tied")
 
 

@@ -183,7 +183,7 @@ def route_rows(logits, probs_bias, rp, scale, gate_fn, gate_p, ids, wts):
     of the probs of the gating part gate_fn)."""
     probs = np.empty(logits.shape[1], _F32)
     for t in range(logits.shape[0]):
-        gate_fn(gate_p, logits[t], probs)
+        gate_fn[0](gate_p, logits[t], probs)
         choose(probs, probs_bias, rp, scale, ids[t], wts[t])
 
 
@@ -199,7 +199,7 @@ def _gated_ffn(gate_up, down, x, act_fn, act_p, chunks):
     block.product_rows(gate_up, x, gu, chunks)
     a = np.empty((m, f), _F32)
     for i in range(m):
-        act_fn(act_p, gu[i][:f], a[i])
+        act_fn[0](act_p, gu[i][:f], a[i])
         for c in range(f):
             a[i, c] = a[i, c] * gu[i, f + c]
     y = np.empty((m, down[0][block._NOUT]), _F32)
@@ -233,7 +233,8 @@ def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, rp, sc
              chunks):
     """out f32 [n, d] = the MoE FFN of h f32 [n, d] (C-contiguous); arguments as `moe_arrays` builds
     them, rp (RP_* fields) and scale the routing parameters, gate_fn/act_fn the gating's and the
-    experts' activation's kernel parts. Products split over `chunks` threads."""
+    experts' activation's kernel parts (first-class values, Part.value). Products split over `chunks`
+    threads."""
     n, d = h.shape
     absent = router[1]
     n_exp = router[0][block._NOUT]
