@@ -15,7 +15,7 @@ import pytest
 import archrun
 from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.conformance.hf import rel_err
-from archrun.errors import ArchrunWarning
+from archrun.errors import UnsupportedArchitecture
 
 FAMILIES = Path(__file__).resolve().parents[1] / "families"
 TINY = {p.stem: p for p in sorted(FAMILIES.glob("*/tests/goldens/*.gguf"))}
@@ -39,15 +39,20 @@ def test_fixtures_are_found():
 
 
 @pytest.mark.parametrize("name", fixtures("qwen3")[:1])
-def test_unknown_architecture_with_qwen3_layout_loads_generically(name, tmp_path):
+def test_unknown_architecture_with_qwen3_layout_needs_hints_then_matches_hf(name, tmp_path):
     ids, ref = golden(name)
     path = rewrite_gguf(TINY[name], tmp_path / "renamed.gguf", architecture="qwen3-mystery")
-    with pytest.warns(ArchrunWarning, match="qwen3-mystery.*assuming") as record:
-        model = archrun.load(path)
-    assumptions = " ".join(str(w.message) for w in record)
-    assert "NEOX" in assumptions and "SwiGLU" in assumptions
+    with pytest.raises(UnsupportedArchitecture) as err:
+        archrun.load(path)
+    for convention in ("rope_pairing", "activation", "residual", "attention", "embed_scale"):
+        assert convention in str(err.value)
+    hints = {"rope_pairing": "neox", "activation": "silu", "residual": "sequential", "attention": "causal",
+             "embed_scale": 1}
+    model = archrun.load(path, hints=hints)
     assert model.descriptor.architecture == "qwen3-mystery"
     assert rel_err(model.logits(ids), ref) <= 1e-4
+    wrong = archrun.load(path, hints={**hints, "rope_pairing": "norm"})  # a convention matters: not guessed
+    assert rel_err(wrong.logits(ids), ref) > 1e-3
 
 
 @pytest.mark.parametrize("name", fixtures("qwen3")[:1])
