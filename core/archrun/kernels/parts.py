@@ -20,6 +20,8 @@ float64 parameter array):
               combine   fn(p, x[d], a[d], f[d])            x <- the residual stream after the block
   gating      fn(p, logits[E], probs[E])                    router probabilities of one token
 
+Plugin kernels compile with `JIT` (cached, fastmath, nogil), e.g. `@njit(SIGNATURES["norm"], **JIT)`, and
+a plugin whose kernels call the core's calls `guard_cache(<one of its functions>)` at import.
 `part(fn, *params)` builds a Part; kernels take `part.value` (see Part); `NO_ROPE` is the part of
 layers without rotary embedding.
 """
@@ -34,7 +36,7 @@ import numpy as np
 from numba import njit, types
 from numba.core.errors import NumbaExperimentalFeatureWarning
 
-from archrun.kernels._jit import JIT
+from archrun.kernels._jit import JIT, guard_cache
 
 # numba calls first-class function values "experimental"; they are the fused path's plug points.
 warnings.filterwarnings("ignore", category=NumbaExperimentalFeatureWarning)
@@ -43,6 +45,8 @@ VEC = types.Array(types.float32, 1, "C")
 PARAMS = types.Array(types.float64, 1, "C")
 CACHE = types.Array(types.float32, 3, "C")
 POSITIONS = types.Array(types.int64, 1, "C")
+
+__all__ = ["JIT", "NO_ROPE", "SIGNATURES", "Part", "compiled_for", "guard_cache", "part", "slot_part"]
 
 SIGNATURES = {
     "norm": types.void(PARAMS, VEC, VEC, VEC, VEC),

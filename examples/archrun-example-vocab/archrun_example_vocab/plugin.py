@@ -1,0 +1,37 @@
+"""The plugin object of entry point `example_vocab`: one vocabulary op and one family.
+
+    [project.entry-points.archrun]
+    example_vocab = "archrun_example_vocab.plugin:plugin"
+
+`FamilyPlugin` implements the family hooks (archrun_describe_family, archrun_families) from a
+dict of FamilyHints; the subclass adds the vocabulary hook. A package that only adds math
+would instead be a module with just `archrun_register_vocabulary` (see archrun-blocks).
+"""
+
+from __future__ import annotations
+
+from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
+from archrun.hookspecs import hookimpl
+from archrun.vocab import Op
+from archrun_example_vocab import fast, reference
+
+ARCHITECTURE = "quickgelu-llama"  # a made-up `general.architecture`: llama with a QuickGELU FFN
+
+# What a quickgelu-llama file does not say: llama's conventions (NORM rope pairs, sequential
+# pre-norm blocks, unscaled embeddings), and the FFN activation, which names this plugin's op.
+HINTS = {
+    ARCHITECTURE: FamilyHints(name=ARCHITECTURE, rope_pairing="norm", activation="gelu_quick", embed_scale=1.0,
+                              **TRANSFORMER),
+}
+
+
+class ExamplePlugin(FamilyPlugin):
+    """FamilyPlugin (the family hooks) plus this package's vocabulary."""
+
+    @hookimpl
+    def archrun_register_vocabulary(self, register) -> None:
+        register(Op("activation", "gelu_quick", reference.gelu_quick, fast.gelu_quick,
+                    "x * sigmoid(1.702 x) (QuickGELU; gated: x * sigmoid(1.702 x) * up)"))
+
+
+plugin = ExamplePlugin(HINTS)

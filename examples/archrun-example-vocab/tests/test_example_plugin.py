@@ -1,0 +1,68 @@
+"""The plugin registers its op and its family; the fast op and its kernel part equal the reference."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from archrun.conformance import check_family_plugin, check_vocabulary_plugin
+from archrun.kernels.parts import compiled_for, slot_part
+from archrun_example_vocab import fast, parts, reference
+from archrun_example_vocab.plugin import ARCHITECTURE
+
+F32 = np.float32
+
+
+def test_plugin_registers_its_op_and_family():
+    entries = check_vocabulary_plugin("example_vocab")
+    assert [(e.op.slot, e.op.name) for e in entries] == [("activation", "gelu_quick")]
+    assert entries[0].op.fast is fast.gelu_quick
+    assert check_family_plugin("example_vocab") == [ARCHITECTURE]
+
+
+def test_fast_op_carries_a_part_the_layer_kernel_can_call():
+    act = fast.gelu_quick()
+    p = slot_part(act, "activation")
+    assert p is act.fused and p.fn is parts.gelu_quick and p.params.tolist() == [reference.ALPHA]
+    assert compiled_for(parts.gelu_quick, "activation")
+
+
+def _ref(x, up=None):
+    return reference.gelu_quick()(x, up)
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (1, 1), (3, 17), (7, 64), (2, 1001)])
+@pytest.mark.parametrize("gated", [False, True])
+def test_fast_equals_reference_on_random_ragged_inputs(shape, gated):
+    rng = np.random.default_rng(sum(shape) + gated)
+    x = (rng.standard_normal(shape) * 4).astype(F32)
+    up = (rng.standard_normal(shape) * 2).astype(F32) if gated else None
+    got = fast.gelu_quick()(x, up)
+    assert got.dtype == F32 and got.shape == shape
+    np.testing.assert_allclose(got, _ref(x, up), rtol=2e-6, atol=1e-30)
+
+
+def test_fast_equals_reference_on_extreme_and_strided_inputs():
+    x = np.array([0.0, -0.0, 1e-38, -1e-38, 1e-45, 0.5, -0.5, 10.0, -10.0, 50.0, -50.0, 88.0, -88.0, 1e4, -1e4,
+                  3e38, -3e38, np.finfo(F32).max, -np.finfo(F32).max], F32)
+    got = fast.gelu_quick()(x)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, _ref(x), rtol=2e-6, atol=1e-37)
+    assert got[-1] == 0.0 and got[-2] == np.finfo(F32).max  # the sigmoid saturates to exactly 0 / 1
+    wide = np.random.default_rng(1).standard_normal((6, 40)).astype(F32) * 8
+    strided = wide[::2, 1::3]  # not contiguous
+    np.testing.assert_allclose(fast.gelu_quick()(strided, strided), _ref(strided, strided), rtol=2e-6, atol=1e-30)
+
+
+def test_part_runs_in_place_as_the_layer_kernel_calls_it():
+    x = np.linspace(-6, 6, 97, dtype=F32)
+    want = _ref(x)
+    p = fast.gelu_quick().fused
+    p.fn(p.params, x, x)  # out may be x
+    np.testing.assert_allclose(x, want, rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="signatures exist only when numba compiles")
+def test_part_is_compiled_with_the_slot_signature_only():
+    assert len(parts.gelu_quick.signatures) == 1
