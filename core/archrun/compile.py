@@ -2,7 +2,8 @@
 
 `compile_gguf` reads the standard `<arch>.*` key layout for whatever architecture a file
 names and infers structure from which tensors exist (q/k norms, biases, fused QKV, packed
-gate|up, gated or plain FFN, expert stacks, router bias, shared experts, sandwich norms).
+gate|up, gated or plain FFN, expert stacks, router bias, shared experts, sandwich norms, a
+learned position table).
 What a file cannot say — its conventions (archrun.family.CONVENTIONS) — comes from the family
 plugin answering `archrun_describe_family`, with a caller's hints on top. The compiler knows
 no vocabulary: every op name in a descriptor comes from those hints or from what a file says
@@ -262,6 +263,11 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) 
     if not tied:
         t.expect("output", None, (n_embd, n_vocab))
     t.expect("output_norm", None, (n_embd,))
+    positions = t.has("position_embd")
+    if positions:
+        pos = t.shape("position_embd")
+        if len(pos) != 2 or pos[0] != n_embd or pos[1] < 1:
+            raise ShapeMismatch(f"position_embd has shape {tuple(pos)}, expected ({n_embd}, n_positions)")
     geo = _Geometry(meta, t, conv, n_embd, n_block)
     layers = tuple(geo.layer(i) for i in range(n_block - n_nextn))
     nextn_layers = tuple(geo.layer(i) for i in range(n_block - n_nextn, n_block))
@@ -284,6 +290,7 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) 
         logit_scale=fam.logit_scale or 1.0,
         logit_softcap=softcap_value,
         output_norm_bias=_vector_if_present(t, "output_norm.bias", None, n_embd),
+        position_embedding=positions,
         block_style=block_style or fam.block_style,
         nextn_layers=nextn_layers,
         tensor_names=t.names,
@@ -319,6 +326,9 @@ class _Geometry:
         _bounded(meta.key("attention.value_length"), self.v_head_dim, 1, MAX_WIDTH)
         self.scale = meta.get("attention.scale", float, default_attention_scale(self.head_dim))
         self.softcap = meta.get("attn_logit_softcapping", float, 0.0)
+        self.alibi_max_bias = meta.get("attention.max_alibi_bias", float, 0.0)
+        if not 0.0 <= self.alibi_max_bias < 1e4:
+            raise MetadataError(f"{meta.key('attention.max_alibi_bias')!r} = {self.alibi_max_bias} is not a valid bias")
         self.window = meta.get("attention.sliding_window", int, 0)
         self.sliding = self._sliding_layers()
         self.nope = self._nope_layers()
@@ -446,6 +456,7 @@ class _Geometry:
             kind=self.attention_kind or "", n_head=n_head, n_head_kv=n_kv, head_dim=hd, v_head_dim=vd,
             scale=self.scale, rope=self._rope_table(i), window=self.window if sliding else 0, qk_norm=qk_norm,
             qkv_bias=bias, output_bias=t.has("attn_output.bias", i), softcap=self.softcap, qkv_packed=packed,
+            alibi_max_bias=self.alibi_max_bias,
         )
 
     def _dense(self, i: int) -> FfnSpec:

@@ -7,8 +7,9 @@ once, at load: norm kind (slot "norm"), rope pairing ("rope"), attention kind ("
 FFN activation ("activation"), residual topology ("residual"), MoE router ("moe", "gating"),
 logit softcap ("softcap") and block style ("block_style"). Structure found by tensor
 presence is plain data: biases, q/k norms, sandwich norms, gated or plain FFN, fused QKV and
-packed gate|up projections. Per-layer geometry is a tuple of `LayerSpec`, so interleaved
-sliding/global layers, NoPE layers, leading dense layers and per-layer head counts are data.
+packed gate|up projections, a learned position table. Per-layer geometry is a tuple of
+`LayerSpec`, so interleaved sliding/global layers, NoPE layers, leading dense layers and
+per-layer head counts are data.
 
 Build descriptors with `archrun.compile.describe(path)` (or `compile_gguf` for the full
 report); variants with `attrs.evolve`. Never construct one from raw metadata.
@@ -35,7 +36,8 @@ _pos_float = [v.instance_of(float), v.gt(0.0)]
 # norm is stored under `post_attention_norm`); the interpreter only ever asks for roles.
 _T = MODEL_TENSOR
 _ROLES: dict[str, tuple[MODEL_TENSOR, str]] = {
-    "token_embd": (_T.TOKEN_EMBD, "weight"), "output_norm": (_T.OUTPUT_NORM, "weight"),
+    "token_embd": (_T.TOKEN_EMBD, "weight"), "position_embd": (_T.POS_EMBD, "weight"),
+    "output_norm": (_T.OUTPUT_NORM, "weight"),
     "output_norm.bias": (_T.OUTPUT_NORM, "bias"), "output": (_T.OUTPUT, "weight"),
     "rope_freqs": (_T.ROPE_FREQS, "weight"), "rope_factors_long": (_T.ROPE_FACTORS_LONG, "weight"),
     "rope_factors_short": (_T.ROPE_FACTORS_SHORT, "weight"),
@@ -116,7 +118,8 @@ class AttentionSpec:
 
     scale multiplies the q.k scores (an attention multiplier is just another scale);
     softcap > 0 caps scores to softcap * tanh(s / softcap); qkv_packed: q|k|v come from one
-    fused attn_qkv tensor.
+    fused attn_qkv tensor. alibi_max_bias: the ALiBi maximum bias (llama.cpp's f_max_alibi_bias),
+    read by attention ops that add per-head linear position biases (e.g. "alibi").
     """
 
     kind: str = field(validator=v.instance_of(str))  # vocabulary slot "attention"
@@ -132,6 +135,7 @@ class AttentionSpec:
     output_bias: bool = field(default=False, validator=v.instance_of(bool))
     softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))
     qkv_packed: bool = field(default=False, validator=v.instance_of(bool))
+    alibi_max_bias: float = field(default=0.0, converter=float, validator=v.ge(0.0))
 
     @n_head_kv.validator
     def _divides(self, _attr, value: int) -> None:
@@ -225,6 +229,8 @@ class Descriptor:
 
     layers are the trunk's blocks; `nextn_layers` are the multi-token-prediction (MTP) blocks
     that follow them in the file (block indices n_layer, n_layer+1, ...), not part of the trunk.
+    position_embedding: a learned absolute position table (role "position_embd", [positions, d])
+    is added to the token embeddings at each position; its rows bound the positions.
     """
 
     architecture: str = field(validator=v.instance_of(str))
@@ -245,6 +251,7 @@ class Descriptor:
     logit_softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))
     softcap: str = field(default="tanh", validator=v.instance_of(str))  # vocabulary slot "softcap"
     output_norm_bias: bool = field(default=False, validator=v.instance_of(bool))
+    position_embedding: bool = field(default=False, validator=v.instance_of(bool))
     block_style: str = field(default="fused", validator=v.instance_of(str))  # vocabulary slot "block_style"
     nextn_layers: tuple[LayerSpec, ...] = field(
         default=(), converter=tuple, validator=v.deep_iterable(v.instance_of(LayerSpec))

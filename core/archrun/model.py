@@ -149,8 +149,9 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     softcap = b.op("softcap", d.softcap, d.logit_softcap) if d.logit_softcap else None
     b.op("block_style", d.block_style)
     output_norm_b = b.vector("output_norm.bias") if d.output_norm_bias else None
+    positions = b.vector("position_embd") if d.position_embedding else None  # [n_positions, d]
     plan = Plan(d, embed, output, b.vector("output_norm"), output_norm_b, norm, ropes, layers, softcap, b.providers,
-                b)
+                b, positions)
     _report_unused_tensors(d, gguf, b.bound)
     return plan
 
@@ -333,7 +334,7 @@ class Interpreter:
         """Run ids through every layer, appending to cache; returns (logits, normed final hidden states)."""
         p = self.plan
         start = len(cache)
-        x = self.embed(ids)
+        x = self.embed(ids, start)
         angles = self.rope_angles(np.arange(start, start + len(ids)))
         for lp, slot in zip(p.layers, cache.slots, strict=True):
             x = self.run_block(lp, x, slot, start, angles)
@@ -374,11 +375,22 @@ class Interpreter:
         """The trunk's final norm weight [d]."""
         return self.plan.output_norm
 
-    def embed(self, ids: np.ndarray) -> np.ndarray:
-        """Token embeddings [n, d], scaled by the descriptor's embed_scale."""
+    def embed(self, ids: np.ndarray, start: int | None = None) -> np.ndarray:
+        """Token embeddings [n, d], scaled by the descriptor's embed_scale; a model with a learned
+        position table adds its rows start..start+n-1 (start is required then)."""
         x = self.plan.embed.rows(ids)
         if self.descriptor.embed_scale != 1.0:
             x *= F32(self.descriptor.embed_scale)
+        table = self.plan.positions
+        if table is not None:
+            if start is None:
+                raise InvalidRequest("this model adds learned position embeddings: embed(ids, start) needs the "
+                                     "position of ids[0]")
+            end = start + len(ids)
+            if start < 0 or end > len(table):
+                raise ContextOverflow(f"positions {start}..{end - 1} are past the model's {len(table)} learned "
+                                      "positions")
+            x += table[start:end]
         return x
 
     def head(self, hidden: np.ndarray) -> np.ndarray:
@@ -444,7 +456,7 @@ class FusedDecoder(Interpreter):
             return super()._forward(ids, cache, all_logits)
         p = self.plan
         start = len(cache)
-        x = np.ascontiguousarray(self.embed(ids)[0])
+        x = np.ascontiguousarray(self.embed(ids, start)[0])
         angles = self.rope_angles(np.array([start]))
         with self._decode.running() as par:  # the worker pool, when there is one, for this step
             for fb, slot in zip(self.fused_blocks, cache.slots, strict=True):

@@ -91,3 +91,4 @@ class Plan:
     softcap: Callable[[np.ndarray], np.ndarray] | None
     providers: dict[str, str]          # "slot=name" -> plugin that provides it
     binder: Any                        # archrun.model's binder: binds further blocks on request
+    positions: np.ndarray | None = None  # learned absolute position table f32 [n_positions, d], or None

@@ -125,12 +125,19 @@ def _mix(vc, rows, count, kv, p, acc):
 
 
 @njit(**JIT)
-def attend_one(q, kc, vc, rows, count, n_head, scale, softcap, out):
-    """Grouped-query attention of one token: q [H * hd], cache kc [cap, KV, hd], vc [cap, KV, vd] -> out [H * vd].
+def _bias(p, count, kv, group, slopes, dist):
+    """p[g, j] += slopes[kv * group + g] * dist[j] (ALiBi) for the first `count` scores of every row g."""
+    for g in range(p.shape[0]):
+        m = _F32(slopes[kv * group + g])
+        for j in range(count):
+            p[g, j] += m * dist[j]
 
-    Softmax in float32 with max subtraction over the `count` rows listed in rows; scores are
-    first capped to softcap * tanh(score / softcap) when softcap > 0.
-    """
+
+@njit(**JIT)
+def attend_biased(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, out):
+    """attend_one with an ALiBi bias: after the scale and the cap, query head h adds slopes[h] * dist[j]
+    to its score of row rows[j] (dist: key position - query position, float32 [count]; slopes float64
+    [H], empty: no bias)."""
     n_kv, hd = kc.shape[1], kc.shape[2]
     vd = vc.shape[2]
     group = n_head // n_kv
@@ -143,6 +150,8 @@ def attend_one(q, kc, vc, rows, count, n_head, scale, softcap, out):
         _scores(q2, kc, rows, count, kv, group, _F32(scale), p)
         if softcap > 0:
             _cap(p, count, _F32(softcap))
+        if slopes.shape[0]:
+            _bias(p, count, kv, group, slopes, dist)
         for g in range(group):
             pg = p[g]
             m = pg[0]
@@ -154,3 +163,13 @@ def attend_one(q, kc, vc, rows, count, n_head, scale, softcap, out):
         for g in range(group):
             for e in range(vd):
                 o[g * vd + e] = acc[g, e] * inv[g]
+
+
+@njit(**JIT)
+def attend_one(q, kc, vc, rows, count, n_head, scale, softcap, out):
+    """Grouped-query attention of one token: q [H * hd], cache kc [cap, KV, hd], vc [cap, KV, vd] -> out [H * vd].
+
+    Softmax in float32 with max subtraction over the `count` rows listed in rows; scores are
+    first capped to softcap * tanh(score / softcap) when softcap > 0.
+    """
+    attend_biased(q, kc, vc, rows, count, n_head, scale, softcap, np.empty(0, np.float64), np.empty(0, _F32), out)

@@ -129,7 +129,7 @@ def activation(fn, params: np.ndarray, gate: np.ndarray, up: np.ndarray | None =
 
 
 @njit(**JIT)
-def _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, item, group, out):
+def _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, item, group, out):
     """One (query i, kv head) item: the `group` query heads sharing that kv head."""
     n_kv = k.shape[1]
     i = item // n_kv
@@ -149,6 +149,8 @@ def _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, item, group, out)
                     s += qg[e] * kj[e]
                 s = s * scale
                 p[g, j] = softcap * np.tanh(s / softcap) if softcap > 0 else s
+                if slopes.shape[0]:
+                    p[g, j] += slopes[kv * group + g] * _F32(k_pos[j] - q_pos[i])
             else:
                 p[g, j] = -np.inf
     for g in range(group):
@@ -169,17 +171,17 @@ def _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, item, group, out)
 
 
 @njit(**JIT)
-def _attend(q, k, v, q_pos, k_pos, scale, window, softcap, out):
+def _attend(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, out):
     group = q.shape[1] // k.shape[1]
     for item in range(q.shape[0] * k.shape[1]):
-        _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, item, group, out)
+        _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, item, group, out)
 
 
 @njit(**JIT_PAR)
-def _attend_par(q, k, v, q_pos, k_pos, scale, window, softcap, out):
+def _attend_par(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, out):
     group = q.shape[1] // k.shape[1]
     for item in prange(q.shape[0] * k.shape[1]):
-        _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, item, group, out)
+        _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, item, group, out)
 
 
 def _check_attention(q, k, v, q_pos, k_pos, window) -> None:
@@ -197,21 +199,27 @@ def _check_attention(q, k, v, q_pos, k_pos, window) -> None:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray,
-              scale: float, window: int, softcap: float = 0.0) -> np.ndarray:
+              scale: float, window: int, softcap: float = 0.0, slopes: np.ndarray | None = None) -> np.ndarray:
     """Causal grouped-query attention: q[n, H, hd], k[T, KV, hd], v[T, KV, vd] -> [n, H, vd].
 
     Key j is visible to query i iff k_pos[j] <= q_pos[i] and (window == 0 or
     k_pos[j] > q_pos[i] - window); head h reads kv head h // (H // KV). Softmax in float32
-    with max subtraction, scores capped to softcap * tanh(s / softcap) when softcap > 0. Every
+    with max subtraction, scores capped to softcap * tanh(s / softcap) when softcap > 0, then
+    (ALiBi, when slopes float32 [H] are given) biased by slopes[h] * (k_pos[j] - q_pos[i]). Every
     query must see at least one key.
     """
     _check_attention(q, k, v, q_pos, k_pos, window)
     n, n_head, _ = q.shape
+    if slopes is None:
+        slopes = _NONE
+    else:
+        _f32(slopes, "slopes", 1)
+        _need(slopes.shape[0] == n_head, lambda: f"slopes {slopes.shape} must be [{n_head}]")
     out = np.empty((n, n_head, v.shape[2]), np.float32)
     if n == 0:
         return out
     args = (np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
-            q_pos, k_pos, _F32(scale), int(window), _F32(softcap), out)
+            q_pos, k_pos, _F32(scale), int(window), _F32(softcap), np.ascontiguousarray(slopes), out)
     work = n * n_head * k.shape[0] * q.shape[2]
     (_attend_par if work >= _ATTN_PARALLEL_WORK else _attend)(*args)
     return out

@@ -72,10 +72,11 @@ def rope_norm(spec: RopeSpec, freq_factors: np.ndarray | None = None, *factors: 
 # -- attention -----------------------------------------------------------------------------------
 
 
-def _attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0.0) -> np.ndarray:
+def _attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0.0,
+            slopes: np.ndarray | None = None) -> np.ndarray:
     return elementwise.attention(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
                                  np.ascontiguousarray(q_pos, dtype=np.int64),
-                                 np.ascontiguousarray(k_pos, dtype=np.int64), scale, window, softcap)
+                                 np.ascontiguousarray(k_pos, dtype=np.int64), scale, window, softcap, slopes)
 
 
 def _slot_arrays(slot) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
@@ -92,6 +93,15 @@ def causal_attention(spec: AttentionSpec) -> reference.CausalAttention:
     op.attend = _attend
     op.fused = part(parts.causal_attention, spec.scale, spec.window, spec.softcap)
     op.slot_arrays = _slot_arrays  # the fused block reads and writes the cache through these
+    return op
+
+
+def alibi_attention(spec: AttentionSpec) -> reference.AlibiAttention:
+    op = reference.AlibiAttention(spec)
+    op.attend = _attend
+    op.fused = part(parts.alibi_attention, spec.scale, spec.window, spec.softcap, spec.alibi_max_bias, spec.n_head,
+                    *op.slopes)
+    op.slot_arrays = _slot_arrays
     return op
 
 

@@ -15,7 +15,7 @@ from numba import njit
 
 from archrun.kernels._jit import JIT
 from archrun.kernels.parts import SIGNATURES
-from archrun_blocks.decode_attention import attend_one, visible_rows
+from archrun_blocks.decode_attention import attend_biased, attend_one, visible_rows
 from archrun_blocks.rotate import rotate_pairs
 
 _F32 = np.float32
@@ -87,6 +87,28 @@ def causal_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
     rows = np.empty(kc.shape[0], np.int64)
     count = visible_rows(kpos, ring, pos, int(p[1]), rows)
     attend_one(q, kc, vc, rows, count, q.shape[0] // hd, p[0], p[2], out)
+
+
+# -- ALiBi attention: p = (scale, window, softcap, max_bias, n_head, slope_0 .. slope_{n_head-1}) ----------
+
+
+@njit(SIGNATURES["attention"], **JIT)
+def alibi_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
+    """causal_attention with ALiBi: query head h adds slope_h * (key position - pos) to its scores (after
+    the scale p[0] and the cap p[2]); the slopes follow the fixed fields (reference.alibi_slopes of
+    max_bias p[3] and n_head p[4])."""
+    n_kv, hd, vd = kc.shape[1], kc.shape[2], vc.shape[2]
+    kc[row] = k.reshape(n_kv, hd)
+    vc[row] = v.reshape(n_kv, vd)
+    if ring:
+        kpos[row] = pos
+    rows = np.empty(kc.shape[0], np.int64)
+    count = visible_rows(kpos, ring, pos, int(p[1]), rows)
+    dist = np.empty(count, _F32)
+    for j in range(count):  # a ring row holds position kpos[row]; a plain row r holds position r
+        dist[j] = _F32((kpos[rows[j]] if ring else rows[j]) - pos)
+    n_head = q.shape[0] // hd
+    attend_biased(q, kc, vc, rows, count, n_head, p[0], p[2], p[5:5 + n_head], dist, out)
 
 
 # -- activations: p unused -------------------------------------------------------------------------

@@ -18,6 +18,8 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("rope", "norm", reference.rope_norm, fast.rope_norm, "rotate (x[2i], x[2i+1])"))
     register(Op("attention", "causal", reference.CausalAttention, fast.causal_attention,
                 "causal grouped-query attention, optional sliding window and score softcap"))
+    register(Op("attention", "alibi", reference.AlibiAttention, fast.alibi_attention,
+                "causal grouped-query attention with ALiBi position biases (attention.max_alibi_bias)"))
     register(Op("activation", "silu", reference.silu, fast.silu, "x * sigmoid(x) (gated: SwiGLU)"))
     register(Op("activation", "gelu_tanh", reference.gelu_tanh, fast.gelu_tanh, "tanh-approximated GELU"))
     register(Op("activation", "gelu", reference.gelu, fast.gelu, "exact (erf) GELU"))

@@ -115,12 +115,14 @@ class KvSlot:
         return self.k.nbytes + self.v.nbytes
 
 
-def attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0.0) -> np.ndarray:
+def attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0.0,
+           slopes: np.ndarray | None = None) -> np.ndarray:
     """Causal grouped-query attention.
 
     q [n, H, hd], k [T, KV, hd], v [T, KV, vd]; key j is visible to query i iff
     k_pos[j] <= q_pos[i] and (window == 0 or k_pos[j] > q_pos[i] - window). Scores are
-    scaled, then capped to softcap * tanh(s / softcap) when softcap > 0. Returns [n, H, vd].
+    scaled, then capped to softcap * tanh(s / softcap) when softcap > 0, then (ALiBi, when
+    slopes [H] are given) biased by slopes[h] * (k_pos[j] - q_pos[i]). Returns [n, H, vd].
     """
     n, n_head, hd = q.shape
     n_kv = k.shape[1]
@@ -128,6 +130,9 @@ def attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0.
     scores = np.einsum("nkgd,tkd->kgnt", qg, k, dtype=F32) * F32(scale)  # [KV, G, n, T]
     if softcap > 0:
         scores = F32(softcap) * np.tanh(scores / F32(softcap))
+    if slopes is not None:  # query head h = kv * G + g
+        distance = (k_pos[None, :] - q_pos[:, None]).astype(F32)  # [n, T], <= 0 where visible
+        scores = scores + slopes.astype(F32).reshape(n_kv, n_head // n_kv, 1, 1) * distance
     visible = k_pos[None, :] <= q_pos[:, None]
     if window:
         visible &= k_pos[None, :] > (q_pos[:, None] - window)
@@ -176,8 +181,15 @@ class CausalAttention:
     """Causal GQA. Global layers keep a plain KV slot; windowed layers a ring bounded by the window."""
 
     def __init__(self, spec: AttentionSpec):
+        if spec.alibi_max_bias:
+            raise MetadataError(f"attention {spec.kind!r} adds no ALiBi bias, but the model states max_alibi_bias "
+                                f"{spec.alibi_max_bias} (an ALiBi model needs an ALiBi attention op, e.g. 'alibi')")
         self.spec = spec
         self.attend = attend  # [n,H,hd] x [T,KV,hd] x [T,KV,vd] -> [n,H,vd]; fast twins swap in a kernel
+
+    def _attend(self, q, k, v, q_pos, k_pos) -> np.ndarray:
+        s = self.spec
+        return self.attend(q, k, v, q_pos, k_pos, s.scale, s.window, s.softcap)
 
     def new_slot(self, capacity: int, max_rewind: int = 64) -> KvSlot | RingKvSlot:
         s = self.spec
@@ -193,12 +205,37 @@ class CausalAttention:
             keys, values = np.concatenate([old_k, k]), np.concatenate([old_v, v])
             k_pos = np.concatenate([old_pos, q_pos])
             slot.write(k, v, start)
-            return self.attend(q, keys, values, q_pos, k_pos, self.spec.scale, self.spec.window, self.spec.softcap)
+            return self._attend(q, keys, values, q_pos, k_pos)
         end = start + n
         slot.k[start:end] = k
         slot.v[start:end] = v
-        return self.attend(q, slot.k[:end], slot.v[:end], q_pos, np.arange(end), self.spec.scale, self.spec.window,
-                           self.spec.softcap)
+        return self._attend(q, slot.k[:end], slot.v[:end], q_pos, np.arange(end))
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """ALiBi slopes float32 [n_head] (ggml_soft_max_ext): with n = 2^floor(log2 n_head),
+    m0 = 2^(-max_bias / n) and m1 = 2^(-max_bias / 2 / n), head h < n has slope m0^(h+1) and
+    head h >= n slope m1^(2 (h - n) + 1); max_bias 0 gives slope 1 for every head (as in ggml)."""
+    if max_bias <= 0:
+        return np.ones(n_head, F32)
+    n = 2 ** math.floor(math.log2(n_head))
+    m0, m1 = 2.0 ** (-max_bias / n), 2.0 ** (-max_bias / 2.0 / n)
+    return np.array([m0 ** (h + 1) if h < n else m1 ** (2 * (h - n) + 1) for h in range(n_head)], F32)
+
+
+class AlibiAttention(CausalAttention):
+    """Causal GQA with ALiBi (llama.cpp: bloom, mpt): no rotary embedding; query head h adds
+    slope_h * (key position - query position) to its scores (alibi_slopes of the spec's
+    alibi_max_bias), i.e. a penalty growing linearly with distance. Windows and softcap as causal."""
+
+    def __init__(self, spec: AttentionSpec):
+        self.spec = spec
+        self.attend = attend
+        self.slopes = alibi_slopes(spec.n_head, spec.alibi_max_bias)
+
+    def _attend(self, q, k, v, q_pos, k_pos) -> np.ndarray:
+        s = self.spec
+        return self.attend(q, k, v, q_pos, k_pos, s.scale, s.window, s.softcap, self.slopes)
 
 
 # -- FFN activations, gating, MoE --------------------------------------------------------------
