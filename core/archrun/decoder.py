@@ -116,8 +116,9 @@ class Trunk(Protocol):
         """The trunk's final norm weight [d]."""
         ...
 
-    def embed(self, ids: np.ndarray) -> np.ndarray:
-        """Token embeddings [n, d] (scaled as the model scales them)."""
+    def embed(self, ids: np.ndarray, start: int | None = None) -> np.ndarray:
+        """Token embeddings [n, d] (scaled as the model scales them; plus learned position rows
+        start..start+n-1 when the model has a position table)."""
         ...
 
     def rope_angles(self, positions: np.ndarray) -> list:
