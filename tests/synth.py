@@ -2,15 +2,28 @@
 
 `write_model(path, **spec)` writes a small decoder in the standard `<arch>.*` layout; keyword
 arguments drop keys/tensors or override values so tests can build broken files on purpose.
+The tensors depend only on the seed and the dimensions (not on the architecture name), so two
+files written with the same spec hold the same weights. `transform` rewrites the tensor dict
+before it is written: the structure helpers below (fused QKV, packed gate|up, plain FFN,
+LayerNorm biases, one shared norm) turn the standard layout into the same weights in another
+layout, or into new structure; `quantize` stores weights in a ggml block type.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gguf
 import numpy as np
+
+
+class Quantized(NamedTuple):
+    """A tensor for write_model as raw ggml blocks: data uint8 [rows, row bytes] of type ggml_type."""
+
+    data: np.ndarray
+    ggml_type: int
 
 
 def _tokenizer(w: gguf.GGUFWriter, n_vocab: int) -> None:
@@ -69,16 +82,20 @@ def write_model(path: str | Path, *, arch: str = "qwen3", seed: int = 0, n_vocab
                 drop_keys: tuple[str, ...] = (), drop_tensors: tuple[str, ...] = (),
                 key_overrides: dict[str, Any] | None = None,
                 tensor_overrides: dict[str, np.ndarray] | None = None,
-                quant_types: dict[str, int] | None = None) -> Path:
+                quant_types: dict[str, int] | None = None,
+                transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None) -> Path:
     """Write a random model; return its path. Key names in drop_keys/key_overrides omit the arch prefix.
 
     quant_types: tensor name -> ggml type for tensors given as raw uint8 blocks in tensor_overrides.
+    transform: tensors (numpy order, after tensor_overrides) -> the tensors to write.
     """
     rng = np.random.default_rng(seed)
     tensors = model_tensors(rng, n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
                             n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff, qk_norm=qk_norm,
                             qkv_bias=qkv_bias, tied=tied, n_expert=n_expert, n_ff_exp=n_ff_exp)
     tensors.update(tensor_overrides or {})
+    if transform is not None:
+        tensors = transform(dict(tensors))
     keys: dict[str, Any] = {
         "context_length": n_ctx, "embedding_length": n_embd, "block_count": n_layer,
         "feed_forward_length": n_ff, "attention.head_count": n_head, "attention.head_count_kv": n_head_kv,
@@ -97,7 +114,9 @@ def write_model(path: str | Path, *, arch: str = "qwen3", seed: int = 0, n_vocab
     for name, arr in tensors.items():
         if name in drop_tensors:
             continue
-        if quant_types and name in quant_types:
+        if isinstance(arr, Quantized):
+            w.add_tensor(name, arr.data, raw_dtype=arr.ggml_type)
+        elif quant_types and name in quant_types:
             w.add_tensor(name, arr, raw_dtype=quant_types[name])
         else:
             w.add_tensor(name, arr)
@@ -119,3 +138,94 @@ def _add(w: gguf.GGUFWriter, key: str, value: Any) -> None:
         w.add_string(key, value)
     else:
         w.add_array(key, list(value))
+
+
+# -- structure transforms (for `transform=`): tensors in, tensors out ---------------------------------
+
+
+def _blocks(t: dict[str, np.ndarray]) -> list[str]:
+    """The `blk.{i}.` prefixes present."""
+    return sorted({k[: k.index(".", 4) + 1] for k in t if k.startswith("blk.")}, key=lambda p: int(p[4:-1]))
+
+
+def fuse_qkv(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """attn_q/k/v (and their biases) -> one attn_qkv whose outputs are q | k | v (same weights)."""
+    for p in _blocks(t):
+        t[p + "attn_qkv.weight"] = np.concatenate([t.pop(p + f"attn_{r}.weight") for r in "qkv"])
+        if p + "attn_q.bias" in t:
+            t[p + "attn_qkv.bias"] = np.concatenate([t.pop(p + f"attn_{r}.bias") for r in "qkv"])
+    return t
+
+
+def pack_gate_up(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """ffn_gate + ffn_up -> one ffn_up of 2 n_ff outputs, gate | up (same weights)."""
+    for p in _blocks(t):
+        t[p + "ffn_up.weight"] = np.concatenate([t.pop(p + "ffn_gate.weight"), t[p + "ffn_up.weight"]])
+    return t
+
+
+def plain_ffn(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Drop ffn_gate: a plain FFN down(act(up x))."""
+    for p in _blocks(t):
+        t.pop(p + "ffn_gate.weight")
+    return t
+
+
+def shared_norm(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Drop ffn_norm (and its bias): the FFN reads the attention's normed input (a parallel block)."""
+    for p in _blocks(t):
+        t.pop(p + "ffn_norm.weight")
+        t.pop(p + "ffn_norm.bias", None)
+    return t
+
+
+def norm_biases(seed: int = 0, scale: float = 0.1) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """A transform adding a random bias to every attn_norm, ffn_norm and output_norm (LayerNorm with bias)."""
+
+    def add(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        for name in [k for k in t if k.endswith(("attn_norm.weight", "ffn_norm.weight")) or k == "output_norm.weight"]:
+            t[name.replace(".weight", ".bias")] = (rng.standard_normal(t[name].shape) * scale).astype(np.float32)
+        return t
+
+    return add
+
+
+def attn_output_bias(seed: int = 0, scale: float = 0.1) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """A transform adding a random bias to every attn_output."""
+
+    def add(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        for p in _blocks(t):
+            n = t[p + "attn_output.weight"].shape[0]
+            t[p + "attn_output.bias"] = (rng.standard_normal(n) * scale).astype(np.float32)
+        return t
+
+    return add
+
+
+def chain(*transforms: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+          ) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """Apply transforms left to right."""
+
+    def run(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for f in transforms:
+            t = f(t)
+        return t
+
+    return run
+
+
+def quantize(ggml_type: int, select: Callable[[str], bool] = lambda name: name.startswith("blk.")
+             ) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """A transform storing the selected 2-D weights in `ggml_type` (gguf-py's quantizer; rows are
+    quantized independently, so a fused or packed tensor holds exactly its parts' blocks)."""
+
+    def run(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name, arr in t.items():
+            if select(name) and arr.ndim == 2 and name.endswith(".weight"):
+                data = gguf.quants.quantize(np.ascontiguousarray(arr, np.float32), gguf.GGMLQuantizationType(ggml_type))
+                t[name] = Quantized(data.view(np.uint8).reshape(arr.shape[0], -1), int(ggml_type))
+        return t
+
+    return run

@@ -5,14 +5,21 @@ import warnings
 import numpy as np
 import pytest
 
-from archrun.compile import compile_gguf
-from archrun.descriptor import Descriptor, MoeSpec
-from archrun.errors import ArchrunWarning, MetadataError, MissingTensor, ShapeMismatch, UnknownVocabulary
+from archrun.compile import compile_gguf, describe
+from archrun.descriptor import MoeSpec
+from archrun.errors import (
+    ArchrunWarning,
+    MetadataError,
+    MissingTensor,
+    ShapeMismatch,
+    UnknownVocabulary,
+    UnsupportedArchitecture,
+)
 
 
 def test_qwen3_layout_compiles(synth_model):
     path = synth_model(arch="qwen3", head_dim=16, n_embd=32, n_head=4)  # head_dim != n_embd / n_head
-    d = Descriptor.from_gguf(path)
+    d = describe(path)
     a = d.layers[0].attention
     assert (a.n_head, a.n_head_kv, a.head_dim, a.qk_norm, a.qkv_bias) == (4, 2, 16, True, False)
     assert d.rope_tables[0].pairing == "neox" and d.rope_tables[0].n_rot == 16
@@ -20,23 +27,50 @@ def test_qwen3_layout_compiles(synth_model):
 
 
 def test_structure_is_inferred_from_tensor_presence(synth_model):
-    d = Descriptor.from_gguf(synth_model(arch="qwen2", qk_norm=False, qkv_bias=True, tied=True))
+    d = describe(synth_model(arch="qwen2", qk_norm=False, qkv_bias=True, tied=True))
     a = d.layers[0].attention
     assert a.qkv_bias and not a.qk_norm and d.tied_output
 
 
 def test_moe_layout_compiles_with_family_renormalisation(synth_model):
-    d = Descriptor.from_gguf(synth_model(arch="qwen3moe", n_expert=4, n_expert_used=2))
+    d = describe(synth_model(arch="qwen3moe", n_expert=4, n_expert_used=2))
     ffn = d.layers[0].ffn
     assert isinstance(ffn, MoeSpec)
     assert (ffn.n_expert, ffn.n_expert_used, ffn.n_ff, ffn.gating, ffn.weights_norm) == (4, 2, 16, "softmax", True)
 
 
-def test_generic_architecture_warns_with_assumptions(synth_model):
+MYSTERY_HINTS = {"rope_pairing": "neox", "attention": "causal", "activation": "silu", "residual": "sequential",
+                 "embed_scale": 1.0}
+
+
+def test_unknown_architecture_names_the_missing_conventions(synth_model):
+    """No family describes 'mystery': nothing is assumed; one error names every missing convention."""
     path = synth_model(arch="mystery")
-    with pytest.warns(ArchrunWarning, match="no family plugin describes architecture 'mystery'.*NEOX"):
-        result = compile_gguf(path)
-    assert result.family == "generic" and result.assumptions
+    with pytest.raises(UnsupportedArchitecture, match="no installed family plugin describes architecture "
+                                                      "'mystery'") as e:
+        compile_gguf(path)
+    for name in MYSTERY_HINTS:
+        assert name in str(e.value)
+    for given in MYSTERY_HINTS:  # any one left out is named alone
+        partial = {k: v for k, v in MYSTERY_HINTS.items() if k != given}
+        with pytest.raises(UnsupportedArchitecture, match=f"missing: {given} ") as e:
+            compile_gguf(path, hints=partial)
+        assert all(f"{k} (" not in str(e.value) for k in partial)
+
+
+def test_unknown_architecture_compiles_and_loads_with_hints(synth_model):
+    import archrun
+
+    path = synth_model(arch="mystery")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = compile_gguf(path, hints=MYSTERY_HINTS)
+    d = result.descriptor
+    assert result.family == "mystery" and result.hints.generic
+    assert d.rope_tables[0].pairing == "neox" and d.layers[0].ffn.activation == "silu"
+    assert (d.layers[0].residual, d.layers[0].attention.kind, d.embed_scale) == ("sequential", "causal", 1.0)
+    m = archrun.load(path, backend="reference", hints=MYSTERY_HINTS)
+    assert np.isfinite(m.logits([1, 2, 3])).all()
 
 
 def test_unused_keys_are_reported(synth_model):
@@ -96,22 +130,29 @@ def test_family_hook_supplies_what_files_omit(synth_model):
     from archrun.plugins import make_plugin_manager
 
     path = synth_model(arch="llama", qk_norm=False)
-    assert compile_gguf(path).descriptor.rope_tables[0].pairing == "norm"
-    pm = make_plugin_manager(names=["blocks"])  # no family plugin for llama: generic NEOX
-    with pytest.warns(ArchrunWarning):
-        assert compile_gguf(path, plugins=pm).descriptor.rope_tables[0].pairing == "neox"
+    result = compile_gguf(path)
+    assert result.family == "llama" and result.descriptor.rope_tables[0].pairing == "norm"
+    pm = make_plugin_manager(names=["blocks"])  # no family plugin for llama: nothing is assumed
+    with pytest.raises(UnsupportedArchitecture, match="rope_pairing"):
+        compile_gguf(path, plugins=pm)
+    hints = dict(MYSTERY_HINTS, rope_pairing="norm")
+    assert compile_gguf(path, plugins=pm, hints=hints).descriptor == result.descriptor
+    # a caller's hint goes on top of the family's
+    assert compile_gguf(path, hints={"rope_pairing": "neox"}).descriptor.rope_tables[0].pairing == "neox"
 
 
 def test_archrun_describe_family_firstresult_prefers_later_plugin(synth_model):
     import pluggy
 
-    from archrun.compile import FamilyHints
+    from archrun.family import TRANSFORMER, FamilyHints
     from archrun.plugins import make_plugin_manager
 
     class Override:
         @pluggy.HookimplMarker("archrun")
         def archrun_describe_family(self, architecture):
-            return FamilyHints(name="mine", rope_pairing="norm") if architecture == "qwen3" else None
+            if architecture != "qwen3":
+                return None
+            return FamilyHints(name="mine", rope_pairing="norm", activation="silu", embed_scale=1.0, **TRANSFORMER)
 
     pm = make_plugin_manager(extra=[Override()])
     result = compile_gguf(synth_model(), plugins=pm)

@@ -94,10 +94,10 @@ def test_fused_block_with_biases_and_without_qk_norm(synth_model, t):
 @pytest.mark.parametrize("name", fixtures(*LEVEL0, "gemma3"))
 def test_dense_fixtures_decode_one_call_per_layer(name):
     """Every dense fixture decodes fused on the fast backend; the reference backend keeps the op path."""
-    fast = archrun.load(TINY / f"{name}.gguf")
+    fast = archrun.load(TINY[name])
     if not any(lp.spec.is_moe for lp in fast.plan.layers):
         assert fast.fused_blocks is not None and len(fast.fused_blocks) == fast.descriptor.n_layer
-    assert archrun.load(TINY / f"{name}.gguf", backend="reference").fused_blocks is None
+    assert archrun.load(TINY[name], backend="reference").fused_blocks is None
 
 
 def decode_paths_agree(m, n_tokens):

@@ -55,11 +55,12 @@ def test_third_party_op_is_registered_and_attributed():
     class Mine:
         @hookimpl
         def archrun_register_vocabulary(self, register):
-            register(Op("ffn", "relu2", lambda: None, doc="relu(gate)^2 * up"))
+            register(Op("activation", "squareplus", lambda: None, doc="(x + sqrt(x^2 + 4)) / 2"))
 
     vocab = build_vocabulary(make_plugin_manager(names=["blocks"], extra=[Mine()]))
-    assert ("ffn", "relu2") in vocab
-    assert vocab.entry("ffn", "swiglu").plugin == "blocks"
+    assert ("activation", "squareplus") in vocab
+    assert vocab.entry("activation", "squareplus").plugin != "blocks"
+    assert vocab.entry("activation", "silu").plugin == "blocks"
 
 
 def test_every_hookspec_is_documented_and_tested():

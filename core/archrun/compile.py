@@ -337,6 +337,8 @@ class _Geometry:
             raise MetadataError(f"rope.dimension_count {self.n_rot} exceeds the head width {self.head_dim}")
         self.pairing = (conv.need("rope_pairing") or "") if self.n_rot and not all(self.nope) else NO_ROPE
         self.attention_kind = conv.need("attention")
+        self.leading_dense = _bounded(meta.key("leading_dense_block_count"),
+                                      meta.get("leading_dense_block_count", int, 0), 0, n_block)
         self.residual = conv.need("residual")
 
     def _sliding_layers(self) -> tuple[bool, ...]:
@@ -411,6 +413,9 @@ class _Geometry:
     def layer(self, i: int) -> LayerSpec:
         t, d = self.t, self.n_embd
         t.expect("attn_norm", i, (d,))
+        if i < self.leading_dense and t.has("ffn_gate_inp", i):
+            raise MetadataError(f"layer {i} has a router but leading_dense_block_count says the first "
+                                f"{self.leading_dense} layers are dense")
         ffn_norm = _vector_if_present(t, "ffn_norm", i, d)
         return LayerSpec(
             attention=self._attention(i),

@@ -2,10 +2,10 @@
 
 A layer runs fused when every op bound to it carries a kernel part (archrun.kernels.parts:
 `op.fused`, and the residual op's `fused_input`) and every weight is prepared for the fast
-kernels. Dense layers run archrun.kernels.layer.decode_block (as decode_layer, their arguments
-in one typed list), whose parts are first-class function values: any op, from any plugin,
-decodes fused. A layer whose FFN op brings its own layer kernel (`ffn_op.fused_layer`, e.g. a
-mixture of experts) runs that. Ops without parts, and the reference backend, keep the op-by-op
+kernels. Dense layers run archrun.kernels.layer.decode_layer (their arguments in one typed
+list), whose parts are first-class function values: any op, from any plugin, decodes fused.
+A layer whose FFN op brings its own layer kernel (`ffn_op.fused_layer`, e.g. a mixture of
+experts) runs that. Ops without parts, and the reference backend, keep the op-by-op
 path, which computes the same block. The core only moves parts and arrays into the kernel: it
 knows no math.
 
@@ -50,7 +50,7 @@ class FusedBlock:
     """One layer's decode step as one kernel call: `fb(x, slot, start, angles)` updates x f32 [d] in place."""
 
     def __init__(self, kernel: Any, args: tuple, slot_arrays: Any, rope: int, parallel: bool):
-        self._kernel = kernel       # layer.decode_block (decode_layer) or an FFN op's layer kernel
+        self._kernel = kernel       # layer.decode_layer or an FFN op's layer kernel
         self._args = args           # the kernel's arguments before the cache ones
         self._slot_arrays = slot_arrays
         self._rope = rope           # index into the per-token rope angles (-1: no rope)
@@ -120,7 +120,7 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
     rope_index = a.rope if rope is not None else -1
     if not isinstance(lp.ffn, DenseFfn):  # an FFN op with its own layer kernel (e.g. MoE)
         fused_layer = getattr(lp.ffn.moe, "fused_layer", None)
-        common = (qkv, o, _vecs(lp), _geo(lp, rope is not None, [-1] * 4), fns, params)
+        common = typed_list([(qkv, o, _vecs(lp), _geo(lp, rope is not None, [-1] * 4), fns, params)])
         made = fused_layer(lp.ffn.weights, common) if fused_layer is not None else None
         if made is None:
             return None
@@ -135,7 +135,8 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
         ids = [_group_id(groups, ms, n_in) for ms, n_in in zip((qkv, o, gate_up, down), widths, strict=True)]
     args = (qkv, o, gate_up, down, _vecs(lp), _geo(lp, rope is not None, ids), fns, params)
     parallel = lp.o.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES
-    return FusedBlock(layer.decode_block, args, lp.attention.slot_arrays, rope_index, parallel)
+    return FusedBlock(layer.decode_layer, (typed_list([args]), np.int64(0)), lp.attention.slot_arrays, rope_index,
+                      parallel)
 
 
 def fuse_layers(plan: Any, groups: list[tuple] | None = None) -> list[FusedBlock] | None:
@@ -151,17 +152,17 @@ def fuse_layers(plan: Any, groups: list[tuple] | None = None) -> list[FusedBlock
 
 
 def _share_dense_args(blocks: list[FusedBlock]) -> None:
-    """Dense layers call layer.decode_layer with their arguments in one typed list (when all of
-    them have one numba type, as every dense layer built here does)."""
-    dense = [fb for fb in blocks if fb._kernel is layer.decode_block]
+    """Dense layers share one typed list of their arguments (when all of them have one numba type,
+    as every dense layer built here does; else each keeps its own one-item list)."""
+    dense = [fb for fb in blocks if fb._kernel is layer.decode_layer]
     if not dense:
         return
     try:
-        layers = typed_list([fb._args for fb in dense])
-    except TypingError:  # layers of different argument types: keep the per-layer arguments
+        layers = typed_list([fb._args[0][0] for fb in dense])
+    except TypingError:  # layers of different argument types: keep the per-layer lists
         return
     for i, fb in enumerate(dense):
-        fb._kernel, fb._args = layer.decode_layer, (layers, np.int64(i))
+        fb._args = (layers, np.int64(i))
 
 
 class DecodeSteps:
@@ -175,8 +176,7 @@ class DecodeSteps:
         self._head_id = _group_id(groups, head, plan.output.n_in) if head is not None else -1
         self._head = head
         self._output = plan.output
-        dense = self.blocks is not None and all(fb._kernel in (layer.decode_block, layer.decode_layer)
-                                                for fb in self.blocks)
+        dense = self.blocks is not None and all(fb._kernel is layer.decode_layer for fb in self.blocks)
         self._groups = groups if dense and head is not None and pool.enabled() else None
         self._pool: pool.DecodePool | None = None
 

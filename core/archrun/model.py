@@ -192,13 +192,18 @@ def _bind_rope(b: _Binder, spec) -> Any:
 
 def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     a = spec.attention
+    residual = b.op("residual", spec.residual, spec.residual_scale)
+    if not spec.ffn_norm and not getattr(residual, "ffn_reads_input", False):
+        # only a topology whose FFN reads the block's input can share the attention's norm
+        raise MissingTensor(f"block {i} has no {b.d.tensor_name('ffn_norm', i)!r}, which its residual topology "
+                            f"{spec.residual!r} needs")
     lp = LayerPlan(
         spec=spec,
         attn_norm=b.vector("attn_norm", i),
         qkv=_bind_qkv(b, i, spec),
         o=b.matrix("attn_output", i, "attn_output.bias" if a.output_bias else None),
         attention=b.op("attention", a.kind, a),
-        residual=b.op("residual", spec.residual, spec.residual_scale),
+        residual=residual,
         ffn_norm=b.vector("ffn_norm", i) if spec.ffn_norm else None,
         ffn=_bind_moe(b, i, spec.ffn) if isinstance(spec.ffn, MoeSpec) else _bind_dense(b, i, spec.ffn),
     )

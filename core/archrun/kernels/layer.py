@@ -8,7 +8,7 @@ first-class function value (a `kernels.parts.Part`) taken from the layer's argum
 compiled kernel runs every combination of built-in and third-party ops.
 
 A dense layer's arguments, built by archrun.fusion (one tuple; `decode_layer` takes a typed
-list of them):
+list of them, built once at load):
 
   qkv, o_mat, gate_up, down   product groups: 3 uniform matrices each (kernels.block), absent
                               ones padding: (q, k, v) or (q|k|v, -, -); (o, -, -);
@@ -120,25 +120,16 @@ def _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par):
 
 
 @njit(**JIT)
-def decode_block(x, qkv, o_mat, gate_up, down, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin,
-                 chunks, par):
+def decode_layer(x, layers, i, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
     """One decoder block with a dense FFN on one token; x f32 [d] is updated in place.
 
-    The token's K/V go to cache row `row` of kc [cap, KV, hd] / vc [cap, KV, vd] (ring slots
-    also record kpos[row] = pos); cos/sin [n_rot / 2] are the rotary angles at `pos`.
+    The layer's arguments (qkv .. params, see the module docstring) are layers[i], a numba typed
+    list: one list argument instead of ~150 arrays makes the call from Python ~15 us cheaper
+    (numba unboxes every array of a call's arguments), and the parts' function values are
+    converted once, when the list is built. The token's K/V go to cache row `row` of
+    kc [cap, KV, hd] / vc [cap, KV, vd] (ring slots also record kpos[row] = pos); cos/sin
+    [n_rot / 2] are the rotary angles at `pos`.
     """
-    a, h = attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks,
-                           par)
-    g = ffn_input(x, a, h, vecs, fns, params)
-    f = _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par)
-    join(x, a, f, vecs, fns, params)
-
-
-@njit(**JIT)
-def decode_layer(x, layers, i, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
-    """decode_block of layer i, whose arguments (qkv .. params) are layers[i] (a numba typed list):
-    one list argument instead of ~150 arrays makes the call from Python ~15 us cheaper (numba
-    unboxes every array of a call's arguments)."""
     qkv, o_mat, gate_up, down, vecs, geo, fns, params = layers[i]
     a, h = attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks,
                            par)

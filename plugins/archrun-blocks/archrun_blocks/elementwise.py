@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, typed
 
 from archrun.errors import ShapeMismatch
 from archrun.kernels._jit import JIT, JIT_PAR
+from archrun.kernels.parts import part
 from archrun_blocks import parts
 
 _F32 = np.float32
@@ -31,13 +32,15 @@ def _need(cond: bool, what) -> None:
 
 _F32_DTYPE = np.dtype(np.float32)
 _NONE = np.empty(0, np.float32)
+_ROPE = part(parts.rope)  # the rope part (its parameters vary per call)
 
 
-def _part_value(fn) -> None:
+def _part_handle(fn) -> None:
     # a bare numba function would make the kernel compile (and cache) a version for that very
-    # function, in every process: kernels take a part's first-class value (Part.value, a 1-tuple)
-    if not (isinstance(fn, tuple) and len(fn) == 1):
-        raise TypeError(f"expected a kernel part's value (archrun.kernels.parts.Part.value), got {fn!r}")
+    # function, in every process, and a (fn,) tuple costs ~0.1 ms a call to convert: kernels take
+    # a part's handle (Part.handle, a typed list built once)
+    if not isinstance(fn, typed.List):
+        raise TypeError(f"expected a kernel part's handle (archrun.kernels.parts.Part.handle), got {fn!r}")
 
 
 def _f32(a, name: str, ndim: int) -> None:
@@ -56,14 +59,14 @@ def _f32(a, name: str, ndim: int) -> None:
 @njit(**JIT)
 def _norm_rows(fn, p, x, w, b, out):
     for t in range(x.shape[0]):
-        fn[0](p, x[t], w, b, out[t])
+        fn[0][0](p, x[t], w, b, out[t])
 
 
 def norm_rows(fn, params: np.ndarray, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
     """The norm part fn over the rows of x[n, d] with weight w[d] (and bias b[d]) -> float32 [n, d].
 
-    fn is the part's first-class value (archrun.kernels.parts.Part.value)."""
-    _part_value(fn)
+    fn is the part's handle (archrun.kernels.parts.Part.handle)."""
+    _part_handle(fn)
     _f32(x, "x", 2)
     _f32(w, "w", 1)
     _need(w.shape[0] == x.shape[1], lambda: f"norm weight {w.shape} does not match x {x.shape}")
@@ -80,7 +83,7 @@ def _rope_rows(fn, p, x, cos, sin, out):
     n, n_head, hd = x.shape
     out[:] = x
     for t in range(n):
-        fn[0](p, out[t].reshape(n_head * hd), n_head, hd, cos[t], sin[t])
+        fn[0][0](p, out[t].reshape(n_head * hd), n_head, hd, cos[t], sin[t])
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool) -> np.ndarray:
@@ -98,23 +101,23 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool
           lambda: f"cos/sin {cos.shape}/{sin.shape} must be [{n}, {n_rot // 2}]")
     out = np.empty(x.shape, np.float32)
     params = np.array([n_rot, 1.0 if neox else 0.0])
-    _rope_rows((parts.rope,), params, np.ascontiguousarray(x), np.ascontiguousarray(cos), np.ascontiguousarray(sin),
+    _rope_rows(_ROPE.handle, params, np.ascontiguousarray(x), np.ascontiguousarray(cos), np.ascontiguousarray(sin),
                out)
     return out
 
 
 @njit(**JIT)
 def _act_rows(fn, p, gate, up, out):
-    fn[0](p, gate, out)
+    fn[0][0](p, gate, out)
     if up.shape[0]:
         for i in range(out.shape[0]):
             out[i] = out[i] * up[i]
 
 
 def activation(fn, params: np.ndarray, gate: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
-    """The activation part fn (its first-class value, Part.value) of gate (any shape, float32), times up
-    (same shape) when given."""
-    _part_value(fn)
+    """The activation part fn (its handle, Part.handle) of gate (any shape, float32), times up (same
+    shape) when given."""
+    _part_handle(fn)
     _f32(gate, "gate", gate.ndim if isinstance(gate, np.ndarray) else 2)
     if up is not None:
         _need(isinstance(up, np.ndarray) and up.dtype == np.float32 and up.shape == gate.shape,

@@ -33,7 +33,7 @@ def _norm(fn, eps: float):
     def norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         shape = x.shape
         x2 = np.ascontiguousarray(x, dtype=F32).reshape(-1, shape[-1])
-        return elementwise.norm_rows(p.value, p.params, x2, w, b).reshape(shape)
+        return elementwise.norm_rows(p.handle, p.params, x2, w, b).reshape(shape)
 
     norm.fused = p  # lets archrun.fusion run it inside a fused decode block
     return norm
@@ -112,7 +112,7 @@ def _activation(fn):
     p = part(fn)
 
     def act(x: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
-        return elementwise.activation(p.value, p.params, np.ascontiguousarray(x, dtype=F32),
+        return elementwise.activation(p.handle, p.params, np.ascontiguousarray(x, dtype=F32),
                                       None if up is None else np.ascontiguousarray(up, dtype=F32))
 
     act.fused = p
@@ -221,21 +221,22 @@ class _FastMoe:
         x = np.ascontiguousarray(x, dtype=F32)
         out = np.empty_like(x)
         chunks = qmatrix.current_threads() if _big(w) else 1
-        mk.moe_rows(x, out, *a, self.rp, self.scale, self.gate_part.value, self.gate_part.params,
-                    self.act_part.value, self.act_part.params, chunks)
+        mk.moe_rows(x, out, *a, self.rp, self.scale, self.gate_part.handle, self.gate_part.params,
+                    self.act_part.handle, self.act_part.params, chunks)
         return out
 
     def fused_layer(self, w, common: tuple):
         """(kernel, args, parallel) of a whole decode layer with this FFN, or None.
 
-        common: the layer's (qkv, o_mat, vecs, geo, fns, params) as archrun.kernels.layer
-        documents them; the kernel is called as kernel(x, *args, kc, vc, kpos, ring, row, pos,
-        cos, sin, chunks, par).
+        common: a typed list holding the layer's (qkv, o_mat, vecs, geo, fns, params) as
+        archrun.kernels.layer documents them; the kernel is called as kernel(x, *args, kc, vc,
+        kpos, ring, row, pos, cos, sin, chunks, par).
         """
         a = self.arrays(w)
         if a is None:
             return None
-        args = (*common, *a, self.rp, self.scale, self.gate_part.value, self.gate_part.params)
+        args = (common, *a, self.rp, self.scale, self.gate_part.handle, self.gate_part.params,
+                self.act_part.handle, self.act_part.params)
         return mk.decode_moe_layer, args, _big(w)
 
 

@@ -183,7 +183,7 @@ def route_rows(logits, probs_bias, rp, scale, gate_fn, gate_p, ids, wts):
     of the probs of the gating part gate_fn)."""
     probs = np.empty(logits.shape[1], _F32)
     for t in range(logits.shape[0]):
-        gate_fn[0](gate_p, logits[t], probs)
+        gate_fn[0][0](gate_p, logits[t], probs)
         choose(probs, probs_bias, rp, scale, ids[t], wts[t])
 
 
@@ -199,7 +199,7 @@ def _gated_ffn(gate_up, down, x, act_fn, act_p, chunks):
     block.product_rows(gate_up, x, gu, chunks)
     a = np.empty((m, f), _F32)
     for i in range(m):
-        act_fn[0](act_p, gu[i][:f], a[i])
+        act_fn[0][0](act_p, gu[i][:f], a[i])
         for c in range(f):
             a[i, c] = a[i, c] * gu[i, f + c]
     y = np.empty((m, down[0][block._NOUT]), _F32)
@@ -233,7 +233,7 @@ def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, rp, sc
              chunks):
     """out f32 [n, d] = the MoE FFN of h f32 [n, d] (C-contiguous); arguments as `moe_arrays` builds
     them, rp (RP_* fields) and scale the routing parameters, gate_fn/act_fn the gating's and the
-    experts' activation's kernel parts (first-class values, Part.value). Products split over `chunks`
+    experts' activation's kernel parts (their handles, Part.handle). Products split over `chunks`
     threads."""
     n, d = h.shape
     absent = router[1]
@@ -268,19 +268,21 @@ def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, rp, sc
 
 
 @njit(**JIT)
-def decode_moe_layer(x, qkv, o_mat, vecs, geo, fns, params, router, experts, shared_gu, shared_down, probs_bias, rp,
-                     moe_scale, gate_fn, gate_p, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+def decode_moe_layer(x, common, router, experts, shared_gu, shared_down, probs_bias, rp, moe_scale, gate_fn, gate_p,
+                     act_fn, act_p, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
     """One decoder block with a MoE FFN on one token; x f32 [d] is updated in place.
 
-    The attention sub-block and the residual joins are archrun.kernels.layer's (qkv .. params
-    as it documents; geo's FFN fields unused); the FFN is `moe_rows` with the experts'
-    activation fns[F_ACT]. The expert list is a top-level argument: numba types a typed list
+    common[0] holds the layer's (qkv, o_mat, vecs, geo, fns, params) as archrun.kernels.layer
+    documents them (geo's FFN fields unused); its attention sub-block and residual joins run
+    here, and the FFN is `moe_rows` (gate_fn/act_fn: the handles of the gating and activation
+    parts). The list and the expert list are top-level arguments: numba types a typed list
     nested in a tuple through its slow path, every array of the tuple included (~7 ms a call).
     """
+    qkv, o_mat, vecs, geo, fns, params = common[0]
     a, h = layer.attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin,
                                  chunks, par)
     g = layer.ffn_input(x, a, h, vecs, fns, params)
     f = np.empty((1, x.shape[0]), _F32)
     moe_rows(g.reshape(1, x.shape[0]), f, router, experts, shared_gu, shared_down, probs_bias, rp, moe_scale,
-             gate_fn, gate_p, fns[layer.F_ACT], params[layer.P_ACT], chunks)
+             gate_fn, gate_p, act_fn, act_p, chunks)
     layer.join(x, a, f[0], vecs, fns, params)

@@ -281,6 +281,8 @@ def relu2():
 class Sequential:
     """x -> h = x + s attn(x) -> h + s ffn(h): the FFN reads the stream after the attention."""
 
+    ffn_reads_input = False  # the FFN needs its own norm (it cannot share the attention's)
+
     def __init__(self, scale: float = 1.0):
         self.scale = F32(scale)
 
@@ -293,6 +295,8 @@ class Sequential:
 
 class Parallel:
     """x -> x + s (attn(x) + ffn(x)): attention and FFN read the same input."""
+
+    ffn_reads_input = True  # a block without an FFN norm may share the attention's normed input
 
     def __init__(self, scale: float = 1.0):
         self.scale = F32(scale)

@@ -1,11 +1,11 @@
-"""The decode attention kernel (kernels.decode_attention) against the reference attention op."""
+"""The decode attention kernel (archrun_blocks.decode_attention) against the reference attention op."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from archrun.kernels.decode_attention import attend_one, exp_shifted, visible_rows
+from archrun_blocks.decode_attention import attend_one, exp_shifted, visible_rows
 from archrun_blocks.reference import attend
 
 RNG = np.random.default_rng(3)
@@ -23,17 +23,19 @@ def test_exp_shifted_is_float32_accurate():
     assert np.all((tiny >= 0) & (tiny < 2e-38))
 
 
+@pytest.mark.parametrize("softcap", [0.0, 2.5])
 @pytest.mark.parametrize(("n_head", "n_kv", "hd", "vd", "count"),
                          [(9, 3, 64, 64, 150), (4, 1, 256, 256, 7), (2, 2, 24, 16, 1), (8, 2, 32, 32, 33)])
-def test_attend_one_matches_reference(n_head, n_kv, hd, vd, count):
+def test_attend_one_matches_reference(n_head, n_kv, hd, vd, count, softcap):
     cap = count + 9
     kc = RNG.standard_normal((cap, n_kv, hd)).astype(np.float32)
     vc = RNG.standard_normal((cap, n_kv, vd)).astype(np.float32)
     q = RNG.standard_normal(n_head * hd).astype(np.float32) * 2
     rows = RNG.permutation(cap)[:count].astype(np.int64)  # any rows, in any order (ring slots)
     out = np.empty(n_head * vd, np.float32)
-    attend_one(q, kc, vc, rows, count, n_head, 0.125, out)
-    ref = attend(q.reshape(1, n_head, hd), kc[rows], vc[rows], np.array([count]), np.arange(count), 0.125, 0)
+    attend_one(q, kc, vc, rows, count, n_head, 0.125, softcap, out)
+    ref = attend(q.reshape(1, n_head, hd), kc[rows], vc[rows], np.array([count]), np.arange(count), 0.125, 0,
+                 softcap)
     np.testing.assert_allclose(out, ref.reshape(-1), rtol=0, atol=1e-5 * np.abs(ref).max())
 
 

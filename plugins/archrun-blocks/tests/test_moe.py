@@ -1,4 +1,4 @@
-"""The MoE kernel (archrun.kernels.moe) against the reference routing and mixture (archrun_blocks.reference).
+"""The MoE kernels (archrun_blocks.moe_kernels) against the reference routing and mixture (archrun_blocks.reference).
 
 Routing is compared exactly (selected ids, including ties, the group limit and the selection
 bias); the mixture against reference.moe_topk on the same weights: with fast-backend matrices
@@ -13,23 +13,24 @@ from gguf.constants import GGMLQuantizationType as T
 
 from archrun.descriptor import MoeSpec
 from archrun.errors import ShapeMismatch
-from archrun.kernels import moe as kmoe
 from archrun.weights import Matrix, MoeWeights
-from archrun_blocks import fast, reference
+from archrun_blocks import fast, parts, reference
+from archrun_blocks import moe_kernels as mk
 
 F32 = np.float32
-GATINGS = {"softmax": kmoe.GATING_SOFTMAX, "sigmoid": kmoe.GATING_SIGMOID}
+GATINGS = {"softmax": (parts.gating_softmax,), "sigmoid": (parts.gating_sigmoid,)}  # the gating parts' values
+_NO_PARAMS = np.zeros(1)
 
 
 def spec(**kw) -> MoeSpec:
-    base = dict(kind="topk", expert_kind="swiglu", n_expert=8, n_expert_used=2, n_ff=16, gating="softmax",
+    base = dict(kind="topk", activation="silu", n_expert=8, n_expert_used=2, n_ff=16, gating="softmax",
                 weights_norm=False)
     base.update(kw)
     return MoeSpec(**base)
 
 
-def rp(s: MoeSpec, act: int = 0) -> tuple:
-    return (GATINGS[s.gating], act, s.n_expert_used, s.n_group, s.n_group_used, int(s.weights_norm))
+def rp(s: MoeSpec) -> tuple:
+    return (s.n_expert_used, s.n_group, s.n_group_used, int(s.weights_norm))
 
 
 def kernel_route(probs_or_logits, bias, s: MoeSpec, from_logits: bool):
@@ -37,10 +38,10 @@ def kernel_route(probs_or_logits, bias, s: MoeSpec, from_logits: bool):
     ids, wts = np.empty((n, k), np.int64), np.empty((n, k), F32)
     pb = np.empty(0, F32) if bias is None else bias
     if from_logits:
-        kmoe.route_rows(probs_or_logits, pb, rp(s), s.weights_scale, ids, wts)
+        mk.route_rows(probs_or_logits, pb, rp(s), s.weights_scale, GATINGS[s.gating], _NO_PARAMS, ids, wts)
     else:
         for t in range(n):
-            kmoe.choose(probs_or_logits[t], pb, rp(s), s.weights_scale, ids[t], wts[t])
+            mk.choose(probs_or_logits[t], pb, rp(s), s.weights_scale, ids[t], wts[t])
     return ids, wts
 
 
@@ -129,7 +130,7 @@ def _weights(seed, s: MoeSpec, d, types, backend="fast", shared=0, router_bias=F
     )
 
 
-def _ops(s: MoeSpec, act: str = "swiglu"):
+def _ops(s: MoeSpec, act: str = "silu"):
     """(fast op, reference op) of one spec."""
     fast_op = fast.moe_topk(s, getattr(fast, f"gating_{s.gating}")(), getattr(fast, act)())
     ref_op = reference.moe_topk(s, getattr(reference, f"gating_{s.gating}")(), getattr(reference, act)())
@@ -166,11 +167,11 @@ def test_fast_moe_matches_the_op_path(mix, cfg, n):
     w = _weights(1, s, d, types, **extras)
     fast_op, ref_op = _ops(s)
     x = np.random.default_rng(2).standard_normal((n, d)).astype(F32)
-    assert isinstance(fast_op.kernel, kmoe.MoeKernel)
+    assert fast_op.arrays(w) is not None  # the kernel runs, not the reference mixture
     assert _rel(fast_op(x, w), ref_op(x, w)) <= 1e-5
 
 
-@pytest.mark.parametrize("act", ["swiglu", "geglu_tanh"])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "gelu", "relu2"])
 @pytest.mark.parametrize("n", [1, 5])
 def test_float32_moe_matches_the_reference_backend(act, n):
     """float32 weights: the kernel (no activation quantization) against dense float32 reference matrices."""
@@ -197,7 +198,7 @@ def test_kernel_arrays_are_built_once_per_weights():
     s = spec(n_ff=32)
     w = _weights(7, s, 64, (T.F32, T.Q8_0, T.Q8_0, T.F32))
     fast_op, _ = _ops(s)
-    assert fast_op.kernel.arrays(w) is fast_op.kernel.arrays(w)
+    assert fast_op.arrays(w) is fast_op.arrays(w)
 
 
 def test_bad_input_is_refused_before_the_kernel():
@@ -212,7 +213,14 @@ def test_bad_input_is_refused_before_the_kernel():
         _ops(spec(n_expert=9, n_ff=32))[0](np.zeros((1, 64), F32), w)
 
 
-def test_ops_without_kernel_descriptions_keep_the_reference_mixture():
-    s = spec()
-    op = fast.moe_topk(s, lambda logits: logits, fast.swiglu())
-    assert not hasattr(op, "kernel")
+def test_ops_without_kernel_parts_keep_the_reference_mixture():
+    """A gating (or activation) op without a kernel part: the fast moe op runs the reference mixture
+    and offers no fused layer."""
+    s = spec(n_ff=32)
+    w = _weights(9, s, 64, (T.F32, T.Q8_0, T.Q8_0, T.F32))
+    _, ref_op = _ops(s)
+    x = np.random.default_rng(9).standard_normal((3, 64)).astype(F32)
+    for gating, act in ((reference.gating_softmax(), fast.silu()), (fast.gating_softmax(), reference.silu())):
+        op = fast.moe_topk(s, gating, act)
+        assert op.arrays(w) is None and op.fused_layer(w, ()) is None
+        assert _rel(op(x, w), ref_op(x, w)) <= 1e-6

@@ -8,7 +8,7 @@ from archrun_blocks.reference import gating_sigmoid, gating_softmax, route
 
 
 def spec(**kw):
-    base = dict(kind="topk", expert_kind="swiglu", n_expert=8, n_expert_used=2, n_ff=4, gating="sigmoid",
+    base = dict(kind="topk", activation="silu", n_expert=8, n_expert_used=2, n_ff=4, gating="sigmoid",
                 weights_norm=False)
     base.update(kw)
     return MoeSpec(**base)
