@@ -13,12 +13,14 @@ from gguf.constants import GGMLQuantizationType as T
 
 from archrun.descriptor import MoeSpec
 from archrun.errors import ShapeMismatch
+from archrun.kernels.parts import part
 from archrun.weights import Matrix, MoeWeights
 from archrun_blocks import fast, parts, reference
 from archrun_blocks import moe_kernels as mk
 
 F32 = np.float32
-GATINGS = {"softmax": (parts.gating_softmax,), "sigmoid": (parts.gating_sigmoid,)}  # the gating parts' values
+GATINGS = {"softmax": part(parts.gating_softmax).handle,  # the gating parts' handles, as the MoE op passes them
+           "sigmoid": part(parts.gating_sigmoid).handle}
 _NO_PARAMS = np.zeros(1)
 
 
