@@ -27,8 +27,8 @@ _NO_POS = np.empty(0, np.int64)
 # -- norms ---------------------------------------------------------------------------------------
 
 
-def _norm(fn, eps: float):
-    p = part(fn, eps)
+def _norm(fn, eps: float, offset: float = 0.0):
+    p = part(fn, eps, offset)
 
     def norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         shape = x.shape
@@ -47,6 +47,16 @@ def rms_norm(eps: float):
 def layer_norm(eps: float):
     """LayerNorm over the last axis (any leading shape)."""
     return _norm(parts.layer_norm, eps)
+
+
+def rms_norm_1p(eps: float):
+    """RMSNorm with unit-offset weights: the part's weight offset is 1."""
+    return _norm(parts.rms_norm, eps, 1.0)
+
+
+def layer_norm_1p(eps: float):
+    """LayerNorm with unit-offset weights (LayerNorm1p)."""
+    return _norm(parts.layer_norm, eps, 1.0)
 
 
 # -- rope ----------------------------------------------------------------------------------------

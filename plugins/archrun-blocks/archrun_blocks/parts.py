@@ -25,25 +25,26 @@ _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _EXACT = dict(cache=True, nogil=True)
 
 
-# -- norms: p = (eps,) ---------------------------------------------------------------------------
+# -- norms: p = (eps, weight offset) ---------------------------------------------------------------------------
 
 
 @njit(SIGNATURES["norm"], **JIT)
 def rms_norm(p, x, w, b, out):
-    """out = x / sqrt(mean(x^2) + eps) * w (+ b); the sum of squares in float64."""
+    """out = x / sqrt(mean(x^2) + eps) * (w + offset) (+ b); the sum of squares in float64."""
     ss = 0.0
     for i in range(x.shape[0]):
         ss += np.float64(x[i]) * x[i]
     r = _F32(1.0 / math.sqrt(ss / x.shape[0] + p[0]))
+    off = _F32(p[1])
     for i in range(x.shape[0]):
-        out[i] = x[i] * r * w[i]
+        out[i] = x[i] * r * (w[i] + off)
     for i in range(b.shape[0]):
         out[i] += b[i]
 
 
 @njit(SIGNATURES["norm"], **JIT)
 def layer_norm(p, x, w, b, out):
-    """out = (x - mean(x)) / sqrt(var(x) + eps) * w (+ b); mean and variance in float64."""
+    """out = (x - mean(x)) / sqrt(var(x) + eps) * (w + offset) (+ b); mean and variance in float64."""
     n = x.shape[0]
     s = 0.0
     for i in range(n):
@@ -54,8 +55,9 @@ def layer_norm(p, x, w, b, out):
         dx = x[i] - mean
         ss += dx * dx
     r = 1.0 / math.sqrt(ss / n + p[0])
+    off = _F32(p[1])
     for i in range(n):
-        out[i] = _F32((x[i] - mean) * r) * w[i]
+        out[i] = _F32((x[i] - mean) * r) * (w[i] + off)
     for i in range(b.shape[0]):
         out[i] += b[i]
 

@@ -14,6 +14,9 @@ hookimpl = pluggy.HookimplMarker("archrun")
 def archrun_register_vocabulary(register) -> None:
     register(Op("norm", "rms", reference.rms_norm, fast.rms_norm, "RMSNorm over the last axis (+ bias if present)"))
     register(Op("norm", "layer", reference.layer_norm, fast.layer_norm, "LayerNorm over the last axis (+ bias)"))
+    register(Op("norm", "rms_1p", reference.rms_norm_1p, fast.rms_norm_1p, "RMSNorm with unit-offset weights (1 + w)"))
+    register(Op("norm", "layer_1p", reference.layer_norm_1p, fast.layer_norm_1p,
+                "LayerNorm with unit-offset weights (LayerNorm1p)"))
     register(Op("rope", "neox", reference.rope_neox, fast.rope_neox, "rotate (x[i], x[i+n_rot/2])"))
     register(Op("rope", "norm", reference.rope_norm, fast.rope_norm, "rotate (x[2i], x[2i+1])"))
     register(Op("attention", "causal", reference.CausalAttention, fast.causal_attention,

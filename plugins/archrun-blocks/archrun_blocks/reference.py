@@ -20,28 +20,38 @@ F32 = np.float32
 # -- norms -----------------------------------------------------------------------------------
 
 
-def rms_norm(eps: float):
-    """RMSNorm: x / sqrt(mean(x^2) + eps) * w (+ b), over the last axis."""
+def rms_norm(eps: float, offset: float = 0.0):
+    """RMSNorm: x / sqrt(mean(x^2) + eps) * (w + offset) (+ b), over the last axis."""
 
     def norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         ms = np.mean(np.square(x, dtype=F32), axis=-1, keepdims=True, dtype=F32)
-        y = (x / np.sqrt(ms + F32(eps))) * w
+        y = (x / np.sqrt(ms + F32(eps))) * (w + F32(offset) if offset else w)
         return y if b is None else y + b
 
     return norm
 
 
-def layer_norm(eps: float):
-    """LayerNorm: (x - mean(x)) / sqrt(var(x) + eps) * w (+ b), over the last axis."""
+def layer_norm(eps: float, offset: float = 0.0):
+    """LayerNorm: (x - mean(x)) / sqrt(var(x) + eps) * (w + offset) (+ b), over the last axis."""
 
     def norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         x64 = x.astype(np.float64)
         mean = x64.mean(axis=-1, keepdims=True)
         var = np.square(x64 - mean).mean(axis=-1, keepdims=True)
-        y = ((x64 - mean) / np.sqrt(var + eps)).astype(F32) * w
+        y = ((x64 - mean) / np.sqrt(var + eps)).astype(F32) * (w + F32(offset) if offset else w)
         return y if b is None else y + b
 
     return norm
+
+
+def rms_norm_1p(eps: float):
+    """RMSNorm with unit-offset weights (x normed * (1 + w)): files that store w - 1."""
+    return rms_norm(eps, 1.0)
+
+
+def layer_norm_1p(eps: float):
+    """LayerNorm with unit-offset weights ("LayerNorm1p", e.g. Nemotron)."""
+    return layer_norm(eps, 1.0)
 
 
 # -- rope ------------------------------------------------------------------------------------

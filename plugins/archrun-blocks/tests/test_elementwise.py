@@ -23,7 +23,7 @@ from archrun_blocks import elementwise, fast, parts, reference
 SMALL = numba.config.DISABLE_JIT  # pure-Python kernels: keep sizes tiny
 F32 = np.float32
 EPS = 1e-6
-_P_EPS = np.array([EPS])
+_P_EPS = np.array([EPS, 0.0])  # a norm part's parameters: eps, weight offset
 _P_NONE = np.zeros(1)
 
 
@@ -55,6 +55,18 @@ def test_rms_norm():
     np.testing.assert_allclose(reference.rms_norm(EPS)(x, w), _rms64(x, w), rtol=1e-5, atol=1e-6)
     with pytest.raises(ShapeMismatch):
         elementwise.norm_rows(part(parts.rms_norm).handle, _P_EPS, x, w[:10], None)
+
+
+def test_unit_offset_norms_scale_by_one_plus_w():
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((4, 33)) * 2 + 1).astype(F32)
+    w, b = rng.standard_normal(33).astype(F32), rng.standard_normal(33).astype(F32)
+    tol = dict(rtol=1e-5, atol=1e-5)
+    for ref, fst, want in ((reference.rms_norm_1p, fast.rms_norm_1p, _rms64(x, w + 1)),
+                           (reference.layer_norm_1p, fast.layer_norm_1p, _layer64(x, w + 1, b))):
+        bias = None if ref is reference.rms_norm_1p else b
+        np.testing.assert_allclose(ref(EPS)(x, w, bias), want, **tol)
+        np.testing.assert_allclose(fst(EPS)(x, w, bias), want, **tol)
 
 
 @pytest.mark.parametrize("d", [1, 2, 7, 96, 577])

@@ -17,13 +17,15 @@ NONE = np.empty(0, F32)
 
 # every (slot, name) with a fast factory, covered here or in: test_moe.py for gating and moe (routing through
 # the gating parts, the mixture kernel against reference.moe_topk), test_alibi.py for attention "alibi"
-COVERED = {("norm", "rms"), ("norm", "layer"), ("rope", "neox"), ("rope", "norm"), ("attention", "causal"),
+COVERED = {("norm", "rms"), ("norm", "layer"), ("norm", "rms_1p"), ("norm", "layer_1p"),
+           ("rope", "neox"), ("rope", "norm"), ("attention", "causal"),
            ("attention", "alibi"),
            ("activation", "silu"), ("activation", "gelu_tanh"), ("activation", "gelu"), ("activation", "relu2"),
            ("residual", "sequential"), ("residual", "parallel"), ("gating", "softmax"), ("gating", "sigmoid"),
            ("moe", "topk")}
 REFERENCE_ONLY = {("softcap", "tanh")}  # no fast factory: the reference runs on both backends
-NORMS = {"rms": (reference.rms_norm, fast.rms_norm), "layer": (reference.layer_norm, fast.layer_norm)}
+NORMS = {"rms": (reference.rms_norm, fast.rms_norm), "layer": (reference.layer_norm, fast.layer_norm),
+         "rms_1p": (reference.rms_norm_1p, fast.rms_norm_1p), "layer_1p": (reference.layer_norm_1p, fast.layer_norm_1p)}
 ACTIVATIONS = ["silu", "gelu_tanh", "gelu", "relu2"]
 RESIDUALS = {"sequential": (reference.Sequential, fast.sequential), "parallel": (reference.Parallel, fast.parallel)}
 
