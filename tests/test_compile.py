@@ -157,3 +157,21 @@ def test_archrun_describe_family_firstresult_prefers_later_plugin(synth_model):
     pm = make_plugin_manager(extra=[Override()])
     result = compile_gguf(synth_model(), plugins=pm)
     assert result.family == "mine" and result.descriptor.rope_tables[0].pairing == "norm"
+
+
+def test_file_stated_multipliers_are_read(synth_model):
+    """granite-style `embedding_scale` / `residual_scale` keys: read from the file, and an embedding scale
+    of 2 computes what doubled embeddings compute (an untied output head keeps the logits comparable)."""
+    import archrun
+
+    keys = {"embedding_scale": 2.0, "residual_scale": 0.5}
+    scaled = synth_model(arch="llama", qk_norm=False, key_overrides=keys)
+    d = describe(scaled)
+    assert d.embed_scale == 2.0 and {layer.residual_scale for layer in d.layers} == {0.5}
+    only_res = synth_model(arch="llama", qk_norm=False, key_overrides={"residual_scale": 0.5},
+                           transform=lambda t: {**t, "token_embd.weight": t["token_embd.weight"] * 2})
+    ids = [1, 5, 9, 3]
+    for backend in ("reference", "fast"):
+        a = archrun.load(scaled, backend=backend).logits(ids)
+        b = archrun.load(only_res, backend=backend).logits(ids)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())

@@ -274,7 +274,8 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) 
     rope_tables = geo.rope_tables()
     softcap_value = meta.get("final_logit_softcapping", float, 0.0)
     softcap = conv.need("softcap") if softcap_value else fam.softcap
-    embed_scale = conv.need("embed_scale")
+    # files may state the embedding multiplier (granite's embedding_scale); else it is a convention
+    embed_scale = meta.get("embedding_scale", float, 0.0) or conv.need("embed_scale")
     conv.check()
     return Descriptor(
         architecture=meta.arch,
@@ -423,7 +424,7 @@ class _Geometry:
             post_attn_norm=_vector_if_present(t, "post_attn_norm", i, d),
             post_ffn_norm=_vector_if_present(t, "post_ffn_norm", i, d),
             residual=self.residual or "",
-            residual_scale=self.fam.residual_scale or 1.0,
+            residual_scale=self.meta.get("residual_scale", float, 0.0) or self.fam.residual_scale or 1.0,
             ffn_norm=ffn_norm,
             norm_bias=self._norm_bias(i, ffn_norm),
         )
