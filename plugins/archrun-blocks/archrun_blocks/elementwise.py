@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 from numba import njit, prange, typed
 
@@ -39,7 +40,7 @@ def _part_handle(fn) -> None:
     # a bare numba function would make the kernel compile (and cache) a version for that very
     # function, in every process, and a (fn,) tuple costs ~0.1 ms a call to convert: kernels take
     # a part's handle (Part.handle, a typed list built once)
-    if not isinstance(fn, typed.List):
+    if not (isinstance(fn, typed.List) or (numba.config.DISABLE_JIT and isinstance(fn, list))):
         raise TypeError(f"expected a kernel part's handle (archrun.kernels.parts.Part.handle), got {fn!r}")
 
 

@@ -48,11 +48,11 @@ def layer_norm(p, x, w, b, out):
     n = x.shape[0]
     s = 0.0
     for i in range(n):
-        s += x[i]
+        s += np.float64(x[i])  # float64 in pure Python too (a float32 scalar would win there)
     mean = s / n
     ss = 0.0
     for i in range(n):
-        dx = x[i] - mean
+        dx = np.float64(x[i]) - mean
         ss += dx * dx
     r = 1.0 / math.sqrt(ss / n + p[0])
     off = _F32(p[1])
