@@ -77,18 +77,24 @@ def rope(p, v, n_head, hd, cos, sin):
 # -- attention: p = (scale, window, softcap) ----------------------------------------------------------
 
 
+@njit(**dict(JIT, inline="always"))
+def _store_and_select(k, v, kc, vc, kpos, ring, row, pos, window):
+    """Store k [KV * hd] / v [KV * vd] at cache row `row` (a ring slot records its position), then
+    (rows, count): the cache rows visible from `pos` (window 0: global)."""
+    kc[row] = k.reshape(kc.shape[1], kc.shape[2])
+    vc[row] = v.reshape(vc.shape[1], vc.shape[2])
+    if ring:
+        kpos[row] = pos
+    rows = np.empty(kc.shape[0], np.int64)
+    return rows, visible_rows(kpos, ring, pos, window, rows)
+
+
 @njit(SIGNATURES["attention"], **JIT)
 def causal_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
     """Store k/v at cache row `row` (ring slots record its position), then causal GQA of q over the
     rows visible from `pos` (window p[1], 0: global), scores scaled by p[0] and capped by p[2] (0: none)."""
-    n_kv, hd, vd = kc.shape[1], kc.shape[2], vc.shape[2]
-    kc[row] = k.reshape(n_kv, hd)
-    vc[row] = v.reshape(n_kv, vd)
-    if ring:
-        kpos[row] = pos
-    rows = np.empty(kc.shape[0], np.int64)
-    count = visible_rows(kpos, ring, pos, int(p[1]), rows)
-    attend_one(q, kc, vc, rows, count, q.shape[0] // hd, p[0], p[2], out)
+    rows, count = _store_and_select(k, v, kc, vc, kpos, ring, row, pos, int(p[1]))
+    attend_one(q, kc, vc, rows, count, q.shape[0] // kc.shape[2], p[0], p[2], out)
 
 
 # -- ALiBi attention: p = (scale, window, softcap, max_bias, n_head, slope_0 .. slope_{n_head-1}) ----------
@@ -99,13 +105,8 @@ def alibi_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
     """causal_attention with ALiBi: query head h adds slope_h * (key position - pos) to its scores (after
     the scale p[0] and the cap p[2]); the slopes follow the fixed fields (reference.alibi_slopes of
     max_bias p[3] and n_head p[4])."""
-    n_kv, hd, vd = kc.shape[1], kc.shape[2], vc.shape[2]
-    kc[row] = k.reshape(n_kv, hd)
-    vc[row] = v.reshape(n_kv, vd)
-    if ring:
-        kpos[row] = pos
-    rows = np.empty(kc.shape[0], np.int64)
-    count = visible_rows(kpos, ring, pos, int(p[1]), rows)
+    hd = kc.shape[2]
+    rows, count = _store_and_select(k, v, kc, vc, kpos, ring, row, pos, int(p[1]))
     dist = np.empty(count, _F32)
     for j in range(count):  # a ring row holds position kpos[row]; a plain row r holds position r
         dist[j] = _F32((kpos[rows[j]] if ring else rows[j]) - pos)
