@@ -49,14 +49,18 @@ def _uniforms(matrices: list[Matrix], width: int) -> tuple | None:
 class FusedBlock:
     """One layer's decode step as one kernel call: `fb(x, slot, start, angles)` updates x f32 [d] in place."""
 
-    def __init__(self, kernel: Any, args: tuple, slot_arrays: Any, rope: int, parallel: bool):
+    def __init__(self, kernel: Any, args: tuple | None, slot_arrays: Any, rope: int, parallel: bool,
+                 layer_args: tuple | None = None):
         self._kernel = kernel       # layer.decode_layer or an FFN op's layer kernel
-        self._args = args           # the kernel's arguments before the cache ones
+        self._args = args           # the kernel's arguments before the cache ones (None: from layer_args)
+        self.layer_args = layer_args  # a dense layer's (qkv .. params), listed by _share_dense_args
         self._slot_arrays = slot_arrays
         self._rope = rope           # index into the per-token rope angles (-1: no rope)
         self._parallel = parallel   # big enough to split products over the threads
 
     def __call__(self, x: np.ndarray, slot: Any, start: int, angles: list, par: tuple = pool.NO_POOL) -> None:
+        if self._args is None:  # a layer on its own: its one-item list (built once)
+            self._args = (typed_list([self.layer_args]), np.int64(0))
         k, v, kpos, ring = self._slot_arrays(slot)
         if ring:
             row = start % k.shape[0]
@@ -135,8 +139,7 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
         ids = [_group_id(groups, ms, n_in) for ms, n_in in zip((qkv, o, gate_up, down), widths, strict=True)]
     args = (qkv, o, gate_up, down, _vecs(lp), _geo(lp, rope is not None, ids), fns, params)
     parallel = lp.o.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES
-    return FusedBlock(layer.decode_layer, (typed_list([args]), np.int64(0)), lp.attention.slot_arrays, rope_index,
-                      parallel)
+    return FusedBlock(layer.decode_layer, None, lp.attention.slot_arrays, rope_index, parallel, layer_args=args)
 
 
 def fuse_layers(plan: Any, groups: list[tuple] | None = None) -> list[FusedBlock] | None:
@@ -154,12 +157,12 @@ def fuse_layers(plan: Any, groups: list[tuple] | None = None) -> list[FusedBlock
 def _share_dense_args(blocks: list[FusedBlock]) -> None:
     """Dense layers share one typed list of their arguments (when all of them have one numba type,
     as every dense layer built here does; else each keeps its own one-item list)."""
-    dense = [fb for fb in blocks if fb._kernel is layer.decode_layer]
+    dense = [fb for fb in blocks if fb.layer_args is not None]
     if not dense:
         return
-    try:
-        layers = typed_list([fb._args[0][0] for fb in dense])
-    except TypingError:  # layers of different argument types: keep the per-layer lists
+    try:  # (reading items back from a typed list in Python would compile its methods: ~30 s)
+        layers = typed_list([fb.layer_args for fb in dense])
+    except TypingError:  # layers of different argument types: each keeps its own list
         return
     for i, fb in enumerate(dense):
         fb._args = (layers, np.int64(i))
