@@ -32,6 +32,7 @@ install-test: $(VENV)/.installed-test
 
 models: $(VENV)/.installed
 	$(PY) scripts/fetch_models.py
+	$(PY) -m archrun.conformance.llamacpp  # llama.cpp's converter (llama-cpp-python's sdist): live fixture tests
 
 demo: install
 	$(PY) scripts/fetch_models.py smollm2

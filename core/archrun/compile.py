@@ -291,6 +291,7 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) 
         logit_scale=fam.logit_scale or 1.0,
         logit_softcap=softcap_value,
         output_norm_bias=_vector_if_present(t, "output_norm.bias", None, n_embd),
+        output_bias=not tied and _vector_if_present(t, "output.bias", None, n_vocab),
         position_embedding=positions,
         block_style=block_style or fam.block_style,
         nextn_layers=nextn_layers,
@@ -476,7 +477,9 @@ class _Geometry:
         t.expect("ffn_up", i, (d, 2 * n_ff if packed else n_ff))
         t.expect("ffn_down", i, (n_ff, d))
         return FfnSpec(activation=self.conv.need("activation") or "", n_ff=n_ff, gated=gated or packed,
-                       packed=packed)
+                       packed=packed, gate_bias=gated and _vector_if_present(t, "ffn_gate.bias", i, n_ff),
+                       up_bias=_vector_if_present(t, "ffn_up.bias", i, 2 * n_ff if packed else n_ff),
+                       down_bias=_vector_if_present(t, "ffn_down.bias", i, d))
 
     def _moe(self, i: int) -> MoeSpec:
         meta, t, d = self.meta, self.t, self.n_embd

@@ -39,6 +39,7 @@ _ROLES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "token_embd": (_T.TOKEN_EMBD, "weight"), "position_embd": (_T.POS_EMBD, "weight"),
     "output_norm": (_T.OUTPUT_NORM, "weight"),
     "output_norm.bias": (_T.OUTPUT_NORM, "bias"), "output": (_T.OUTPUT, "weight"),
+    "output.bias": (_T.OUTPUT, "bias"),
     "rope_freqs": (_T.ROPE_FREQS, "weight"), "rope_factors_long": (_T.ROPE_FACTORS_LONG, "weight"),
     "rope_factors_short": (_T.ROPE_FACTORS_SHORT, "weight"),
     "attn_norm": (_T.ATTN_NORM, "weight"), "attn_norm.bias": (_T.ATTN_NORM, "bias"),
@@ -51,6 +52,7 @@ _ROLES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "ffn_norm": (_T.FFN_NORM, "weight"), "ffn_norm.bias": (_T.FFN_NORM, "bias"),
     "post_ffn_norm": (_T.FFN_POST_NORM, "weight"),
     "ffn_gate": (_T.FFN_GATE, "weight"), "ffn_up": (_T.FFN_UP, "weight"), "ffn_down": (_T.FFN_DOWN, "weight"),
+    "ffn_gate.bias": (_T.FFN_GATE, "bias"), "ffn_up.bias": (_T.FFN_UP, "bias"), "ffn_down.bias": (_T.FFN_DOWN, "bias"),
     "ffn_gate_inp": (_T.FFN_GATE_INP, "weight"), "ffn_gate_inp.bias": (_T.FFN_GATE_INP, "bias"),
     "exp_probs_b": (_T.FFN_EXP_PROBS_B, "bias"),
     "ffn_gate_exps": (_T.FFN_GATE_EXP, "weight"), "ffn_up_exps": (_T.FFN_UP_EXP, "weight"),
@@ -153,13 +155,17 @@ class FfnSpec:
     """A dense FFN: gated down(act(gate x) * up x), or plain down(act(up x)).
 
     activation names the slot "activation" op; gated is found by the presence of a gate
-    projection; packed: gate|up come from one ffn_up tensor of 2 n_ff outputs.
+    projection; packed: gate|up come from one ffn_up tensor of 2 n_ff outputs. Biases (found by
+    tensor presence) are added to the gate, up and down products that have one.
     """
 
     activation: str = field(validator=v.instance_of(str))  # vocabulary slot "activation"
     n_ff: int = field(validator=_pos_int)
     gated: bool = field(default=True, validator=v.instance_of(bool))
     packed: bool = field(default=False, validator=v.instance_of(bool))
+    gate_bias: bool = field(default=False, validator=v.instance_of(bool))
+    up_bias: bool = field(default=False, validator=v.instance_of(bool))
+    down_bias: bool = field(default=False, validator=v.instance_of(bool))
 
 
 @frozen
@@ -251,6 +257,7 @@ class Descriptor:
     logit_softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))
     softcap: str = field(default="tanh", validator=v.instance_of(str))  # vocabulary slot "softcap"
     output_norm_bias: bool = field(default=False, validator=v.instance_of(bool))
+    output_bias: bool = field(default=False, validator=v.instance_of(bool))  # an `output.bias` on the head
     position_embedding: bool = field(default=False, validator=v.instance_of(bool))
     block_style: str = field(default="fused", validator=v.instance_of(str))  # vocabulary slot "block_style"
     nextn_layers: tuple[LayerSpec, ...] = field(

@@ -145,7 +145,7 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     ropes = [_bind_rope(b, spec) for spec in d.rope_tables]
     layers = _bind_layers(b, gguf, progress)
     embed = b.matrix("token_embd", lazy=not d.tied_output)
-    output = embed if d.tied_output else b.matrix("output")
+    output = embed if d.tied_output else b.matrix("output", None, "output.bias" if d.output_bias else None)
     softcap = b.op("softcap", d.softcap, d.logit_softcap) if d.logit_softcap else None
     b.op("block_style", d.block_style)
     output_norm_b = b.vector("output_norm.bias") if d.output_norm_bias else None
@@ -229,13 +229,15 @@ def _bind_qkv(b: _Binder, i: int, spec: LayerSpec) -> Projections:
 
 
 def _bind_dense(b: _Binder, i: int, spec) -> DenseFfn:
+    up_bias = "ffn_up.bias" if spec.up_bias else None
     if spec.packed:
-        gate_up = b.packed("ffn_up", i, [spec.n_ff, spec.n_ff])
+        gate_up = b.packed("ffn_up", i, [spec.n_ff, spec.n_ff], up_bias)
     elif spec.gated:
-        gate_up = b.projections(("ffn_gate", "ffn_up"), i)
+        gate_up = b.projections(("ffn_gate", "ffn_up"), i, ("ffn_gate.bias" if spec.gate_bias else None, up_bias))
     else:
-        gate_up = Projections([b.matrix("ffn_up", i)])
-    return DenseFfn(b.op("activation", spec.activation), gate_up, b.matrix("ffn_down", i), spec.gated)
+        gate_up = Projections([b.matrix("ffn_up", i, up_bias)])
+    down = b.matrix("ffn_down", i, "ffn_down.bias" if spec.down_bias else None)
+    return DenseFfn(b.op("activation", spec.activation), gate_up, down, spec.gated)
 
 
 def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> MoeFfn:

@@ -107,6 +107,9 @@ class HfArch:
     ``permute_qk`` (llama.cpp's Q/K row permutation, for NORM rope), ``norm_shift`` (added to
     every ``*norm.weight``: 1.0 for HF RMSNorms computing x*(1+w), whose GGUF stores 1+w).
     ``norm_init`` = (center, scale) of the random norm weights. ``mtp``: see ``HfMtp``.
+    ``converter``: "archrun" converts with ``convert``'s own statement of llama.cpp's rules
+    (metadata and tensor fix-ups above); "llama.cpp" runs llama.cpp's ``convert_hf_to_gguf.py``
+    itself (``archrun.conformance.llamacpp``), and the fields above only shape the HF model.
     """
 
     name: str
@@ -122,6 +125,7 @@ class HfArch:
     norm_shift: float = 0.0
     norm_init: tuple[float, float] = (1.0, 0.25)
     mtp: HfMtp | None = None
+    converter: str = "archrun"
 
     @property
     def gguf_arch(self) -> gguf.MODEL_ARCH:
@@ -236,7 +240,7 @@ def _random_like(name: str, tensor, gen, norm_init: tuple[float, float]):
     import torch
 
     noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32)
-    if name.endswith("norm.weight"):
+    if name.endswith("norm.weight") or (tensor.dim() == 1 and name.endswith(".weight")):  # 1-D: a norm (GPT-2's ln_*)
         center, scale = norm_init
         return center + scale * noise if center else scale * noise
     if name.endswith("bias"):
@@ -274,6 +278,8 @@ def convert(
     and output head (see ``HfMtp``).
     """
     hp = model.config.to_dict()
+    if arch.converter == "llama.cpp":
+        return _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name)
     n_nextn = int(hp.get(arch.mtp.layers_key) or 0) if arch.mtp is not None else 0
     block_count = hp["num_hidden_layers"] + n_nextn
     file_type = _file_type(dtype)
@@ -298,6 +304,19 @@ def convert(
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
+
+
+def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name) -> Path:
+    """``convert`` through llama.cpp's own converter (whole-file dtypes it offers only)."""
+    from archrun.conformance import llamacpp
+
+    if rename_arch or types or mtp is not None:
+        raise ValueError("llama.cpp's converter takes no rename_arch/types/mtp: convert with archrun's")
+    tokens, merges, types_ = vocabulary(hp["vocab_size"])
+    vocab = {"tokens": tokens, "merges": merges, "types": types_, "pre": "qwen2",
+             "bos": hp.get("bos_token_id") or tokens.index(BOS_TOKEN),
+             "eos": _first(hp.get("eos_token_id")) or tokens.index(EOS_TOKEN)}
+    return llamacpp.convert(model, path, vocab, outtype=dtype, name=name)
 
 
 def _file_type(dtype: str) -> gguf.LlamaFileType:
@@ -586,6 +605,7 @@ def record(arch: HfArch, fixture: TinyFixture, out_dir: Path, vers: dict[str, st
     arrays = {"ids": ids, "logits": logits}
     if getattr(model, "archrun_mtp", None) is not None:
         arrays["mtp_logits"] = hf_mtp_logits(model, ids, hidden)
+    cfg_json = config_json(config)  # before converting: saving the model adds fields to its config
     gguf_path = convert(model, out_dir / f"{name}.gguf", arch, name=f"tiny-{name}")
     size = gguf_path.stat().st_size
     if size > MAX_GGUF_BYTES:
@@ -593,7 +613,7 @@ def record(arch: HfArch, fixture: TinyFixture, out_dir: Path, vers: dict[str, st
     meta = {"name": name, "arch": arch.name, "seed": fixture.seed, "overrides": dict(fixture.overrides),
             "n_tokens": N_TOKENS, "gguf": gguf_path.name, "gguf_sha256": _sha256(gguf_path)}
     out = out_dir / f"{name}.npz"
-    np.savez_compressed(out, **arrays, config_json=np.array(config_json(config)),
+    np.savez_compressed(out, **arrays, config_json=np.array(cfg_json),
                         fixture_json=np.array(json.dumps(meta, sort_keys=True)),
                         versions_json=np.array(json.dumps(vers, sort_keys=True)))
     return out
@@ -617,8 +637,11 @@ def llamacpp_check(fixtures: Sequence[TinyFixture], out_dir: Path) -> dict[str, 
         llm.eval(ids)
         scores = np.asarray(llm.scores[: len(ids)], dtype=np.float32)
         diff = float(np.abs(scores - golden["logits"]).max())
-        argmax = float((scores.argmax(-1) == golden["logits"].argmax(-1)).mean())
-        report[name] = {"max_abs_diff": diff, "argmax_agreement": argmax}
+        agree = scores.argmax(-1) == golden["logits"].argmax(-1)
+        argmax = float(agree.mean())
+        report[name] = {"max_abs_diff": diff, "argmax_agreement": argmax,
+                        "argmax_mismatch_positions": np.flatnonzero(~agree).tolist(),
+                        "gguf_sha256": _sha256(out_dir / f"{name}.gguf")}
         print(f"{name:32s} max|llama.cpp-HF| = {diff:.3e}  argmax agreement {argmax:.3f}")
         del llm
     report["_versions"] = {"llama_cpp_python": llama_cpp.__version__}

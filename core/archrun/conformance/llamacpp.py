@@ -1,0 +1,103 @@
+"""llama.cpp's own HF -> GGUF converter, as vendored in llama-cpp-python's source distribution.
+
+Fixtures of families whose ``HfArch`` says ``converter="llama.cpp"`` are converted by the real
+``convert_hf_to_gguf.py`` (not by archrun's re-statement of it in ``hf.convert``), so a fixture
+shows what llama.cpp's users get. The converter's source is the sdist of llama-cpp-python
+``LLAMA_CPP_PYTHON``, a PyPI package: ``fetch_source()`` downloads it with pip once and keeps the
+converter (``convert_hf_to_gguf.py``, ``conversion/``, ``gguf-py/``) and the tokenizer test
+vocabularies (``models/ggml-vocab-*``) under ``~/.cache/archrun/llama.cpp/<version>``
+(``ARCHRUN_LLAMACPP_SRC`` names another folder).
+
+    python -m archrun.conformance.llamacpp      # fetch the converter source, print its folder
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+LLAMA_CPP_PYTHON = "0.3.36"
+_SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
+_VENDOR = f"{_SDIST}/vendor/llama.cpp/"
+_KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-", "LICENSE")
+_DRIVER = Path(__file__).with_name("llamacpp_driver.py")
+
+
+class ConverterUnavailable(RuntimeError):
+    """llama.cpp's converter source is not on this machine (``fetch_source()`` gets it)."""
+
+
+def source_dir() -> Path:
+    """The folder that holds (or will hold) the vendored llama.cpp converter."""
+    env = os.environ.get("ARCHRUN_LLAMACPP_SRC")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "archrun" / "llama.cpp" / LLAMA_CPP_PYTHON
+
+
+def available() -> bool:
+    """True when the converter source is present (fetched)."""
+    return (source_dir() / "convert_hf_to_gguf.py").is_file()
+
+
+def fetch_source() -> Path:
+    """Download llama-cpp-python's sdist with pip (once) and extract the converter; return its folder."""
+    dest = source_dir()
+    if available():
+        return dest
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                        "-d", tmp, f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], check=True)
+        sdist = Path(tmp) / f"{_SDIST}.tar.gz"
+        staging = Path(tempfile.mkdtemp(dir=dest.parent if dest.parent.exists() else None))
+        with tarfile.open(sdist) as tar:
+            for member in tar.getmembers():
+                rel = member.name.removeprefix(_VENDOR)
+                if member.name.startswith(_VENDOR) and rel.startswith(_KEEP) and member.isfile():
+                    member.name = rel
+                    tar.extract(member, staging, filter="data")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if not available():
+        shutil.rmtree(dest, ignore_errors=True)
+        staging.rename(dest)  # atomic on one file system: concurrent fetches never see half a tree
+    else:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
+def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32",
+            name: str | None = None) -> Path:
+    """Convert an in-memory HF causal LM with llama.cpp's ``convert_hf_to_gguf.py``; return the path.
+
+    The model is saved (safetensors, its config) to a temporary folder and converted there by
+    ``llamacpp_driver.py`` in a child process; ``vocab`` (tokens, types, merges, pre, bos, eos)
+    replaces the tokenizer the converter would read, which tiny models do not have.
+    """
+    if not available():
+        raise ConverterUnavailable(f"llama.cpp's converter is not in {source_dir()}: run "
+                                   "`python -m archrun.conformance.llamacpp` to fetch it")
+    path = Path(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "model"
+        model.save_pretrained(model_dir, safe_serialization=True)
+        vocab_json = Path(tmp) / "vocab.json"
+        vocab_json.write_text(json.dumps(vocab))
+        args = [str(model_dir), "--outfile", str(path), "--outtype", outtype]
+        if name:
+            args += ["--model-name", name]
+        proc = subprocess.run([sys.executable, str(_DRIVER), str(source_dir()), str(vocab_json), "--", *args],
+                              capture_output=True, text=True)
+    if proc.returncode != 0 or not path.is_file():
+        raise RuntimeError(f"llama.cpp's converter failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return path
+
+
+if __name__ == "__main__":
+    print(fetch_source())

@@ -1,0 +1,61 @@
+"""Run llama.cpp's own ``convert_hf_to_gguf.py`` on a saved tiny HF model, with the tiny vocabulary.
+
+Started by ``archrun.conformance.llamacpp.convert`` as a separate process (llama.cpp's converter
+puts its own copy of gguf-py first on ``sys.path``, which must not replace the installed one in
+the caller)::
+
+    python llamacpp_driver.py LLAMA_CPP_SRC VOCAB_JSON -- <convert_hf_to_gguf.py arguments>
+
+Tiny random models come without a tokenizer, and the converter's ``set_vocab`` needs one (and a
+known pre-tokenizer hash). This driver replaces only ``set_vocab`` of the model class the
+converter picks: it writes the vocabulary given in VOCAB_JSON (tokens, token types, merges,
+bos/eos ids, as ``archrun.conformance.hf.vocabulary`` builds them). Everything else — the
+hyperparameter keys, tensor names, tensor transforms and types — is the converter's own code.
+Imports nothing from archrun.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _tiny_set_vocab(vocab: dict):
+    def set_vocab(self) -> None:
+        w = self.gguf_writer
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(vocab["pre"])
+        w.add_token_list(vocab["tokens"])
+        w.add_token_types(vocab["types"])
+        w.add_token_merges(vocab["merges"])
+        w.add_bos_token_id(vocab["bos"])
+        w.add_eos_token_id(vocab["eos"])
+        w.add_add_bos_token(False)
+
+    return set_vocab
+
+
+def main(argv: list[str]) -> None:
+    src, vocab_json, sep, *convert_args = argv
+    if sep != "--":
+        raise SystemExit("usage: llamacpp_driver.py LLAMA_CPP_SRC VOCAB_JSON -- ARGS")
+    src = Path(src)
+    sys.path.insert(0, str(src))
+    vocab = json.loads(Path(vocab_json).read_text())
+    import convert_hf_to_gguf as converter  # noqa: E402 (after the path is set)
+
+    pick = converter.get_model_class
+
+    def get_model_class(name, mmproj=False):
+        cls = pick(name, mmproj=mmproj)
+        cls.set_vocab = _tiny_set_vocab(vocab)
+        return cls
+
+    converter.get_model_class = get_model_class
+    sys.argv = ["convert_hf_to_gguf.py", *convert_args]
+    converter.main()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

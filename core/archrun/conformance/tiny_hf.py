@@ -1,0 +1,157 @@
+"""The standard test battery of a family package's tiny HF fixtures, as one class to subclass.
+
+A family package keeps ``tests/hf_arch.py`` (its ``ARCHES`` and ``FIXTURES``, see
+``archrun.conformance.hf``) and ``tests/goldens/`` (recorded by ``goldens/record.py``), and gets
+every standard check with::
+
+    from archrun.conformance.tiny_hf import TinyHfBattery
+
+    class TestGpt2(TinyHfBattery):
+        entry_point = "gpt2"           # the package's archrun entry point
+
+The battery (each test parametrized over the fixtures, and the backends where it runs a model):
+- ``test_family_installed``: the entry point is installed and describes every fixture's arch;
+- ``test_golden_files``: the goldens folder holds exactly the fixtures, as recorded;
+- ``test_matches_hf``: archrun's logits (whole prompt and token by token through the cache)
+  within ``hf.TOLERANCE`` of HF float32, on both backends;
+- ``test_llama_cpp_agrees``: llama.cpp's logits on the same file (recorded by
+  ``record.py --llamacpp-check`` into ``llamacpp_check.json``, for the file's exact SHA-256)
+  within ``LLAMA_CPP_TOLERANCE`` of HF's, argmax equal;
+- ``test_fixture_is_sensitive``: each convention the family states for the fixture's arch,
+  flipped to another vocabulary entry, moves archrun's logits by far more than the tolerance
+  (or fails the load): a fixture that cannot see a convention cannot prove it;
+- ``test_goldens_match_live_hf`` (marker ``live``; needs torch, transformers and llama.cpp's
+  converter source): rebuilding a fixture reproduces its config, HF logits and GGUF file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from archrun.conformance import check_family_plugin, hf
+
+#: llama.cpp vs HF float32: max |Δlogit| relative to max |logit| (its own float32 kernels).
+LLAMA_CPP_TOLERANCE = 1e-3
+#: A flipped convention must move the logits by at least this many tolerances.
+SENSITIVITY = 10.0
+
+# convention -> value -> a different vocabulary entry to flip it to
+_FLIPS = {
+    "rope_pairing": {"norm": "neox", "neox": "norm"},
+    "activation": {"silu": "gelu_tanh", "gelu_tanh": "silu", "gelu": "silu", "relu2": "silu"},
+    "residual": {"sequential": "parallel", "parallel": "sequential"},
+    "norm": {"rms": "layer", "layer": "rms", "rms_1p": "rms", "layer_1p": "layer"},
+}
+
+
+def _here(metafunc_or_request) -> Path:
+    return Path(metafunc_or_request.module.__file__).resolve().parent
+
+
+def _spec(here: Path):
+    return hf.load_module(here / "hf_arch.py")
+
+
+class TinyHfBattery:
+    """Subclass in a family package's tests (set ``entry_point``); see the module docstring."""
+
+    entry_point: str = ""
+
+    def pytest_generate_tests(self, metafunc) -> None:
+        spec = _spec(_here(metafunc))
+        fixtures = list(spec.FIXTURES)
+        if "fixture" in metafunc.fixturenames:
+            metafunc.parametrize("fixture", fixtures, ids=[f.name for f in fixtures])
+        if "backend" in metafunc.fixturenames:
+            metafunc.parametrize("backend", hf.BACKENDS)
+        if "convention" in metafunc.fixturenames:
+            metafunc.parametrize("convention", sorted(_FLIPS))
+
+    @pytest.fixture
+    def goldens(self, request) -> Path:
+        return _here(request) / "goldens"
+
+    @pytest.fixture
+    def spec(self, request):
+        return _spec(_here(request))
+
+    def test_family_installed(self, spec) -> None:
+        archs = check_family_plugin(self.entry_point)
+        missing = {f.arch for f in spec.FIXTURES} - set(archs)
+        assert not missing, f"{self.entry_point!r} does not describe {sorted(missing)}"
+
+    def test_golden_files(self, goldens, spec) -> None:
+        hf.check_golden_files(goldens, spec.ARCHES, spec.FIXTURES)
+
+    def test_matches_hf(self, goldens, fixture, backend) -> None:
+        hf.check_fixture(goldens / f"{fixture.name}.gguf", backend)
+
+    def test_llama_cpp_agrees(self, goldens, fixture) -> None:
+        check_llama_cpp_report(goldens, fixture.name)
+
+    def test_fixture_is_sensitive(self, goldens, fixture, convention) -> None:
+        check_sensitive(goldens / f"{fixture.name}.gguf", convention)
+
+    @pytest.mark.live
+    def test_goldens_match_live_hf(self, goldens, spec, fixture, tmp_path) -> None:
+        hf.check_live(goldens, spec.ARCHES, fixture, tmp_path)
+
+
+def check_llama_cpp_report(goldens: Path, name: str, tolerance: float = LLAMA_CPP_TOLERANCE) -> None:
+    """Assert ``llamacpp_check.json`` holds llama.cpp's agreement with HF for this exact fixture file."""
+    report_path = goldens / "llamacpp_check.json"
+    assert report_path.is_file(), f"{report_path} is missing: run goldens/record.py --llamacpp-check"
+    report = json.loads(report_path.read_text())
+    entry = report.get(name)
+    assert entry is not None, f"{name}: not checked in llama.cpp (record.py --llamacpp-check)"
+    golden = hf.load_golden(goldens / f"{name}.npz")
+    assert entry.get("gguf_sha256") == golden["fixture"]["gguf_sha256"], \
+        f"{name}: llama.cpp checked another file than the recorded one: re-run --llamacpp-check"
+    rel = entry["max_abs_diff"] / float(np.abs(golden["logits"]).max())
+    assert rel <= tolerance, f"{name}: llama.cpp is {rel:.2e} of max |logit| from HF"
+    # llama.cpp may pick another token only where HF's top two are closer than their difference
+    for pos in entry["argmax_mismatch_positions"]:
+        top2 = np.sort(golden["logits"][pos])[-2:]
+        assert top2[1] - top2[0] <= 2 * entry["max_abs_diff"], f"{name}: llama.cpp's argmax differs at {pos}"
+
+
+def _stated(descriptor, convention: str):
+    """The vocabulary entry ``descriptor`` uses for ``convention`` (None: the model has none)."""
+    layer = descriptor.layers[0]
+    if convention == "rope_pairing":
+        used = {lay.attention.rope for lay in descriptor.layers if lay.attention.rope < len(descriptor.rope_tables)}
+        return descriptor.rope_tables[min(used)].pairing if used else None
+    if convention == "activation":
+        return layer.ffn.activation
+    if convention == "residual":
+        return layer.residual
+    return descriptor.norm
+
+
+def check_sensitive(gguf_path: Path, convention: str) -> None:
+    """Flip one convention the fixture's model uses; assert its logits move far beyond the tolerance.
+
+    Skips when the model does not use the convention or no entry to flip it to is known. A flip
+    that makes the file fail to load (a typed archrun error) also counts as seen.
+    """
+    import archrun
+    from archrun.errors import ArchrunError
+
+    golden = hf.load_golden(gguf_path.with_suffix(".npz"))
+    ids = golden["ids"].astype(np.int64)
+    value = _stated(archrun.load(gguf_path, backend="reference").descriptor, convention)
+    flipped = _FLIPS[convention].get(value)
+    if flipped is None:
+        pytest.skip(f"{gguf_path.stem} uses {convention}={value!r}: nothing to flip it to")
+    try:
+        model = archrun.load(gguf_path, backend="reference", hints={convention: flipped})
+    except ArchrunError:
+        return
+    err = hf.rel_err(model.logits(ids), golden["logits"])
+    assert err > SENSITIVITY * hf.TOLERANCE, (
+        f"{gguf_path.name}: {convention} {value} -> {flipped} moves the logits by only {err:.1e} of "
+        f"max |logit|: the fixture cannot tell them apart")
