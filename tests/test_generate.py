@@ -83,3 +83,36 @@ def test_prompt_longer_than_context(model):
 def test_bad_generation_options(model, kw):
     with pytest.raises(InvalidRequest):
         archrun.generate(model, [1, 2], **kw)
+
+
+def test_prefix_cache_reuses_the_shared_prefix(model):
+    from archrun.cache import PrefixCache
+
+    pc = PrefixCache(model.init_cache())
+    first = archrun.generate(model, [5, 9, 13, 2], max_tokens=4, temperature=0.0, cache=pc).complete()
+    assert first.cached_tokens == 0
+    assert len(pc.cache) == len(pc.ids) == 4 + max(0, first.completion_tokens - 1)
+    prompt = [5, 9, 13, 2, *first.token_ids, 7, 8]
+    again = archrun.generate(model, prompt, max_tokens=4, temperature=0.0, cache=pc).complete()
+    assert again.cached_tokens == 4 + max(0, first.completion_tokens - 1)
+    fresh = archrun.generate(model, prompt, max_tokens=4, temperature=0.0).complete()
+    assert again.token_ids == fresh.token_ids and fresh.cached_tokens == 0
+    same = archrun.generate(model, prompt, max_tokens=4, temperature=0.0, cache=pc).complete()
+    assert same.cached_tokens == len(prompt) - 1 and same.token_ids == fresh.token_ids
+
+
+def test_logprobs_are_the_models_log_softmax(model):
+    r = archrun.generate(model, [5, 9], max_tokens=3, temperature=0.0, logprobs=3).complete()
+    cache = model.init_cache()
+    logits = model.forward_step([5, 9], cache).astype(np.float64)
+    lsm = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    first = r.logprobs[0]
+    assert first.token == r.token_ids[0] == int(np.argmax(lsm))
+    assert abs(first.logprob - lsm[first.token]) < 1e-6
+    assert [t for t, _ in first.top] == list(np.argsort(-lsm, kind="stable")[:3])
+    assert len(r.logprobs) == r.completion_tokens
+
+
+def test_bytes_are_not_a_prompt(model):
+    with pytest.raises(InvalidRequest, match="bytes"):
+        archrun.generate(model, b"hi")

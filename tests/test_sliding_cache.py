@@ -52,3 +52,35 @@ def test_rewind_across_the_wrap_equals_recomputation(gemma):
     assert rel_err(again, ref[25:]) <= 1e-4
     with pytest.raises(archrun.InvalidRequest, match="sliding-window"):
         cache.rewind(6)
+
+
+def test_rewind_reach_shrinks_after_a_rewind_and_shorter_rewrite(gemma):
+    name, model = gemma
+    ids, ref = golden(name)
+    cache = model.init_cache(len(ids), max_rewind=5)
+    model.forward_step(ids[:30], cache)
+    cache.rewind(5)
+    model.forward_step(ids[25:27], cache)   # rows of positions 27..29 displaced older ones
+    assert cache.max_rewind == 2
+    with pytest.raises(archrun.InvalidRequest, match="sliding-window"):
+        cache.rewind(3)
+    cache.rewind(2)
+    again = model.forward_step(ids[25:], cache, all_logits=True)
+    assert rel_err(again, ref[25:]) <= 1e-4
+
+
+def test_prefix_cache_recomputes_where_the_window_forbids_reuse(gemma):
+    from archrun.cache import PrefixCache
+
+    name, model = gemma
+    ids, ref = golden(name)
+    pc = PrefixCache(model.init_cache(len(ids), max_rewind=3))
+    feed = pc.prepare(ids[:30])
+    model.forward_step(feed, pc.cache)
+    pc.fed(feed)
+    assert pc.prepare([*ids[:28], 1]) == [1]            # 2 tokens back: within reach
+    assert len(pc.cache) == 28
+    feed = pc.prepare(ids[:20])                         # 8 back: past the ring's reach, start over
+    assert feed == list(ids[:20]) and len(pc.cache) == 0
+    logits = model.forward_step(feed, pc.cache)
+    assert rel_err(logits, ref[19]) <= 1e-4

@@ -1,4 +1,4 @@
-"""The `archrun` command line: run, chat, inspect, plugins, bench.
+"""The `archrun` command line: run, chat, serve, inspect, plugins, bench.
 
 User errors (any ArchrunError, a missing file) print one line to stderr and exit 1.
 """
@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", help="system message")
     _sampling_args(chat)
     chat.set_defaults(func=_cmd_chat)
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
+    _model_args(serve)
+    _serve_args(serve)
+    serve.set_defaults(func=_cmd_serve)
     ins = sub.add_parser("inspect", help="print a model's descriptor and which plugin provides each op")
     ins.add_argument("model", help="path to a .gguf file")
     ins.add_argument("--json", action="store_true", help="machine-readable output")
@@ -87,6 +91,23 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", dest="repetition_penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    from archrun.serve.config import ServeConfig
+
+    d = ServeConfig()
+    p.add_argument("--host", default=d.host, help=f"address to listen on ({d.host})")
+    p.add_argument("--port", type=int, default=d.port, help=f"port ({d.port})")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: $ARCHRUN_API_KEY, else no key)")
+    p.add_argument("--parallel", type=int, default=d.parallel, help=f"sequences decoded together ({d.parallel})")
+    p.add_argument("--ctx", type=int, default=None, help="context of each sequence (default: min(model's, 4096))")
+    p.add_argument("--queue", type=int, default=d.queue, help=f"requests that may wait for a slot ({d.queue})")
+    p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk,
+                   help=f"prompt tokens computed per step while other streams decode ({d.prefill_chunk})")
+    p.add_argument("--max-body", type=int, default=d.max_body, help=f"request body limit in bytes ({d.max_body})")
+    p.add_argument("--model-name", default=None, help="the model id clients see (default: the file's name)")
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
@@ -127,9 +148,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_chat(args: argparse.Namespace) -> int:
     import archrun
+    from archrun.cache import PrefixCache
 
     model = _load(args)
     history = [{"role": "system", "content": args.system}] if args.system else []
+    cache = PrefixCache(model.init_cache())  # kept between turns: a turn computes only its new tokens
     interactive = sys.stdin.isatty()
     while True:
         try:
@@ -144,7 +167,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         history.append({"role": "user", "content": line})
-        gen = archrun.chat(model, history, **_sampling(args))
+        gen = archrun.chat(model, history, cache=cache, **_sampling(args))
         try:
             _stream(gen)
         except KeyboardInterrupt:  # stop this answer, keep the session
@@ -152,6 +175,20 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             history.pop()
             continue
         history.append({"role": "assistant", "content": gen.result.text})
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from archrun.serve.config import ServeConfig
+
+    config = ServeConfig(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("ARCHRUN_API_KEY"),
+                         parallel=args.parallel, ctx=args.ctx, queue=args.queue, prefill_chunk=args.prefill_chunk,
+                         max_body=args.max_body, model_name=args.model_name)  # validated before the model loads
+    from archrun.serve import serve
+
+    serve(_load(args), config, model_path=args.model)
+    return 0
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:

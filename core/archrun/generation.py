@@ -3,6 +3,12 @@
     for piece in (g := archrun.generate(model, "Once upon a time", max_tokens=32, seed=1)):
         print(piece, end="")
     g.result.finish_reason   # "stop" (EOS/EOT or a stop string) | "length"
+
+The layers: `make_request` validates options into a `GenerationRequest`; a `Decoding` turns
+each step's logits into the next token and the text to stream (sampling, stop strings, UTF-8,
+logprobs); `generate`/`chat` drive one Decoding with forward_step, and the server drives many
+at once through the model's batch entry. A `PrefixCache` passed as `cache=` is kept between
+calls: the next prompt only computes what it does not share with the cached ids.
 """
 
 from __future__ import annotations
@@ -14,10 +20,21 @@ from typing import Any
 import attrs
 import numpy as np
 
+from archrun.cache import PrefixCache
 from archrun.errors import ContextOverflow, InvalidRequest
 from archrun.sampling import Sampler, SamplingParams
 
 _SAMPLING_FIELDS = {f.name for f in attrs.fields(SamplingParams)}
+MAX_TOP_LOGPROBS = 20
+
+
+@attrs.frozen
+class TokenLogprob:
+    """A generated token's log-probability under the model, and the most likely alternatives."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
 
 
 @attrs.frozen
@@ -30,6 +47,19 @@ class GenerationResult:
     prompt_tokens: int
     completion_tokens: int
     timings: dict[str, float]           # prompt_s, generate_s, prompt_tok_s, generate_tok_s
+    cached_tokens: int = 0              # prompt tokens reused from a PrefixCache (not computed)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per generated token, when asked for
+
+
+@attrs.frozen
+class GenerationRequest:
+    """A validated generation: prompt ids, token budget, stop strings, sampling options."""
+
+    ids: tuple[int, ...]
+    budget: int                         # tokens that may be generated (max_tokens, capped by the context)
+    stops: tuple[str, ...]
+    params: SamplingParams
+    logprobs: int | None = None         # alternatives per token to report (0: the chosen one only); None: off
 
 
 class Generation:
@@ -55,50 +85,85 @@ class Generation:
 
 def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None = 256,
              stop: Sequence[str] | str | None = None, add_special: bool = True,
-             parse_special: bool = False, **sampling: Any) -> Generation:
+             parse_special: bool = False, cache: PrefixCache | None = None,
+             logprobs: int | None = None, **sampling: Any) -> Generation:
     """Generate a continuation of `prompt` (text, or token ids) with `model` (any Decoder).
 
     Sampling options (temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
     frequency_penalty, penalty_last_n, logit_bias, seed) are those of SamplingParams.
     max_tokens None means "until EOS or the context is full".
+    cache: a PrefixCache kept across calls (the prompt reuses the prefix it shares with it).
+    logprobs: report each token's logprob and this many alternatives (result.logprobs).
     """
+    if isinstance(prompt, bytes | bytearray):
+        raise InvalidRequest("prompt must be text or a sequence of token ids, not bytes")
     tok = model.tokenizer
     ids = list(prompt) if not isinstance(prompt, str) else tok.encode(prompt, add_special, parse_special)
-    return _start(model, ids, max_tokens, stop, sampling)
+    capacity = cache.capacity if cache is not None else None
+    req = make_request(model, ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs, context=capacity,
+                       **sampling)
+    return Generation(lambda gen: _run(gen, model, req, cache))
 
 
 def chat(model: Any, messages: Sequence[dict], *, template: str | None = None, **options: Any) -> Generation:
     """Generate the assistant's reply to `messages` (list of {"role", "content"} dicts).
 
     The template is the file's tokenizer.chat_template, else the family's default, else
-    `template=`. Other options are those of `generate`.
+    `template=`. Other options are those of `generate` (`cache=` keeps the conversation's
+    KV between turns, so a turn computes only its new tokens).
     """
+    return generate(model, chat_prompt(model, messages, template), **options)
+
+
+def chat_prompt(model: Any, messages: Sequence[dict], template: str | None = None) -> list[int]:
+    """Token ids of `messages` rendered with the chat template, ending in the assistant's turn."""
     from archrun.chat_template import chat_tokens
 
     template = template or model.chat_template
-    ids = chat_tokens(model.tokenizer, list(messages), template=template, add_generation_prompt=True)
-    max_tokens = options.pop("max_tokens", 256)
-    stop = options.pop("stop", None)
-    return _start(model, ids, max_tokens, stop, options)
+    return chat_tokens(model.tokenizer, list(messages), template=template, add_generation_prompt=True)
 
 
-def _start(model: Any, ids: list[int], max_tokens: int | None, stop: Any, sampling: dict) -> Generation:
+def make_request(model: Any, ids: Sequence[int], *, max_tokens: int | None = 256, stop: Any = None,
+                 logprobs: int | None = None, context: int | None = None, **sampling: Any) -> GenerationRequest:
+    """Validate a generation against `model` (context: the tokens a cache holds; default n_ctx).
+
+    Raises InvalidRequest for options out of range and ContextOverflow when the prompt leaves
+    no room to generate. The budget is max_tokens capped by the room left in the context.
+    """
     unknown = set(sampling) - _SAMPLING_FIELDS
     if unknown:
         raise InvalidRequest(f"unknown generation option(s): {', '.join(sorted(unknown))}")
     params = SamplingParams(**sampling)
     stops = _check_stops(stop)
-    n_ctx = model.descriptor.n_ctx
-    if not ids:
-        raise InvalidRequest("the prompt is empty")
+    ids = _check_prompt_ids(ids, model.descriptor.n_vocab)
+    n_ctx = context or model.descriptor.n_ctx
     if len(ids) >= n_ctx:
         raise ContextOverflow(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
-                                   or max_tokens < 1):
+    if max_tokens is not None and not _is_int(max_tokens, 1):
         raise InvalidRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
-    budget = n_ctx - len(ids) if max_tokens is None else min(max_tokens, n_ctx - len(ids))
-    sampler = Sampler(params, model.descriptor.n_vocab)
-    return Generation(lambda gen: _run(gen, model, ids, budget, stops, sampler))
+    if logprobs is not None and not _is_int(logprobs, 0, MAX_TOP_LOGPROBS):
+        raise InvalidRequest(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {logprobs!r}")
+    room = n_ctx - len(ids)
+    budget = room if max_tokens is None else min(int(max_tokens), room)
+    Sampler(params, model.descriptor.n_vocab)  # validates logit_bias against the vocabulary
+    return GenerationRequest(ids=tuple(ids), budget=budget, stops=stops, params=params,
+                             logprobs=None if logprobs is None else int(logprobs))
+
+
+def _is_int(x: Any, lo: int, hi: int | None = None) -> bool:
+    ok = isinstance(x, int | np.integer) and not isinstance(x, bool) and x >= lo
+    return ok and (hi is None or x <= hi)
+
+
+def _check_prompt_ids(ids: Sequence[int], n_vocab: int) -> list[int]:
+    if len(ids) == 0:
+        raise InvalidRequest("the prompt is empty")
+    if not all(_is_int(t, 0) for t in ids):
+        raise InvalidRequest("prompt token ids must be non-negative integers")
+    out = [int(t) for t in ids]
+    if max(out) >= n_vocab:
+        raise InvalidRequest(f"prompt token id {max(out)} is outside the vocabulary [0, {n_vocab})")
+    return out
 
 
 def _check_stops(stop: Any) -> tuple[str, ...]:
@@ -106,57 +171,118 @@ def _check_stops(stop: Any) -> tuple[str, ...]:
         return ()
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, (list, tuple)) or len(stop) > 16:
+    if not isinstance(stop, list | tuple) or len(stop) > 16:
         raise InvalidRequest("stop must be a string or a list of at most 16 strings")
     if not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop):
         raise InvalidRequest("every stop string must be a non-empty string of at most 256 characters")
     return tuple(stop)
 
 
-def _run(gen: Generation, model: Any, ids: list[int], budget: int, stops: tuple[str, ...],
-         sampler: Sampler) -> Iterator[str]:
-    """The generation loop: prefill, then sample/step until EOG, a stop string or the budget."""
-    tok = model.tokenizer
-    eog = tok.eog_ids
-    cache = model.init_cache(len(ids) + budget)
+class Decoding:
+    """One sequence being generated: each step's logits in, the next token and text out.
+
+    `accept(logits)` samples the next token and returns the text that is now safe to stream
+    (never broken UTF-8, never part of a stop string). Once `done`, nothing more is fed;
+    otherwise `next_ids` is what the model must append before the next `accept`.
+    """
+
+    def __init__(self, tokenizer: Any, request: GenerationRequest, n_vocab: int):
+        self.request = request
+        self.sampler = Sampler(request.params, n_vocab)
+        self.eog = tokenizer.eog_ids
+        self.detok = tokenizer.incremental()
+        self.history = list(request.ids)
+        self.out_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = [] if request.logprobs is not None else None
+        self.text, self.emitted = "", 0     # text so far; chars of it already returned
+        self.done, self.finish_reason = False, "length"
+
+    @property
+    def next_ids(self) -> list[int]:
+        """The ids to append before the next accept (the token just sampled)."""
+        return self.out_ids[-1:]
+
+    def accept(self, logits: np.ndarray) -> str:
+        """Sample from logits [vocab]; return the newly streamable text ('' if none yet)."""
+        nxt = self.sampler(logits, self.history)
+        if nxt in self.eog:
+            return self._finish("stop")
+        if self.logprobs is not None:
+            self.logprobs.append(_logprob(logits, nxt, self.request.logprobs))
+        self.out_ids.append(nxt)
+        self.history.append(nxt)
+        self.text += self.detok.push(nxt)
+        cut = _find_stop(self.text, self.request.stops, self.emitted)
+        if cut is not None:
+            self.text = self.text[:cut]
+            return self._finish("stop")
+        if len(self.out_ids) >= self.request.budget:
+            self.text += self.detok.flush()
+            cut = _find_stop(self.text, self.request.stops, self.emitted)
+            if cut is not None:
+                self.text = self.text[:cut]
+            return self._finish("stop" if cut is not None else "length")
+        safe = len(self.text) - _held_back(self.text, self.request.stops)
+        piece = self.text[self.emitted:safe] if safe > self.emitted else ""
+        self.emitted = max(self.emitted, safe)
+        return piece
+
+    def _finish(self, reason: str) -> str:
+        self.done, self.finish_reason = True, reason
+        piece = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        return piece
+
+    def result(self, prompt_s: float, gen_s: float, cached_tokens: int = 0) -> GenerationResult:
+        """The GenerationResult (call once done)."""
+        n_prompt = len(self.request.ids)
+        return GenerationResult(
+            text=self.text, token_ids=tuple(self.out_ids), finish_reason=self.finish_reason,
+            prompt_tokens=n_prompt, completion_tokens=len(self.out_ids),
+            timings=_timings(n_prompt - cached_tokens, len(self.out_ids), prompt_s, gen_s),
+            cached_tokens=cached_tokens, logprobs=None if self.logprobs is None else tuple(self.logprobs),
+        )
+
+
+def _logprob(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
+    """The model's log-softmax at `token` and its n_top most likely tokens."""
+    x = np.asarray(logits, dtype=np.float64)
+    lse = x.max() + np.log(np.exp(x - x.max()).sum())
+    top: tuple[tuple[int, float], ...] = ()
+    if n_top:
+        best = np.argpartition(-x, n_top - 1)[:n_top]
+        best = best[np.argsort(-x[best], kind="stable")]
+        top = tuple((int(i), float(x[i] - lse)) for i in best)
+    return TokenLogprob(token=token, logprob=float(x[token] - lse), top=top)
+
+
+def _run(gen: Generation, model: Any, req: GenerationRequest, cache: PrefixCache | None) -> Iterator[str]:
+    """The generation loop: prefill what the cache lacks, then sample/step until done."""
+    dec = Decoding(model.tokenizer, req, model.descriptor.n_vocab)
+    cache = cache if cache is not None else PrefixCache(model.init_cache(len(req.ids) + req.budget))
+    feed = cache.prepare(req.ids)
     t0 = time.perf_counter()
-    logits = model.forward_step(np.asarray(ids), cache)
+    logits = _step(model, cache, feed)
     t1 = time.perf_counter()
-    history, out_ids = list(ids), []
-    text, emitted = "", 0                     # text so far; chars of it already yielded
-    detok = tok.incremental()
-    finish = "length"
-    while len(out_ids) < budget:
-        nxt = sampler(logits, history)
-        if nxt in eog:
-            finish = "stop"
+    while True:
+        piece = dec.accept(logits)
+        if piece:
+            yield piece
+        if dec.done:
             break
-        out_ids.append(nxt)
-        history.append(nxt)
-        text += detok.push(nxt)
-        cut = _find_stop(text, stops, emitted)
-        if cut is not None:
-            text, finish = text[:cut], "stop"
-            break
-        safe = len(text) - _held_back(text, stops)
-        if safe > emitted:
-            yield text[emitted:safe]
-            emitted = safe
-        if len(out_ids) < budget:
-            logits = model.forward_step([nxt], cache)
-    else:
-        text += detok.flush()
-    if finish == "length" and stops:
-        cut = _find_stop(text, stops, emitted)
-        if cut is not None:
-            text, finish = text[:cut], "stop"
-    if len(text) > emitted:
-        yield text[emitted:]
-    t2 = time.perf_counter()
-    gen.result = GenerationResult(
-        text=text, token_ids=tuple(out_ids), finish_reason=finish, prompt_tokens=len(ids),
-        completion_tokens=len(out_ids), timings=_timings(len(ids), len(out_ids), t1 - t0, t2 - t1),
-    )
+        logits = _step(model, cache, dec.next_ids)
+    gen.result = dec.result(t1 - t0, time.perf_counter() - t1, cached_tokens=len(req.ids) - len(feed))
+
+
+def _step(model: Any, cache: PrefixCache, ids: list[int]) -> np.ndarray:
+    """Append ids to the cache; last-position logits. A step cut short leaves the cache empty."""
+    try:
+        logits = model.forward_step(np.asarray(ids, dtype=np.int64), cache.cache)
+    except BaseException:
+        cache.reset()  # ring slots may hold rows of the unfinished step
+        raise
+    cache.fed(ids)
+    return logits
 
 
 def _find_stop(text: str, stops: tuple[str, ...], emitted: int) -> int | None:

@@ -1,0 +1,272 @@
+"""The HTTP layer: OpenAI-compatible routes on Starlette, in front of the batching Engine.
+
+Every route checks the API key (except /health), reads at most `max_body` bytes (413 beyond,
+before parsing) and answers errors in OpenAI's shape: {"error": {"message", "type", "code"}}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from archrun.errors import ArchrunError
+from archrun.generation import GenerationRequest, GenerationResult, chat_prompt, make_request
+from archrun.serve import protocol
+from archrun.serve.config import ServeConfig
+from archrun.serve.engine import Engine, Event, QueueFull, Ticket
+from archrun.serve.metrics import Metrics
+
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+
+
+class ApiError(Exception):
+    """An HTTP error answered in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": None, "code": self.status}},
+                            status_code=self.status)
+
+
+def _api_error(exc: BaseException) -> ApiError:
+    """The HTTP error for an exception raised while serving a request."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, QueueFull):
+        return ApiError(429, str(exc), "rate_limit_error")
+    if isinstance(exc, ArchrunError):
+        return ApiError(400, str(exc))
+    return ApiError(500, f"internal error ({type(exc).__name__})", "server_error")
+
+
+class Server:
+    """The routes' shared state: model, engine, options, metrics."""
+
+    def __init__(self, model: Any, config: ServeConfig, model_id: str):
+        self.model, self.config, self.model_id = model, config, model_id
+        self.ctx = config.context_for(model.descriptor.n_ctx)
+        self.metrics = Metrics()
+        self.engine = Engine(model, parallel=config.parallel, ctx=self.ctx, queue=config.queue,
+                             prefill_chunk=config.prefill_chunk, metrics=self.metrics)
+        self.logprobs = protocol.LogprobFormatter(model.tokenizer)
+        self.created = int(time.time())
+
+    def routes(self) -> list[Route]:
+        """The server's routes, each wrapped with the key check, error mapping and request count."""
+        table = [("/health", self.health, ["GET"]), ("/metrics", self.prometheus, ["GET"]),
+                 ("/v1/models", self.models, ["GET"]), ("/v1/chat/completions", self.chat, ["POST"]),
+                 ("/v1/completions", self.completions, ["POST"])]
+        return [Route(path, self._wrap(path, fn), methods=methods) for path, fn, methods in table]
+
+    def _wrap(self, path: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable:
+        async def endpoint(request: Request) -> Response:
+            try:
+                if path != "/health":
+                    self._check_key(request)
+                response = await handler(request)
+            except Exception as exc:  # every failure is an HTTP answer, never a dropped connection
+                response = _api_error(exc).response()
+            self.metrics.request(path, response.status_code)
+            return response
+
+        return endpoint
+
+    def _check_key(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')", "authentication_error")
+
+    async def _json(self, request: Request) -> dict[str, Any]:
+        """The request body as a JSON object; 413 past max_body (before parsing), 400 if malformed."""
+        limit = self.config.max_body
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            raise ApiError(413 if length.isdigit() else 400, f"the request body exceeds {limit} bytes"
+                           if length.isdigit() else "bad Content-Length")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                raise ApiError(413, f"the request body exceeds {limit} bytes")
+        try:
+            body = json.loads(raw, parse_constant=_no_constants)
+        except (ValueError, RecursionError) as exc:
+            raise ApiError(400, f"malformed JSON: {exc}"[:300]) from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return body
+
+    # -- routes ----------------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "running": self.engine.running,
+                             "waiting": self.metrics.queue_depth})
+
+    async def prometheus(self, request: Request) -> Response:
+        return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "archrun",
+             "context_length": self.ctx}]})
+
+    async def chat(self, request: Request) -> Response:
+        body = await self._json(request)
+        opts = protocol.chat_options(body)
+        messages = protocol.chat_messages(body)
+        ids = await run_in_threadpool(chat_prompt, self.model, messages)
+        req = make_request(self.model, ids, context=self.ctx, **opts.generation)
+        return await self._respond(request, "chat", req, opts)
+
+    async def completions(self, request: Request) -> Response:
+        body = await self._json(request)
+        opts = protocol.completion_options(body)
+        prompt = protocol.completion_prompt(body)
+        ids = await run_in_threadpool(self.model.tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
+        req = make_request(self.model, ids, context=self.ctx, **opts.generation)
+        return await self._respond(request, "completion", req, opts)
+
+    # -- generation ------------------------------------------------------------------------------
+
+    async def _respond(self, request: Request, kind: str, req: GenerationRequest,
+                       opts: protocol.Options) -> Response:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(event: Event) -> None:  # called on the inference thread
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
+                loop.call_soon_threadsafe(events.put_nowait, event)
+
+        ticket = self.engine.submit(req, sink, reuse_prefix=opts.cache_prompt)
+        if opts.stream:
+            return StreamingResponse(self._stream(kind, ticket, events, opts), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            result = await self._collect(request, events)
+        finally:
+            ticket.cancel()  # a no-op once finished; frees the slot when the client left
+        return JSONResponse(self._complete(kind, result, opts))
+
+    async def _collect(self, request: Request, events: asyncio.Queue[Event]) -> GenerationResult:
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    raise ApiError(499, "client disconnected") from None
+                continue
+            if event.error is not None:
+                raise _api_error(event.error)
+            if event.result is not None:
+                return event.result
+
+    def _complete(self, kind: str, result: GenerationResult, opts: protocol.Options) -> dict[str, Any]:
+        lps = result.logprobs if opts.logprobs is not None else None
+        if kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+                      "logprobs": None if lps is None else {"content": self.logprobs.chat(lps), "refusal": None},
+                      "finish_reason": result.finish_reason}
+            out = protocol.envelope("chat.completion", protocol.new_id("chatcmpl"), self.model_id)
+        else:
+            choice = {"index": 0, "text": result.text, "finish_reason": result.finish_reason,
+                      "logprobs": None if lps is None else self.logprobs.completion(lps)}
+            out = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_id)
+        return {**out, "choices": [choice], "usage": protocol.usage(result)}
+
+    async def _stream(self, kind: str, ticket: Ticket, events: asyncio.Queue[Event],
+                      opts: protocol.Options) -> AsyncIterator[str]:
+        chunks = _Chunks(self, kind, opts)
+        finished = False
+        try:
+            if kind == "chat":
+                yield chunks.delta({"role": "assistant", "content": ""})
+            while not finished:
+                event = await events.get()
+                if event.error is not None:
+                    yield _sse(_api_error(event.error).response().body.decode())
+                    break
+                if event.piece or event.logprobs:
+                    yield chunks.piece(event.piece, event.logprobs)
+                if event.result is not None:
+                    finished = True
+                    yield chunks.finish(event.result)
+                    if opts.include_usage:
+                        yield chunks.usage(event.result)
+            yield "data: [DONE]\n\n"
+        finally:
+            if not finished:
+                ticket.cancel()  # the client went away (or the stream failed): free the slot now
+
+
+class _Chunks:
+    """The SSE chunks of one streamed response (chat.completion.chunk or text_completion)."""
+
+    def __init__(self, server: Server, kind: str, opts: protocol.Options):
+        self.server, self.kind, self.opts = server, kind, opts
+        prefix, obj = ("chatcmpl", "chat.completion.chunk") if kind == "chat" else ("cmpl", "text_completion")
+        self.head = protocol.envelope(obj, protocol.new_id(prefix), server.model_id)
+        self.offset = 0  # characters streamed (completion logprobs' text_offset)
+
+    def _choice(self, text_or_delta: Any, logprobs: Any, finish: str | None) -> str:
+        key = "delta" if self.kind == "chat" else "text"
+        choice = {"index": 0, key: text_or_delta, "logprobs": logprobs, "finish_reason": finish}
+        return _sse(json.dumps({**self.head, "choices": [choice]}))
+
+    def delta(self, delta: dict[str, Any]) -> str:
+        return self._choice(delta, None, None)
+
+    def piece(self, text: str, entries: tuple) -> str:
+        lps = None
+        if self.opts.logprobs is not None and entries:
+            fmt = self.server.logprobs
+            lps = {"content": fmt.chat(entries)} if self.kind == "chat" else fmt.completion(entries, self.offset)
+        self.offset += len(text)
+        return self._choice({"content": text} if self.kind == "chat" else text, lps, None)
+
+    def finish(self, result: GenerationResult) -> str:
+        return self._choice({} if self.kind == "chat" else "", None, result.finish_reason)
+
+    def usage(self, result: GenerationResult) -> str:
+        return _sse(json.dumps({**self.head, "choices": [], "usage": protocol.usage(result)}))
+
+
+def _sse(data: str) -> str:
+    return f"data: {data}\n\n"
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def create_app(model: Any, config: ServeConfig, model_id: str) -> Starlette:
+    """The ASGI app serving `model` (any Decoder); its lifespan starts and stops the inference thread."""
+    server = Server(model, config, model_id)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        server.engine.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(server.engine.stop)
+
+    app = Starlette(routes=server.routes(), lifespan=lifespan)
+    app.state.server = server
+    return app

@@ -1,0 +1,46 @@
+"""ServeConfig: the server's options (the `archrun serve` flags), validated when made."""
+
+from __future__ import annotations
+
+import attrs
+
+from archrun.errors import InvalidRequest
+
+
+def _int_in(lo: int, hi: int | None = None):
+    def check(_inst, attr, value) -> None:
+        if value is None and attr.default is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+            bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise InvalidRequest(f"--{attr.name.replace('_', '-')} must be an integer {bound}, got {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class ServeConfig:
+    """How the server listens, batches and bounds its work."""
+
+    host: str = "127.0.0.1"
+    port: int = attrs.field(default=8080, validator=_int_in(0, 65535))   # 0: any free port
+    api_key: str | None = attrs.field(default=None)  # clients must send "Authorization: Bearer <api_key>"
+    parallel: int = attrs.field(default=4, validator=_int_in(1, 256))    # sequences decoded together
+    ctx: int | None = attrs.field(default=None, validator=_int_in(2))    # tokens per sequence (None: min(n_ctx, 4096))
+    queue: int = attrs.field(default=32, validator=_int_in(0))           # requests waiting for a slot (429 beyond)
+    prefill_chunk: int = attrs.field(default=64, validator=_int_in(1))   # prompt tokens per step
+    max_body: int = attrs.field(default=4 << 20, validator=_int_in(1))   # request body bytes (413 beyond)
+    model_name: str | None = None           # the model id clients see (None: the file's name)
+
+    @api_key.validator
+    def _key(self, _attr, value) -> None:
+        if value is not None and (not isinstance(value, str) or not value or not value.isprintable()):
+            raise InvalidRequest("--api-key must be a non-empty printable string")
+
+    def context_for(self, n_ctx: int) -> int:
+        """Tokens each sequence may hold for a model whose context length is n_ctx."""
+        if self.ctx is None:
+            return min(n_ctx, 4096)
+        if self.ctx > n_ctx:
+            raise InvalidRequest(f"--ctx {self.ctx} exceeds the model's context length {n_ctx}")
+        return self.ctx

@@ -1,0 +1,261 @@
+"""Continuous batching: one inference thread owns the model and steps every running sequence.
+
+Requests wait in a bounded queue (QueueFull beyond it) and join the running batch at a token
+boundary, in a slot whose cached ids share the longest prefix with their prompt (that KV is
+reused, see archrun.cache.PrefixCache). A prompt is computed in chunks of `prefill_chunk`
+tokens per step, alongside the other sequences' next tokens, so running streams keep flowing.
+Each step is one call of the model's batch entry (`forward_step_batch`, where `caps.batch`
+says it exists; else one forward_step per sequence). A cancelled request leaves at the next
+boundary and its slot is free at once.
+
+Results go back through a sink: a callable the engine thread calls with each Event (the
+server's sink hands them to its event loop).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from archrun.cache import PrefixCache, common_prefix
+from archrun.errors import ArchrunError
+from archrun.generation import Decoding, GenerationRequest, GenerationResult, TokenLogprob
+from archrun.serve.metrics import Metrics
+
+
+class QueueFull(ArchrunError):
+    """Every slot is busy and the queue of waiting requests is at its bound."""
+
+
+@attrs.frozen
+class Event:
+    """What a request's sink receives: text (with its tokens' logprobs), then a result or an error."""
+
+    piece: str = ""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    result: GenerationResult | None = None
+    error: BaseException | None = None
+
+
+class Ticket:
+    """A submitted request: `cancel()` drops it (waiting or running) at the next token boundary."""
+
+    def __init__(self, engine: Engine, request: GenerationRequest, sink: Callable[[Event], None],
+                 reuse_prefix: bool = True):
+        self.engine, self.request, self.sink, self.reuse_prefix = engine, request, sink, reuse_prefix
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Stop generating for this request and free its slot."""
+        self.cancelled = True
+        self.engine.wake()
+
+
+class _Slot:
+    """One sequence's place in the batch: its cache (made on first use) and who runs in it."""
+
+    def __init__(self) -> None:
+        self.cache: PrefixCache | None = None
+        self.last_used = 0.0
+
+
+class _Running:
+    """A request in the batch: its slot, the prompt ids still to compute, its Decoding."""
+
+    def __init__(self, ticket: Ticket, slot: _Slot, feed: list[int], decoding: Decoding):
+        self.ticket, self.slot, self.feed, self.decoding = ticket, slot, feed, decoding
+        self.cached = len(ticket.request.ids) - len(feed)
+        self.t_start = time.perf_counter()
+        self.t_first: float | None = None
+        self.n_logprobs = 0           # logprob entries already sent
+
+    def next_ids(self, prefill_room: int) -> list[int]:
+        """Ids to append this step: a chunk of the prompt, or the token just sampled."""
+        return self.feed[:prefill_room] if self.feed else self.decoding.next_ids
+
+
+class Engine:
+    """The inference thread and its batch (see the module docstring)."""
+
+    def __init__(self, model: Any, *, parallel: int, ctx: int, queue: int, prefill_chunk: int,
+                 metrics: Metrics | None = None):
+        self.model, self.ctx, self.queue_bound, self.prefill_chunk = model, ctx, queue, prefill_chunk
+        self.metrics = metrics or Metrics()
+        self._free = [_Slot() for _ in range(parallel)]
+        self._waiting: deque[Ticket] = deque()
+        self._running: list[_Running] = []       # touched only by the inference thread
+        self._cond = threading.Condition()
+        self._stop = False
+        self._batch = model.forward_step_batch if model.caps.batch else None
+        self._thread = threading.Thread(target=self._loop, name="archrun-inference", daemon=True)
+
+    # -- any thread ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the inference thread."""
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish the current step, fail what is left, and end the thread."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """Make the inference thread look at its queue and cancellations now."""
+        with self._cond:
+            self._cond.notify()
+
+    def submit(self, request: GenerationRequest, sink: Callable[[Event], None], reuse_prefix: bool = True) -> Ticket:
+        """Queue a request; raises QueueFull when `queue` requests already wait for a slot.
+
+        reuse_prefix False computes the whole prompt (its numbers then never depend on what was
+        cached before: chunked and whole prefills round differently).
+        """
+        ticket = Ticket(self, request, sink, reuse_prefix)
+        with self._cond:
+            if self._stop:
+                raise QueueFull("the server is shutting down")
+            if len(self._waiting) >= self.queue_bound and not self._free_now():
+                raise QueueFull(f"all {len(self._free) + len(self._running)} slots are busy and "
+                                f"{len(self._waiting)} requests are waiting")
+            self._waiting.append(ticket)
+            self.metrics.queue_depth = len(self._waiting)
+            self._cond.notify()
+        return ticket
+
+    def _free_now(self) -> int:
+        return max(0, len(self._free) - len(self._waiting))
+
+    @property
+    def running(self) -> int:
+        """Sequences in the batch."""
+        return len(self._running)
+
+    # -- the inference thread ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop:
+                    self._drop_cancelled()
+                    self._admit()
+                    if self._running:
+                        break
+                    self._cond.wait()
+                if self._stop:
+                    break
+            self._step()
+        self._fail_all(QueueFull("the server is shutting down"))
+
+    def _drop_cancelled(self) -> None:
+        self._waiting = deque(t for t in self._waiting if not t.cancelled)
+        for run in [r for r in self._running if r.ticket.cancelled]:
+            self._release(run)
+        self.metrics.queue_depth = len(self._waiting)
+
+    def _admit(self) -> None:
+        """Move waiting requests into free slots, each into the one sharing most of its prompt."""
+        while self._waiting and self._free:
+            ticket = self._waiting.popleft()
+            slot = max(self._free, key=lambda s: (self._shared(s, ticket.request.ids), -s.last_used))  # LRU on ties
+            self._free.remove(slot)
+            if slot.cache is None:
+                slot.cache = PrefixCache(self.model.init_cache(self.ctx))
+            if not ticket.reuse_prefix:
+                slot.cache.reset()
+            feed = slot.cache.prepare(ticket.request.ids)
+            decoding = Decoding(self.model.tokenizer, ticket.request, self.model.descriptor.n_vocab)
+            self._running.append(_Running(ticket, slot, feed, decoding))
+        self.metrics.queue_depth = len(self._waiting)
+
+    @staticmethod
+    def _shared(slot: _Slot, ids: tuple[int, ...]) -> int:
+        return common_prefix(slot.cache.ids, ids) if slot.cache is not None else 0
+
+    def _release(self, run: _Running) -> None:
+        with self._cond:
+            self._running.remove(run)
+            run.slot.last_used = time.monotonic()
+            self._free.append(run.slot)
+
+    def _plan(self) -> list[tuple[_Running, list[int]]]:
+        """This step's (sequence, ids): every decoding sequence, plus prompt chunks within budget."""
+        room, batch = self.prefill_chunk, []
+        for run in self._running:
+            if run.feed and room <= 0:
+                continue
+            ids = run.next_ids(room)
+            if run.feed:
+                room -= len(ids)
+            batch.append((run, ids))
+        return batch
+
+    def _step(self) -> None:
+        batch = self._plan()
+        try:
+            logits = self._forward([ids for _, ids in batch], [run.slot.cache.cache for run, _ in batch])
+        except Exception as exc:  # a failed step fails its sequences; the engine goes on
+            for run, _ in batch:
+                run.slot.cache.reset()
+                self._end(run, Event(error=exc))
+            return
+        generated = prefilled = 0
+        for (run, ids), lg in zip(batch, logits, strict=True):
+            run.slot.cache.fed(ids)
+            if run.feed:
+                run.feed = run.feed[len(ids):]
+                prefilled += len(ids)
+                if run.feed:
+                    continue
+            try:
+                generated += self._accept(run, lg)
+            except Exception as exc:  # e.g. logits the sampler refuses: this sequence ends, not the engine
+                self._end(run, Event(error=exc))
+        self.metrics.step(len(batch), prefilled, generated)
+
+    def _forward(self, ids: list[list[int]], caches: list[Any]) -> list[np.ndarray]:
+        arrays = [np.asarray(x, dtype=np.int64) for x in ids]
+        if self._batch is not None:
+            return self._batch(arrays, caches)
+        return [self.model.forward_step(a, c) for a, c in zip(arrays, caches, strict=True)]
+
+    def _accept(self, run: _Running, logits: np.ndarray) -> int:
+        """Sample the sequence's next token and send what it adds; returns tokens generated (0/1)."""
+        if run.ticket.cancelled:
+            return 0
+        dec = run.decoding
+        before = len(dec.out_ids)
+        if run.t_first is None:
+            run.t_first = time.perf_counter()
+        piece = dec.accept(logits)
+        new = tuple(dec.logprobs[run.n_logprobs:]) if dec.logprobs is not None else ()
+        run.n_logprobs += len(new)
+        if piece or new:
+            run.ticket.sink(Event(piece=piece, logprobs=new))
+        if dec.done:
+            now = time.perf_counter()
+            result = dec.result(run.t_first - run.t_start, now - run.t_first, cached_tokens=run.cached)
+            self.metrics.finished(result.prompt_tokens)
+            self._end(run, Event(result=result))
+        return len(dec.out_ids) - before
+
+    def _end(self, run: _Running, event: Event) -> None:
+        if run in self._running:
+            self._release(run)
+        run.ticket.sink(event)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._cond:
+            for ticket in self._waiting:
+                ticket.sink(Event(error=exc))
+            self._waiting.clear()
+        for run in list(self._running):
+            self._end(run, Event(error=exc))
