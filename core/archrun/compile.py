@@ -217,13 +217,19 @@ class _Conventions:
         return value
 
     def norm(self) -> tuple[str | None, float]:
-        """(norm op, epsilon): the hint, or what the file's epsilon key says."""
-        for key, kind in NORM_BY_EPSILON_KEY.items():
-            if self.meta.has(key):
-                eps = self.meta.get(key, float)
-                if not 0.0 < eps < 1.0:
-                    raise MetadataError(f"{self.meta.key(key)!r} = {eps} is not a valid epsilon")
-                return self.fam.norm or kind, eps
+        """(norm op, epsilon): the hint, or what the file's epsilon key says.
+
+        A file may carry both epsilon keys; a stated norm reads its own kind's ("layer_1p" the
+        LayerNorm one), else the first key in NORM_BY_EPSILON_KEY order names the norm.
+        """
+        present = [(key, kind) for key, kind in NORM_BY_EPSILON_KEY.items() if self.meta.has(key)]
+        stated = self.fam.norm
+        own = [(key, kind) for key, kind in present if stated and (stated == kind or stated.startswith(kind + "_"))]
+        for key, kind in own or present:
+            eps = self.meta.get(key, float)
+            if not 0.0 < eps < 1.0:
+                raise MetadataError(f"{self.meta.key(key)!r} = {eps} is not a valid epsilon")
+            return stated or kind, eps
         raise MetadataError(f"missing required metadata key {self.meta.key(next(iter(NORM_BY_EPSILON_KEY)))!r}")
 
     def gating(self) -> str | None:
@@ -262,7 +268,8 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) 
     tied = not t.has("output")
     if not tied:
         t.expect("output", None, (n_embd, n_vocab))
-    t.expect("output_norm", None, (n_embd,))
+    if fam.norm_weights:
+        t.expect("output_norm", None, (n_embd,))
     positions = t.has("position_embd")
     if positions:
         pos = t.shape("position_embd")
@@ -288,16 +295,30 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) 
         norm_eps=eps,
         embed_scale=math.sqrt(n_embd) if embed_scale == "sqrt_n_embd" else embed_scale,
         tied_output=tied,
-        logit_scale=fam.logit_scale or 1.0,
+        logit_scale=_logit_scale(meta, conv, fam),
         logit_softcap=softcap_value,
         output_norm_bias=_vector_if_present(t, "output_norm.bias", None, n_embd),
         output_bias=not tied and _vector_if_present(t, "output.bias", None, n_vocab),
         position_embedding=positions,
+        embed_norm=_vector_if_present(t, "token_embd_norm", None, n_embd),
+        embed_norm_bias=_vector_if_present(t, "token_embd_norm.bias", None, n_embd),
+        norm_weights=fam.norm_weights,
         block_style=block_style or fam.block_style,
         nextn_layers=nextn_layers,
         tensor_names=t.names,
         **({"softcap": softcap} if softcap else {}),
     )
+
+
+def _logit_scale(meta: _Meta, conv: _Conventions, fam: FamilyHints) -> float:
+    """The logits' multiplier: the file's `logit_scale` key as the family says it applies, else the hint."""
+    if not meta.has("logit_scale"):
+        return fam.logit_scale or 1.0
+    value = meta.get("logit_scale", float)
+    if not 0.0 < value < 1e6:
+        raise MetadataError(f"{meta.key('logit_scale')!r} = {value} is not a valid logit scale")
+    use = conv.need("logit_scale_key")
+    return 1.0 / value if use == "divide" else value
 
 
 def _vector_if_present(t: _Tensors, role: str, i: int | None, n: int) -> bool:
@@ -414,11 +435,13 @@ class _Geometry:
 
     def layer(self, i: int) -> LayerSpec:
         t, d = self.t, self.n_embd
-        t.expect("attn_norm", i, (d,))
+        pre, weights = self.fam.pre_norms, self.fam.norm_weights
+        if pre and weights:
+            t.expect("attn_norm", i, (d,))
         if i < self.leading_dense and t.has("ffn_gate_inp", i):
             raise MetadataError(f"layer {i} has a router but leading_dense_block_count says the first "
                                 f"{self.leading_dense} layers are dense")
-        ffn_norm = _vector_if_present(t, "ffn_norm", i, d)
+        ffn_norm = pre and (_vector_if_present(t, "ffn_norm", i, d) if weights else True)
         return LayerSpec(
             attention=self._attention(i),
             ffn=self._moe(i) if t.has("ffn_gate_inp", i) else self._dense(i),
@@ -427,7 +450,8 @@ class _Geometry:
             residual=self.residual or "",
             residual_scale=self.meta.get("residual_scale", float, 0.0) or self.fam.residual_scale or 1.0,
             ffn_norm=ffn_norm,
-            norm_bias=self._norm_bias(i, ffn_norm),
+            attn_norm=pre,
+            norm_bias=pre and weights and self._norm_bias(i, ffn_norm),
         )
 
     def _norm_bias(self, i: int, ffn_norm: bool) -> bool:
@@ -455,13 +479,15 @@ class _Geometry:
                 t.expect("attn_v.bias", i, (n_kv * vd,))
         t.expect("attn_output", i, (n_head * vd, d))
         qk_norm = t.has("attn_q_norm", i)
+        full = qk_norm and t.shape("attn_q_norm", i)[0] != hd  # one norm over all heads (OLMo 2)
         if qk_norm:
-            t.expect("attn_q_norm", i, (hd,))
-            t.expect("attn_k_norm", i, (hd,))
+            t.expect("attn_q_norm", i, (n_head * hd if full else hd,))
+            t.expect("attn_k_norm", i, (n_kv * hd if full else hd,))
         sliding = self.sliding[i]
         return AttentionSpec(
             kind=self.attention_kind or "", n_head=n_head, n_head_kv=n_kv, head_dim=hd, v_head_dim=vd,
             scale=self.scale, rope=self._rope_table(i), window=self.window if sliding else 0, qk_norm=qk_norm,
+            qk_norm_full=full,
             qkv_bias=bias, output_bias=t.has("attn_output.bias", i), softcap=self.softcap, qkv_packed=packed,
             alibi_max_bias=self.alibi_max_bias,
         )

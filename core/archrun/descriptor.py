@@ -42,6 +42,7 @@ _ROLES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "output.bias": (_T.OUTPUT, "bias"),
     "rope_freqs": (_T.ROPE_FREQS, "weight"), "rope_factors_long": (_T.ROPE_FACTORS_LONG, "weight"),
     "rope_factors_short": (_T.ROPE_FACTORS_SHORT, "weight"),
+    "token_embd_norm": (_T.TOKEN_EMBD_NORM, "weight"), "token_embd_norm.bias": (_T.TOKEN_EMBD_NORM, "bias"),
     "attn_norm": (_T.ATTN_NORM, "weight"), "attn_norm.bias": (_T.ATTN_NORM, "bias"),
     "attn_qkv": (_T.ATTN_QKV, "weight"), "attn_qkv.bias": (_T.ATTN_QKV, "bias"),
     "attn_q": (_T.ATTN_Q, "weight"), "attn_k": (_T.ATTN_K, "weight"), "attn_v": (_T.ATTN_V, "weight"),
@@ -133,6 +134,7 @@ class AttentionSpec:
     rope: int = field(default=0, validator=_nonneg_int)  # index into Descriptor.rope_tables
     window: int = field(default=0, validator=_nonneg_int)
     qk_norm: bool = field(default=False, validator=v.instance_of(bool))
+    qk_norm_full: bool = field(default=False, validator=v.instance_of(bool))  # q/k norms span all heads
     qkv_bias: bool = field(default=False, validator=v.instance_of(bool))
     output_bias: bool = field(default=False, validator=v.instance_of(bool))
     softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))
@@ -212,7 +214,8 @@ class LayerSpec:
     "sequential": g = x + s a, out = g + s f; "parallel": g = x, out = x + s (a + f).
 
     ffn_norm False: the FFN reads the attention's normed input (a parallel block with one norm).
-    residual_scale s multiplies each branch before it joins the stream.
+    attn_norm False: the block has no pre-norms at all (attention reads x, the FFN reads g as is;
+    post-norms only, as OLMo 2). residual_scale s multiplies each branch before it joins the stream.
     """
 
     attention: AttentionSpec = field(validator=v.instance_of(AttentionSpec))
@@ -222,6 +225,7 @@ class LayerSpec:
     residual: str = field(default="sequential", validator=v.instance_of(str))  # vocabulary slot "residual"
     residual_scale: float = field(default=1.0, converter=float)
     ffn_norm: bool = field(default=True, validator=v.instance_of(bool))
+    attn_norm: bool = field(default=True, validator=v.instance_of(bool))
     norm_bias: bool = field(default=False, validator=v.instance_of(bool))  # attn/ffn norms carry biases
 
     @property
@@ -237,6 +241,9 @@ class Descriptor:
     that follow them in the file (block indices n_layer, n_layer+1, ...), not part of the trunk.
     position_embedding: a learned absolute position table (role "position_embd", [positions, d])
     is added to the token embeddings at each position; its rows bound the positions.
+    embed_norm: the (scaled, position-added) embeddings pass through the norm op with the
+    `token_embd_norm` weight (and bias). norm_weights False: norms have no learned weight (unit
+    scale; OLMo's non-parametric LayerNorm), so no norm weight tensors exist.
     """
 
     architecture: str = field(validator=v.instance_of(str))
@@ -259,6 +266,9 @@ class Descriptor:
     output_norm_bias: bool = field(default=False, validator=v.instance_of(bool))
     output_bias: bool = field(default=False, validator=v.instance_of(bool))  # an `output.bias` on the head
     position_embedding: bool = field(default=False, validator=v.instance_of(bool))
+    embed_norm: bool = field(default=False, validator=v.instance_of(bool))
+    embed_norm_bias: bool = field(default=False, validator=v.instance_of(bool))
+    norm_weights: bool = field(default=True, validator=v.instance_of(bool))
     block_style: str = field(default="fused", validator=v.instance_of(str))  # vocabulary slot "block_style"
     nextn_layers: tuple[LayerSpec, ...] = field(
         default=(), converter=tuple, validator=v.deep_iterable(v.instance_of(LayerSpec))

@@ -38,7 +38,9 @@ CONVENTIONS: Mapping[str, tuple[str, str | None]] = MappingProxyType({
     "moe": ("the mixture-of-experts op", "moe"),
     "gating": ("the expert gating function (files may say it in expert_gating_func)", "gating"),
     "softcap": ("the final-logit softcap op", "softcap"),
+    "logit_scale_key": ("how the file's logit_scale key applies to the logits: 'multiply' or 'divide'", None),
 })
+LOGIT_SCALE_USES = ("multiply", "divide")
 
 # What files say by key (GGUF's own numbering and key names) -> the vocabulary it means.
 NORM_BY_EPSILON_KEY: Mapping[str, str] = MappingProxyType({
@@ -86,6 +88,9 @@ class FamilyHints:
     None: the architecture has no such tensor); `swa_period` P > 0 makes layer i sliding iff
     i % P < P - 1 unless the file has attention.sliding_window_pattern; `nope_period` P > 0 makes
     every P-th layer (i % P == P - 1) use no rotary embedding; `block_style` the default style.
+    `pre_norms` False: blocks have no attn/ffn pre-norms (post-norms only); `norm_weights` False:
+    norms have no learned weights (no norm weight tensors). `logit_scale_key`: how a file's
+    `logit_scale` key applies ("multiply", or "divide" as granite's does).
     """
 
     name: str = field(validator=v.instance_of(str))
@@ -99,6 +104,9 @@ class FamilyHints:
     gating: str | None = field(default=None, validator=_opt_str)
     softcap: str | None = field(default=None, validator=_opt_str)
     moe_weights_norm: bool = False
+    logit_scale_key: str | None = field(default=None, validator=v.optional(v.in_(LOGIT_SCALE_USES)))
+    pre_norms: bool = True
+    norm_weights: bool = True
     residual_scale: float | None = field(default=None, converter=_opt_float)
     logit_scale: float | None = field(default=None, converter=_opt_float)
     defaults: Mapping[str, Any] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
@@ -127,7 +135,7 @@ def _hint_value(name: str, value: Any) -> Any:
     """A hint from a command line arrives as a string: convert the non-string fields."""
     if not isinstance(value, str):
         return value
-    if name in ("moe_weights_norm",):
+    if name in ("moe_weights_norm", "pre_norms", "norm_weights"):
         return value.lower() in ("1", "true", "yes")
     if name in ("swa_period", "nope_period"):
         return int(value)

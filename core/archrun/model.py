@@ -11,6 +11,7 @@ with WrongBlockStyle, and says what it carries in `caps`.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -57,6 +58,10 @@ class _Binder:
 
     def vector(self, role: str, layer: int | None = None) -> np.ndarray:
         return np.ascontiguousarray(self.gguf.dequantize(self._checked(role, layer).name), dtype=F32)
+
+    def norm_weight(self, role: str, layer: int | None = None) -> np.ndarray:
+        """A norm's weight [d]: its tensor, or ones when the model's norms have no learned weights."""
+        return self.vector(role, layer) if self.d.norm_weights else np.ones(self.d.n_embd, F32)
 
     def _checked(self, role: str, layer: int | None) -> TensorInfo:
         """The tensor of `role`, refused at load when archrun cannot execute its quant type."""
@@ -150,8 +155,11 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     b.op("block_style", d.block_style)
     output_norm_b = b.vector("output_norm.bias") if d.output_norm_bias else None
     positions = b.vector("position_embd") if d.position_embedding else None  # [n_positions, d]
-    plan = Plan(d, embed, output, b.vector("output_norm"), output_norm_b, norm, ropes, layers, softcap, b.providers,
-                b, positions)
+    plan = Plan(d, embed, output, b.norm_weight("output_norm"), output_norm_b, norm, ropes, layers, softcap,
+                b.providers, b, positions)
+    if d.embed_norm:
+        plan.embed_norm = b.vector("token_embd_norm")
+        plan.embed_norm_b = b.vector("token_embd_norm.bias") if d.embed_norm_bias else None
     _report_unused_tensors(d, gguf, b.bound)
     return plan
 
@@ -193,18 +201,18 @@ def _bind_rope(b: _Binder, spec) -> Any:
 def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     a = spec.attention
     residual = b.op("residual", spec.residual, spec.residual_scale)
-    if not spec.ffn_norm and not getattr(residual, "ffn_reads_input", False):
+    if spec.attn_norm and not spec.ffn_norm and not getattr(residual, "ffn_reads_input", False):
         # only a topology whose FFN reads the block's input can share the attention's norm
         raise MissingTensor(f"block {i} has no {b.d.tensor_name('ffn_norm', i)!r}, which its residual topology "
                             f"{spec.residual!r} needs")
     lp = LayerPlan(
         spec=spec,
-        attn_norm=b.vector("attn_norm", i),
+        attn_norm=b.norm_weight("attn_norm", i) if spec.attn_norm else None,
         qkv=_bind_qkv(b, i, spec),
         o=b.matrix("attn_output", i, "attn_output.bias" if a.output_bias else None),
         attention=b.op("attention", a.kind, a),
         residual=residual,
-        ffn_norm=b.vector("ffn_norm", i) if spec.ffn_norm else None,
+        ffn_norm=b.norm_weight("ffn_norm", i) if spec.ffn_norm else None,
         ffn=_bind_moe(b, i, spec.ffn) if isinstance(spec.ffn, MoeSpec) else _bind_dense(b, i, spec.ffn),
     )
     if spec.norm_bias:
@@ -398,6 +406,8 @@ class Interpreter:
                 raise ContextOverflow(f"positions {start}..{end - 1} are past the model's {len(table)} learned "
                                       "positions")
             x += table[start:end]
+        if self.plan.embed_norm is not None:
+            x = self.plan.norm(x, self.plan.embed_norm, self.plan.embed_norm_b)
         return x
 
     def head(self, hidden: np.ndarray) -> np.ndarray:
@@ -421,23 +431,34 @@ class Interpreter:
 
     def run_block(self, lp: LayerPlan, x: np.ndarray, slot: Any, start: int, angles: list) -> np.ndarray:
         """One decoder block on x [n, d]; its K/V go to `slot` at rows start..start+n-1."""
+        return self._block(lp, x, angles, lambda q, k, v: lp.attention(q, k, v, slot, start))
+
+    def _block(self, lp: LayerPlan, x: np.ndarray, angles: list,
+               attend: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+        """A decoder block on x [n, d] whose attention is attend(q [n,H,hd], k, v) -> [n, H, vd]."""
         norm, a = self.plan.norm, lp.spec.attention
-        h = norm(x, lp.attn_norm, lp.attn_norm_b)
+        h = x if lp.attn_norm is None else norm(x, lp.attn_norm, lp.attn_norm_b)
         n = len(x)
         q, k, v = lp.qkv(h)
         q = q.reshape(n, a.n_head, a.head_dim)
         k = k.reshape(n, a.n_head_kv, a.head_dim)
         v = v.reshape(n, a.n_head_kv, a.v_head_dim)
-        if lp.q_norm is not None:  # per-head norm before rope
+        if lp.q_norm is not None and a.qk_norm_full:  # one norm over all heads, before rope
+            q = norm(q.reshape(n, -1), lp.q_norm).reshape(q.shape)
+            k = norm(k.reshape(n, -1), lp.k_norm).reshape(k.shape)
+        elif lp.q_norm is not None:  # per-head norm before rope
             q, k = norm(q, lp.q_norm), norm(k, lp.k_norm)
         rope = self.plan.ropes[a.rope]
         if rope is not None:
             cos, sin = angles[a.rope]
             q, k = rope(q, cos, sin), rope(k, cos, sin)
-        o = lp.o(lp.attention(q, k, v, slot, start).reshape(n, a.n_head * a.v_head_dim))
+        o = lp.o(attend(q, k, v).reshape(n, a.n_head * a.v_head_dim))
         if lp.post_attn_norm is not None:
             o = norm(o, lp.post_attn_norm)
-        g = h if lp.ffn_norm is None else norm(lp.residual.ffn_input(x, o), lp.ffn_norm, lp.ffn_norm_b)
+        if lp.ffn_norm is not None:
+            g = norm(lp.residual.ffn_input(x, o), lp.ffn_norm, lp.ffn_norm_b)
+        else:  # a parallel block's shared norm, or (no pre-norms) the FFN's input as is
+            g = h if lp.attn_norm is not None else lp.residual.ffn_input(x, o)
         f = lp.ffn(g)
         if lp.post_ffn_norm is not None:
             f = norm(f, lp.post_ffn_norm)
@@ -474,10 +495,76 @@ class FusedDecoder(Interpreter):
         return self.finish_logits(logits), hidden
 
     def forward_step_batch(self, batch: Sequence[Sequence[int]], caches: Sequence[KvCache]) -> list[np.ndarray]:
-        """One forward_step per (token_ids, cache) pair; returns the last-position logits of each."""
-        if len(batch) != len(caches):
-            raise InvalidRequest("forward_step_batch needs one cache per sequence")
-        return [self.forward_step(ids, cache) for ids, cache in zip(batch, caches, strict=True)]
+        """Append each batch[i] (one token or a span of several) to caches[i], all in one pass.
+
+        Every weight product runs once on the rows of all sequences together (each weight is
+        read once per step, not once per sequence); attention runs per sequence, each at its
+        own position in its own cache. Returns the last-position logits [vocab] of each.
+        Agrees with per-sequence forward_step within the prefill path's rounding (the rows go
+        through the multi-row products).
+        """
+        return [logits[-1] for logits in self.forward_step_batch_spans(batch, caches)]
+
+    def forward_step_batch_spans(self, batch: Sequence[Sequence[int]], caches: Sequence[KvCache],
+                                 all_logits: bool = False) -> list[np.ndarray]:
+        """forward_step_batch returning, per sequence, logits [n_i, vocab] of every position of
+        its span (all_logits) or [1, vocab] of the last (what verification of drafted tokens and
+        chunked prefill of several requests need)."""
+        if len(batch) != len(caches) or not batch:
+            raise InvalidRequest("forward_step_batch needs one cache per sequence (and at least one)")
+        if len({id(c) for c in caches}) != len(caches):
+            raise InvalidRequest("forward_step_batch needs a distinct cache per sequence")
+        spans = [self._check_ids(ids) for ids in batch]
+        for ids, cache in zip(spans, caches, strict=True):
+            cache.check_room(len(ids))
+        if len(spans) == 1:  # one sequence: its own (fused, for one token) path
+            logits = self.forward_step(spans[0], caches[0], all_logits=all_logits)
+            return [logits if all_logits else logits[None, :]]
+        self._decode.rest()  # the multi-row products' BLAS threads need the cores
+        out: list[np.ndarray] = [np.empty(0)] * len(spans)
+        for group in _group_rows([len(ids) for ids in spans], self._rows_per_pass[0]):
+            logits = self._forward_spans([spans[i] for i in group], [caches[i] for i in group], all_logits)
+            for i, lg in zip(group, logits, strict=True):
+                out[i] = lg
+        return out
+
+    @functools.cached_property
+    def _rows_per_pass(self) -> tuple[int, int]:
+        """(blocks, head): most rows a product of the blocks' / the output head's weights takes on the
+        weight-reading integer path. Past it a product dequantizes tiles of the whole matrix first,
+        which pays off for a prefill but not for a batch of decode steps, so batches are cut there."""
+        if self.plan.binder.backend != "fast":
+            return (1 << 30, 1 << 30)
+        from archrun.kernels.qmatrix import INT_MAX_TOKENS
+
+        def limit(names: list[str]) -> int:
+            types = {self.gguf.tensors[n].ggml_type for n in names if n in self.gguf.tensors}
+            return min([INT_MAX_TOKENS[t] for t in types if t in INT_MAX_TOKENS] or [1 << 30])
+
+        bound = sorted(self.plan.binder.bound)
+        head = self.descriptor.tensor_name("token_embd" if self.descriptor.tied_output else "output")
+        return limit([n for n in bound if n.startswith("blk.")]), limit([head])
+
+    def _forward_spans(self, spans: list[np.ndarray], caches: Sequence[KvCache], all_logits: bool) -> list[np.ndarray]:
+        p = self.plan
+        starts = [len(c) for c in caches]
+        ends = np.cumsum([len(ids) for ids in spans])                       # row bounds of each span
+        x = np.concatenate([self.embed(ids, st) for ids, st in zip(spans, starts, strict=True)])  # [N, d]
+        angles = self.rope_angles(np.concatenate([np.arange(st, st + len(ids))
+                                                  for ids, st in zip(spans, starts, strict=True)]))
+        for li, lp in enumerate(p.layers):
+            slots = [c.slots[li] for c in caches]
+            x = self._block(lp, x, angles, _per_span(lp.attention, slots, starts, ends))
+        for ids, cache in zip(spans, caches, strict=True):
+            cache.advance(len(ids))
+        rows = np.arange(len(x)) if all_logits else ends - 1
+        hidden = p.norm(x[rows], p.output_norm, p.output_norm_b)
+        k = self._rows_per_pass[1]
+        parts = range(0, len(hidden), k) if len(hidden) <= 4 * k else [0]
+        logits = np.concatenate([self.head(hidden[i:i + k] if len(parts) > 1 else hidden) for i in parts])
+        if all_logits:
+            return np.split(logits, ends[:-1])
+        return [logits[i:i + 1] for i in range(len(spans))]
 
     def host_step(self, *args: Any, **kwargs: Any) -> HostStep:
         raise WrongBlockStyle("host_step belongs to block style 'host_reference'; this model is 'fused' "
@@ -510,6 +597,34 @@ class HostReferenceDecoder(Interpreter):
     def forward_step_batch_spans(self, *args: Any, **kwargs: Any) -> list[np.ndarray]:
         raise WrongBlockStyle("forward_step_batch_spans belongs to block style 'fused'; "
                               "this model is 'host_reference'")
+
+
+def _group_rows(lengths: list[int], limit: int) -> list[list[int]]:
+    """Indices of spans grouped so each group's rows stay within `limit`; longer spans go together
+    into one group of their own (their products take the many-row path anyway)."""
+    groups: list[list[int]] = []
+    rows = limit
+    long = [i for i, n in enumerate(lengths) if n > limit]
+    for i, n in enumerate(lengths):
+        if n > limit:
+            continue
+        if rows + n > limit:
+            groups.append([])
+            rows = 0
+        groups[-1].append(i)
+        rows += n
+    return groups + ([long] if long else [])
+
+
+def _per_span(attention: Any, slots: list, starts: list[int], ends: np.ndarray) -> Callable:
+    """attend(q, k, v) over the rows of several sequences: each span attends in its own slot."""
+
+    def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        bounds = zip([0, *ends[:-1]], ends, strict=True)
+        return np.concatenate([attention(q[a:b], k[a:b], v[a:b], slot, start)
+                               for (a, b), slot, start in zip(bounds, slots, starts, strict=True)])
+
+    return attend
 
 
 def fused_style() -> type[Interpreter]:

@@ -61,7 +61,7 @@ class LayerPlan:
     """Bound ops and weights of one block."""
 
     spec: LayerSpec
-    attn_norm: np.ndarray
+    attn_norm: np.ndarray | None       # None: the block has no pre-norms
     qkv: Projections                   # h[n, d] -> [q, k, v] (one stacked product when the types allow)
     o: Matrix
     attention: Any                     # bound attention op (makes this layer's cache slot)
@@ -92,3 +92,5 @@ class Plan:
     providers: dict[str, str]          # "slot=name" -> plugin that provides it
     binder: Any                        # archrun.model's binder: binds further blocks on request
     positions: np.ndarray | None = None  # learned absolute position table f32 [n_positions, d], or None
+    embed_norm: np.ndarray | None = None  # a norm over the embeddings (weight [d], bias [d] or None)
+    embed_norm_b: np.ndarray | None = None

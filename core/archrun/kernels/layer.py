@@ -14,7 +14,8 @@ list of them, built once at load):
                               ones padding: (q, k, v) or (q|k|v, -, -); (o, -, -);
                               (gate, up, -), (gate|up, -, -) or (up, -, -) for a plain FFN; (down, -, -)
   vecs   float32 vectors, empty when absent: attn_norm, attn_norm bias, q_norm, k_norm,
-         post_attn_norm, ffn_norm, ffn_norm bias, post_ffn_norm
+         post_attn_norm, ffn_norm, ffn_norm bias, post_ffn_norm (no attn_norm: a block without
+         pre-norms; q/k norms of a head's width apply per head, of all heads' width to the whole)
   geo    int64: n_head, n_kv, head_dim, v_head_dim, n_ff, gated, rope (0/1), and the pool
          group ids of qkv, o_mat, gate_up, down (-1: none)
   fns    parts' functions as first-class values (kernels.parts.Part.value, called f[0](...)): norm, rope,
@@ -60,14 +61,19 @@ def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, r
     norm, pn = fns[F_NORM], params[P_NORM]
     d = x.shape[0]
     h = np.empty(d, _F32)
-    norm[0](pn, x, vecs[V_ATTN_NORM], vecs[V_ATTN_NORM_B], h)
+    if vecs[V_ATTN_NORM].shape[0]:
+        norm[0](pn, x, vecs[V_ATTN_NORM], vecs[V_ATTN_NORM_B], h)
+    else:  # no pre-norms
+        h[:] = x
     nq, nk = n_head * hd, n_kv * hd
     y = np.empty(nq + nk + n_kv * vd, _F32)
     product_group(par, geo[G_QKV], qkv, h, y, chunks)
     q, k, v = y[:nq], y[nq:nq + nk], y[nq + nk:]
     if vecs[V_Q_NORM].shape[0]:
-        _heads_norm(norm, pn, q, n_head, hd, vecs[V_Q_NORM])
-        _heads_norm(norm, pn, k, n_kv, hd, vecs[V_K_NORM])
+        qh = n_head if vecs[V_Q_NORM].shape[0] == hd else 1  # per head, or one norm over all heads
+        kh = n_kv if vecs[V_K_NORM].shape[0] == hd else 1
+        _heads_norm(norm, pn, q, qh, nq // qh, vecs[V_Q_NORM])
+        _heads_norm(norm, pn, k, kh, nk // kh, vecs[V_K_NORM])
     if geo[G_ROPE]:
         rope, pr = fns[F_ROPE], params[P_ROPE]
         rope[0](pr, q, n_head, hd, cos, sin)
@@ -84,12 +90,14 @@ def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, r
 @njit(**_STEP)
 def ffn_input(x, a, h, vecs, fns, params):
     """The FFN sub-block's normed input [d]: the residual's ffn_input of (x, a), through ffn_norm; a
-    block without its own ffn_norm (a parallel block sharing one norm) reads the attention's h."""
-    if not vecs[V_FFN_NORM].shape[0]:
+    block without its own ffn_norm (a parallel block sharing one norm) reads the attention's h, and
+    a block without pre-norms the residual's ffn_input as is."""
+    if not vecs[V_FFN_NORM].shape[0] and vecs[V_ATTN_NORM].shape[0]:
         return h
     g = np.empty(x.shape[0], _F32)
     fns[F_RES_IN][0](params[P_RES], x, a, g)
-    fns[F_NORM][0](params[P_NORM], g, vecs[V_FFN_NORM], vecs[V_FFN_NORM_B], g)
+    if vecs[V_FFN_NORM].shape[0]:
+        fns[F_NORM][0](params[P_NORM], g, vecs[V_FFN_NORM], vecs[V_FFN_NORM_B], g)
     return g
 
 

@@ -1,0 +1,20 @@
+"""archrun-olmo's tiny fixtures: HF OlmoForCausalLM / Olmo2ForCausalLM, converted by llama.cpp's converter."""
+
+from __future__ import annotations
+
+from archrun.conformance.hf import HfArch, TinyFixture
+
+OLMO = HfArch("olmo", "olmo", "OlmoForCausalLM", "OlmoConfig", converter="llama.cpp",
+              defaults={"num_hidden_layers": 2, "rms_norm_eps": None})
+OLMO2 = HfArch("olmo2", "olmo2", "Olmo2ForCausalLM", "Olmo2Config", converter="llama.cpp",
+               defaults={"num_hidden_layers": 2})
+
+ARCHES = (OLMO, OLMO2)
+
+FIXTURES = (
+    TinyFixture("olmo_gqa", "olmo", 1),
+    TinyFixture("olmo_mha_tied", "olmo", 2, {"num_key_value_heads": 4, "tie_word_embeddings": True}),
+    TinyFixture("olmo2_gqa", "olmo2", 1),
+    TinyFixture("olmo2_3layer_8head", "olmo2", 2, {"num_attention_heads": 8, "num_key_value_heads": 4,
+                                                    "num_hidden_layers": 3}),
+)
