@@ -28,7 +28,7 @@ class ServeConfig:
     parallel: int = attrs.field(default=4, validator=_int_in(1, 256))    # sequences decoded together
     ctx: int | None = attrs.field(default=None, validator=_int_in(2))    # tokens per sequence (None: min(n_ctx, 4096))
     queue: int = attrs.field(default=32, validator=_int_in(0))           # requests waiting for a slot (429 beyond)
-    prefill_chunk: int = attrs.field(default=64, validator=_int_in(1))   # prompt tokens per step
+    prefill_chunk: int = attrs.field(default=16, validator=_int_in(1))   # prompt tokens per step
     max_body: int = attrs.field(default=4 << 20, validator=_int_in(1))   # request body bytes (413 beyond)
     model_name: str | None = None           # the model id clients see (None: the file's name)
 
