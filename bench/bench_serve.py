@@ -1,0 +1,186 @@
+"""Benchmark `archrun serve` with 1, 4, 8, 16 concurrent streaming clients on loopback.
+
+The server runs in its own process (`archrun serve MODEL --parallel <max level>`); the clients
+are asyncio tasks in this process, each streaming a /v1/completions request with its own
+prompt and end-of-generation tokens biased away, so every stream generates --max-tokens tokens.
+Per level it prints aggregate decode tok/s (tokens after each stream's first, over the span from
+the first first-token to the last finish), p50/p95 time-to-first-token and the ratio of the
+aggregate to one stream's. A last line measures prefix reuse: the second turn of a conversation
+after a long first one (time-to-first-token and prompt tokens computed).
+
+    python bench/bench_serve.py smollm2 --threads 2
+    python bench/bench_serve.py qwen25 --levels 1,4,8 --llama-python /work/bench-venv/bin/python
+
+--llama-python: an interpreter with llama-cpp-python and its server extra; llama.cpp's own
+server (llama_cpp.server, --n_parallel not supported there: its requests run one at a time)
+is then measured the same way on the same model and thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "scripts"))
+from fetch_models import MODELS, model_path  # noqa: E402
+
+TOPICS = ["the sea", "a mountain", "bread", "a clock", "winter", "a library", "rain", "trains", "the moon",
+          "a garden", "music", "a bridge", "coffee", "a river", "stars", "a forest"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited with status {proc.returncode}")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("the server did not come up")
+
+
+async def _stream(client: httpx.AsyncClient, body: dict) -> tuple[float, float, float, int]:
+    """One streaming completion: (start, first token, end, tokens)."""
+    t0 = time.perf_counter()
+    first, n = None, 0
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                n = chunk["usage"]["completion_tokens"]
+            elif chunk["choices"] and chunk["choices"][0].get("text") and first is None:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return t0, first or end, end, n
+
+
+def _body(i: int, max_tokens: int, no_end: dict) -> dict:
+    return {"model": "m", "prompt": f"Write a short story about {TOPICS[i % len(TOPICS)]}.", "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "logit_bias": no_end}
+
+
+async def _level(url: str, n: int, max_tokens: int, no_end: dict) -> dict:
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        runs = await asyncio.gather(*(_stream(client, _body(i, max_tokens, no_end)) for i in range(n)))
+    ttft = sorted(f - s for s, f, _, _ in runs)
+    decoded = sum(max(0, k - 1) for *_, k in runs)
+    span = max(e for _, _, e, _ in runs) - min(f for _, f, _, _ in runs)
+    p95 = ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))]
+    return {"streams": n, "decode_tok_s": decoded / span if span > 0 else 0.0,
+            "ttft_p50_s": statistics.median(ttft), "ttft_p95_s": p95, "tokens": sum(k for *_, k in runs)}
+
+
+async def _second_turn(url: str, history_words: int) -> dict:
+    """TTFT of a conversation's second turn after a first turn of ~history_words words."""
+    long_text = " ".join(TOPICS[i % len(TOPICS)].split()[-1] for i in range(history_words))
+    turn1 = [{"role": "user", "content": f"Summarise: {long_text}"}]
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        r1 = (await client.post("/v1/chat/completions", json={"messages": turn1, "max_tokens": 8,
+                                                               "temperature": 0})).json()
+        turn2 = [*turn1, r1["choices"][0]["message"], {"role": "user", "content": "Thanks! One more word?"}]
+        t0 = time.perf_counter()
+        r2 = (await client.post("/v1/chat/completions", json={"messages": turn2, "max_tokens": 1,
+                                                               "temperature": 0})).json()
+    ttft = time.perf_counter() - t0
+    usage = r2["usage"]
+    computed = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+    return {"first_turn_prompt_tokens": r1["usage"]["prompt_tokens"],
+            "second_turn_prompt_tokens": usage["prompt_tokens"], "computed": computed, "second_turn_ttft_s": ttft}
+
+
+def _run_levels(name: str, url: str, levels: list[int], max_tokens: int, no_end: dict) -> list[dict]:
+    asyncio.run(_level(url, 1, 4, no_end))  # warm-up
+    rows = []
+    for n in levels:
+        row = asyncio.run(_level(url, n, max_tokens, no_end))
+        row["ratio"] = row["decode_tok_s"] / rows[0]["decode_tok_s"] if rows else 1.0
+        rows.append(row)
+        print(f"{name:10s} {n:3d} streams  decode {row['decode_tok_s']:7.1f} tok/s  x{row['ratio']:.2f}  "
+              f"TTFT p50 {row['ttft_p50_s']:6.2f} s  p95 {row['ttft_p95_s']:6.2f} s", flush=True)
+    return rows
+
+
+def _serve(cmd: list[str], url: str, env: dict) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_ready(url, proc)
+    return proc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help=f"a .gguf path or one of {', '.join(MODELS)}")
+    ap.add_argument("--levels", default="1,4,8,16")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--prefill-chunk", type=int, default=None)
+    ap.add_argument("--llama-python", default=None, help="interpreter with llama-cpp-python[server]")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args()
+    path = str(model_path(args.model)) if args.model in MODELS else args.model
+    levels = [int(x) for x in args.levels.split(",")]
+    from archrun.tokenizer import Tokenizer
+
+    no_end = {str(t): -100 for t in Tokenizer.from_gguf(path).eog_ids}
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "NUMBA_NUM_THREADS": str(args.threads)}
+    cmd = [sys.executable, "-m", "archrun.cli", "serve", path, "--port", str(port), "--parallel", str(max(levels)),
+           "--threads", str(args.threads), "--ctx", "1024", "--queue", str(max(levels))]
+    if args.prefill_chunk:
+        cmd += ["--prefill-chunk", str(args.prefill_chunk)]
+    result = {"model": Path(path).name, "threads": args.threads, "max_tokens": args.max_tokens}
+    proc = _serve(cmd, url, env)
+    try:
+        result["archrun"] = _run_levels("archrun", url, levels, args.max_tokens, no_end)
+        result["prefix_reuse"] = [asyncio.run(_second_turn(url, w)) for w in (50, 400)]
+        for r in result["prefix_reuse"]:
+            print(f"second chat turn after {r['first_turn_prompt_tokens']:4d} prompt tokens: "
+                  f"{r['computed']} of {r['second_turn_prompt_tokens']} computed, TTFT {r['second_turn_ttft_s']:.2f} s")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    if args.llama_python:
+        result["llama.cpp"] = _llama(args, path, levels, no_end)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def _llama(args: argparse.Namespace, path: str, levels: list[int], no_end: dict) -> list[dict]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_threads",
+           str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "4096"]
+    proc = _serve(cmd, url, dict(os.environ))
+    try:
+        return _run_levels("llama.cpp", url, levels, args.max_tokens, no_end)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
