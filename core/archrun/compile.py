@@ -381,9 +381,11 @@ class _Geometry:
         return tuple(i % period < period - 1 for i in range(n))
 
     def _nope_layers(self) -> tuple[bool, ...]:
-        """Layers without rotary embedding: every nope_period-th layer (the family says)."""
-        period = self.fam.nope_period
-        return tuple(bool(period) and i % period == period - 1 for i in range(self.n_block))
+        """Layers without rotary embedding: every nope_period-th layer, and with nope_global the
+        full-attention layers of a model that has sliding-window ones (the family says)."""
+        period, glob = self.fam.nope_period, self.fam.nope_global and any(self.sliding)
+        return tuple((bool(period) and i % period == period - 1) or (glob and not self.sliding[i])
+                     for i in range(self.n_block))
 
     def rope_tables(self) -> tuple[RopeSpec, ...]:
         """Table 0: global layers; 1: sliding layers (when any); last: NO_ROPE (when any NoPE layer)."""
@@ -392,8 +394,8 @@ class _Geometry:
                         freq_base=meta.get("rope.freq_base", float, 10000.0), **self._scaling())
         tables = [glob]
         if any(self.sliding):
-            tables.append(RopeSpec(pairing=pairing, n_rot=glob.n_rot,
-                                   freq_base=meta.get("rope.freq_base_swa", float, 10000.0)))
+            tables.append(RopeSpec(pairing=pairing, n_rot=glob.n_rot,  # llama.cpp: the global base by default
+                                   freq_base=meta.get("rope.freq_base_swa", float, glob.freq_base)))
         if any(self.nope) and pairing != NO_ROPE:
             tables.append(RopeSpec(pairing=NO_ROPE, n_rot=0, freq_base=glob.freq_base))
         return tuple(tables)

@@ -88,7 +88,8 @@ class FamilyHints:
     None: the architecture has no such tensor); `swa_period` P > 0 makes layer i sliding iff
     i % P < P - 1 unless the file has attention.sliding_window_pattern; `nope_period` P > 0 makes
     every P-th layer (i % P == P - 1) use no rotary embedding; `block_style` the default style.
-    `pre_norms` False: blocks have no attn/ffn pre-norms (post-norms only); `norm_weights` False:
+    `nope_global`: when a model has sliding-window layers, its full-attention layers use no
+    rotary embedding (cohere2, exaone4). `pre_norms` False: blocks have no attn/ffn pre-norms (post-norms only); `norm_weights` False:
     norms have no learned weights (no norm weight tensors). `logit_scale_key`: how a file's
     `logit_scale` key applies ("multiply", or "divide" as granite's does).
     """
@@ -113,6 +114,7 @@ class FamilyHints:
     tensor_names: Mapping[str, str | None] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
     swa_period: int = 0
     nope_period: int = 0
+    nope_global: bool = False
     block_style: str = DEFAULT_BLOCK_STYLE
     chat_template: str | None = None
     generic: bool = False  # no family plugin knows the architecture: everything came from the caller
@@ -135,7 +137,7 @@ def _hint_value(name: str, value: Any) -> Any:
     """A hint from a command line arrives as a string: convert the non-string fields."""
     if not isinstance(value, str):
         return value
-    if name in ("moe_weights_norm", "pre_norms", "norm_weights"):
+    if name in ("moe_weights_norm", "pre_norms", "norm_weights", "nope_global"):
         return value.lower() in ("1", "true", "yes")
     if name in ("swa_period", "nope_period"):
         return int(value)
