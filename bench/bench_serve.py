@@ -11,9 +11,9 @@ after a long first one (time-to-first-token and prompt tokens computed).
     python bench/bench_serve.py smollm2 --threads 2
     python bench/bench_serve.py qwen25 --levels 1,4,8 --llama-python /work/bench-venv/bin/python
 
---llama-python: an interpreter with llama-cpp-python and its server extra; llama.cpp's own
-server (llama_cpp.server, --n_parallel not supported there: its requests run one at a time)
-is then measured the same way on the same model and thread count.
+--llama-python: an interpreter with llama-cpp-python and its server extra; llama-cpp-python's
+server (llama_cpp.server: one sequence at a time, requests queue behind each other) is then
+measured the same way on the same model and thread count.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
 async def _stream(client: httpx.AsyncClient, body: dict) -> tuple[float, float, float, int]:
     """One streaming completion: (start, first token, end, tokens)."""
     t0 = time.perf_counter()
-    first, n = None, 0
+    first, n, pieces = None, 0, 0
     async with client.stream("POST", "/v1/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -71,10 +72,11 @@ async def _stream(client: httpx.AsyncClient, body: dict) -> tuple[float, float, 
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 n = chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and chunk["choices"][0].get("text") and first is None:
-                first = time.perf_counter()
+            elif chunk["choices"] and chunk["choices"][0].get("text"):
+                first = first or time.perf_counter()
+                pieces += 1
     end = time.perf_counter()
-    return t0, first or end, end, n
+    return t0, first or end, end, n or pieces  # a server without usage in streams: one piece per token
 
 
 def _body(i: int, max_tokens: int, no_end: dict) -> dict:
@@ -124,7 +126,10 @@ def _run_levels(name: str, url: str, levels: list[int], max_tokens: int, no_end:
 
 
 def _serve(cmd: list[str], url: str, env: dict) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    """Start a server process (its output goes to a log file: an unread pipe would fill and block it)."""
+    path = Path(tempfile.gettempdir()) / f"bench_serve_{Path(cmd[0]).parent.parent.name}.log"
+    with open(path, "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     _wait_ready(url, proc)
     return proc
 
@@ -173,7 +178,8 @@ def _llama(args: argparse.Namespace, path: str, levels: list[int], no_end: dict)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_threads",
-           str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "4096"]
+           str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "4096",
+           "--interrupt_requests", "False"]  # else each new request cancels the running one
     proc = _serve(cmd, url, dict(os.environ))
     try:
         return _run_levels("llama.cpp", url, levels, args.max_tokens, no_end)

@@ -182,7 +182,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from archrun.serve.config import ServeConfig
 
-    config = ServeConfig(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("ARCHRUN_API_KEY"),
+    key = args.api_key if args.api_key is not None else os.environ.get("ARCHRUN_API_KEY")
+    config = ServeConfig(host=args.host, port=args.port, api_key=key,
                          parallel=args.parallel, ctx=args.ctx, queue=args.queue, prefill_chunk=args.prefill_chunk,
                          max_body=args.max_body, model_name=args.model_name)  # validated before the model loads
     from archrun.serve import serve
