@@ -169,7 +169,7 @@ class Engine:
             self._free.remove(slot)
             if slot.cache is None:
                 slot.cache = PrefixCache(self.model.init_cache(self.ctx))
-            if not ticket.reuse_prefix:
+            if not (ticket.reuse_prefix and self.model.caps.rewind):
                 slot.cache.reset()
             feed = slot.cache.prepare(ticket.request.ids)
             decoding = Decoding(self.model.tokenizer, ticket.request, self.model.descriptor.n_vocab)

@@ -1,0 +1,122 @@
+"""The batching engine without HTTP, on a tiny gemma3 fixture (sliding-window ring layers): any Decoder
+(also one without a batch entry), prefix reuse counted in prefilled tokens, chunked prefill beside
+running streams, cancellation and the queue bound."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+from test_tiny_hf import TINY, fixtures, golden
+
+import archrun
+from archrun.generation import make_request
+from archrun.serve.engine import Engine, QueueFull
+
+NAME = fixtures("gemma3")[0]
+
+
+@pytest.fixture(scope="module", params=["fused", "host_reference"])
+def model(request):  # host_reference has no forward_step_batch: the engine steps sequences one by one
+    return archrun.load(TINY[NAME], block_style=request.param)
+
+
+@pytest.fixture
+def engine(model):
+    eng = Engine(model, parallel=2, ctx=96, queue=1, prefill_chunk=8)  # rings: window + 64 rows
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return [int(t) for t in golden(NAME)[0]] * 2
+
+
+class Sink:
+    """Records (name, event) in the order the engine sends them; wait() returns the result."""
+
+    def __init__(self, name: str, log: list):
+        self.name, self.log, self.done = name, log, queue.Queue()
+
+    def __call__(self, event) -> None:
+        self.log.append((self.name, event))
+        if event.result is not None or event.error is not None:
+            self.done.put(event)
+
+    def wait(self):
+        event = self.done.get(timeout=60)
+        assert event.error is None, event.error
+        return event.result
+
+
+def submit(engine, model, name, prompt, log, max_tokens=6, **kw):
+    no_end = {t: -100.0 for t in model.tokenizer.eog_ids}  # streams run to max_tokens
+    req = make_request(model, prompt, max_tokens=max_tokens, temperature=0.0, context=engine.ctx,
+                       logit_bias=no_end, **kw)
+    sink = Sink(name, log)
+    return engine.submit(req, sink), sink
+
+
+def greedy(model, prompt, n):
+    no_end = {t: -100.0 for t in model.tokenizer.eog_ids}
+    return archrun.generate(model, prompt, max_tokens=n, temperature=0.0, logit_bias=no_end).complete().token_ids
+
+
+def until(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+def test_results_equal_generate_and_a_shared_prefix_is_not_recomputed(model, engine, ids):
+    _, a = submit(engine, model, "a", ids[:20], [])
+    first = a.wait()
+    assert first.cached_tokens == 0 and first.token_ids == greedy(model, ids[:20], 6)
+    _, b = submit(engine, model, "b", ids[:24], [])          # the slot holds 20 + 5 ids: 5 rewound
+    again = b.wait()
+    assert (again.cached_tokens, again.prompt_tokens) == (20, 24)
+    assert engine.metrics.prefilled_tokens == 20 + 4
+    assert again.token_ids == greedy(model, ids[:24], 6)
+
+
+def test_reuse_stops_where_the_ring_cannot_rewind(model, engine, ids):
+    _, a = submit(engine, model, "a", ids[:80], [], max_tokens=1)
+    a.wait()
+    near = [*ids[:70], 7]                                       # 10 back: within the ring's 64 spare rows
+    _, b = submit(engine, model, "b", near, [], max_tokens=4)
+    got = b.wait()
+    assert got.cached_tokens == 70 and got.token_ids == greedy(model, near, 4)
+    far = [*ids[:5], 7, 7]                                      # 66 back: rows the ring overwrote
+    _, c = submit(engine, model, "c", far, [], max_tokens=4)
+    got = c.wait()
+    assert got.cached_tokens == 0 and got.token_ids == greedy(model, far, 4)
+
+
+def test_prefill_is_chunked_while_other_streams_keep_decoding(model, engine, ids):
+    log: list = []
+    _, a = submit(engine, model, "a", ids[:4], log, max_tokens=60, logprobs=0)  # one event per token
+    until(lambda: len(log) >= 2)
+    mark = len(log)
+    _, b = submit(engine, model, "b", ids[:80], log, max_tokens=2, logprobs=0)  # 80 prompt tokens: 10 chunks
+    a.wait()
+    b.wait()
+    names = [name for name, _ in log[mark:]]
+    assert names[:names.index("b")].count("a") >= 8            # a streamed while b's prompt was computed
+
+
+def test_cancel_frees_the_slot_and_a_full_queue_refuses(model, engine, ids):
+    t1, _ = submit(engine, model, "a", ids[:4], [], max_tokens=80)
+    t2, _ = submit(engine, model, "b", ids[4:8], [], max_tokens=80)
+    until(lambda: engine.running == 2)
+    t3, _ = submit(engine, model, "c", ids[8:12], [], max_tokens=80)   # waits: one queue place
+    with pytest.raises(QueueFull):
+        submit(engine, model, "d", ids[:4], [])
+    for t in (t1, t2, t3):
+        t.cancel()
+    until(lambda: engine.running == 0 and engine.metrics.queue_depth == 0)
+    _, e = submit(engine, model, "e", ids[:6], [], max_tokens=2)
+    assert e.wait().completion_tokens == 2
