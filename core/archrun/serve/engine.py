@@ -152,7 +152,12 @@ class Engine:
                     self._cond.wait()
                 if self._stop:
                     break
-            self._step()
+            try:
+                self._step()
+            except Exception as exc:  # never leave the thread (and every slot) hanging
+                for run in list(self._running):
+                    run.slot.cache.reset()
+                    self._end(run, Event(error=exc))
         self._fail_all(QueueFull("the server is shutting down"))
 
     def _drop_cancelled(self) -> None:
