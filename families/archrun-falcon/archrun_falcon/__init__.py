@@ -1,0 +1,30 @@
+"""archrun family plugin for Falcon (`falcon`; Falcon-7B/40B/180B style; descriptions only, no math).
+
+What falcon files do not say (llama.cpp src/models/falcon.cpp, HF modeling_falcon.py): attention
+and MLP read the same input and their outputs are added to the block input together (parallel
+residual, HF's parallel_attn); rope pairing NEOX (HF's rotate_half); the MLP is plain exact GELU;
+embeddings not scaled. Falcon-7B blocks have one LayerNorm for both branches (no ffn_norm: the
+parallel topology shares it). Q/K/V come fused in `attn_qkv` (the converter reorders Falcon's
+grouped layout into [Q | K | V], noted by `tensor_data_layout = jploski`); multi-query (one K/V
+head) is a head count.
+
+Not described (such files are refused at load, never run wrong):
+- the new decoder architecture (Falcon-40B/180B): llama.cpp's converter stores HF's ln_attn as
+  `attn_norm_2` and ln_mlp as `attn_norm`, and llama.cpp's falcon graph norms the attention input
+  with `attn_norm_2` when a block has it and the FFN input with `attn_norm`. A family's role
+  remap is the same for every file of an architecture, so it cannot say "attention norm =
+  attn_norm_2 when present, else attn_norm": the unused `attn_norm_2` tensors make the load fail.
+- Falcon-RW (ALiBi, sequential blocks: HF parallel_attn = false), which llama.cpp's falcon graph
+  does not run either.
+"""
+
+from __future__ import annotations
+
+from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
+
+HINTS = {
+    "falcon": FamilyHints(name="falcon", rope_pairing="neox", activation="gelu", embed_scale=1.0,
+                          **{**TRANSFORMER, "residual": "parallel"}),
+}
+
+plugin = FamilyPlugin(HINTS)

@@ -1,0 +1,7 @@
+"""archrun-glm4's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
+
+from archrun.conformance.tiny_hf import TinyHfBattery
+
+
+class TestGlm4(TinyHfBattery):
+    entry_point = "glm4"
