@@ -26,6 +26,7 @@ from gguf.constants import Keys
 
 from archrun.descriptor import (
     DEFAULT_TENSOR_NAMES,
+    IGNORED_TENSORS,
     NO_ROPE,
     AttentionSpec,
     Descriptor,
@@ -306,6 +307,7 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) 
         block_style=block_style or fam.block_style,
         nextn_layers=nextn_layers,
         tensor_names=t.names,
+        ignored_tensors=IGNORED_TENSORS + fam.ignored_tensors,
         **({"softcap": softcap} if softcap else {}),
     )
 

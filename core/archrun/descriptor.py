@@ -70,6 +70,13 @@ DEFAULT_TENSOR_NAMES: Mapping[str, str] = MappingProxyType(
 )
 
 
+# Tensors a file may carry that no plan uses, by glob: loading them only warns. Every other tensor a
+# plan does not bind fails the load (UnexpectedTensor): running without it would be silently wrong.
+IGNORED_TENSORS: tuple[str, ...] = (
+    TENSOR_NAMES[MODEL_TENSOR.ATTN_ROT_EMBD].replace("{bid}", "*") + ".*",  # rotary caches of old converters
+)
+
+
 def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
 
@@ -274,6 +281,7 @@ class Descriptor:
         default=(), converter=tuple, validator=v.deep_iterable(v.instance_of(LayerSpec))
     )
     tensor_names: Mapping[str, str | None] = field(default=DEFAULT_TENSOR_NAMES, converter=_frozen_mapping)
+    ignored_tensors: tuple[str, ...] = field(default=IGNORED_TENSORS, converter=tuple)  # glob patterns
 
     @layers.validator
     def _rope_refs(self, _attr, layers: tuple[LayerSpec, ...]) -> None:

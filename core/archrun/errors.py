@@ -27,6 +27,10 @@ class MissingTensor(ModelLoadError):
     """A tensor the descriptor requires is absent from the file."""
 
 
+class UnexpectedTensor(ModelLoadError):
+    """The file holds tensors the model's plan does not use (it would run without them: wrong)."""
+
+
 class ShapeMismatch(ModelLoadError):
     """A tensor's shape contradicts the metadata."""
 

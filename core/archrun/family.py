@@ -89,8 +89,10 @@ class FamilyHints:
     i % P < P - 1 unless the file has attention.sliding_window_pattern; `nope_period` P > 0 makes
     every P-th layer (i % P == P - 1) use no rotary embedding; `block_style` the default style.
     `nope_global`: when a model has sliding-window layers, its full-attention layers use no
-    rotary embedding (cohere2, exaone4). `pre_norms` False: blocks have no attn/ffn pre-norms (post-norms only); `norm_weights` False:
-    norms have no learned weights (no norm weight tensors). `logit_scale_key`: how a file's
+    rotary embedding (cohere2, exaone4). `pre_norms` False: blocks have no attn/ffn pre-norms
+    (post-norms only); `norm_weights` False: norms have no learned weights (no norm weight
+    tensors); `ignored_tensors`: globs of tensors the architecture's files carry and no plan uses
+    (loading warns; any other unused tensor fails the load). `logit_scale_key`: how a file's
     `logit_scale` key applies ("multiply", or "divide" as granite's does).
     """
 
@@ -115,6 +117,7 @@ class FamilyHints:
     swa_period: int = 0
     nope_period: int = 0
     nope_global: bool = False
+    ignored_tensors: tuple[str, ...] = field(default=(), converter=tuple)  # more IGNORED_TENSORS globs
     block_style: str = DEFAULT_BLOCK_STYLE
     chat_template: str | None = None
     generic: bool = False  # no family plugin knows the architecture: everything came from the caller

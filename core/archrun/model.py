@@ -11,6 +11,7 @@ with WrongBlockStyle, and says what it carries in `caps`.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import os
 import warnings
@@ -30,6 +31,7 @@ from archrun.errors import (
     ContextOverflow,
     InvalidRequest,
     MissingTensor,
+    UnexpectedTensor,
     UnsupportedQuantType,
     WrongBlockStyle,
 )
@@ -160,16 +162,25 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     if d.embed_norm:
         plan.embed_norm = b.vector("token_embd_norm")
         plan.embed_norm_b = b.vector("token_embd_norm.bias") if d.embed_norm_bias else None
-    _report_unused_tensors(d, gguf, b.bound)
+    _check_unused_tensors(d, gguf, b.bound)
     return plan
 
 
-def _report_unused_tensors(d: Descriptor, gguf: GGUFFile, bound: set[str]) -> None:
+def _check_unused_tensors(d: Descriptor, gguf: GGUFFile, bound: set[str]) -> None:
+    """Refuse a file with tensors the plan does not use (UnexpectedTensor); warn for ignorable ones."""
     mtp = tuple(f"blk.{i}." for i in range(d.n_layer, d.n_layer + d.n_nextn))  # bound by MTP heads on request
     unused = [n for n in gguf.tensors if n not in bound and not n.startswith(mtp)]
-    if unused:
-        shown = ", ".join(unused[:12]) + (f" and {len(unused) - 12} more" if len(unused) > 12 else "")
-        warnings.warn(f"{d.architecture}: tensors not used by archrun: {shown}", ArchrunWarning, stacklevel=3)
+    ignored = [n for n in unused if any(fnmatch.fnmatchcase(n, p) for p in d.ignored_tensors)]
+    refused = [n for n in unused if n not in ignored]
+    if refused:
+        raise UnexpectedTensor(f"{d.architecture}: the file has tensors archrun's plan does not use: {_few(refused)} "
+                               "(running without them would be wrong; a family plugin must describe them)")
+    if ignored:
+        warnings.warn(f"{d.architecture}: ignoring tensors: {_few(ignored)}", ArchrunWarning, stacklevel=3)
+
+
+def _few(names: list[str], n: int = 12) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def _bind_layers(b: _Binder, gguf: GGUFFile, progress: Callable[[str, int, int], None] | None) -> list[LayerPlan]:

@@ -34,8 +34,9 @@ import pytest
 
 from archrun.conformance import check_family_plugin, hf
 
-#: llama.cpp vs HF float32: max |Δlogit| relative to max |logit| (its own float32 kernels).
-LLAMA_CPP_TOLERANCE = 1e-3
+#: llama.cpp vs HF float32: max |Δlogit| relative to max |logit|. llama.cpp computes GELU through an
+#: f16 table (its input rounded to f16), which puts GELU models at 1-2e-3 (gpt2, gemma2 measured).
+LLAMA_CPP_TOLERANCE = 3e-3
 #: A flipped convention must move the logits by at least this many tolerances.
 SENSITIVITY = 10.0
 

@@ -1,0 +1,7 @@
+"""archrun-gemma's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
+
+from archrun.conformance.tiny_hf import TinyHfBattery
+
+
+class TestGemma(TinyHfBattery):
+    entry_point = "gemma"
