@@ -178,3 +178,29 @@ def test_parallel_layernorm_gelu_model_matches_numpy(synth_model, one_norm):
     assert rel(fast.logits(IDS), want) <= 1e-4
     assert rel(decode(fast, IDS), want) <= 1e-4
     assert rel(decode(ref, IDS), want) <= 1e-4
+
+
+def test_a_tensor_the_plan_does_not_use_fails_the_load(synth_model):
+    """Running without a tensor the file carries would be silently wrong: the load names it."""
+    from archrun.errors import UnexpectedTensor
+
+    extra = {"blk.1.mystery.weight": np.ones(8, np.float32)}
+    path = synth_model(**SPEC, tensor_overrides=extra)
+    for backend in ("reference", "fast"):
+        with pytest.raises(UnexpectedTensor, match=r"blk\.1\.mystery\.weight"):
+            archrun.load(path, backend=backend)
+
+
+def test_ignorable_tensors_only_warn(synth_model):
+    """Old converters' rotary caches (IGNORED_TENSORS) load with a warning naming them; a family may add globs."""
+    from archrun.errors import ArchrunWarning, UnexpectedTensor
+
+    rot = {"blk.0.attn_rot_embd.weight": np.ones(8, np.float32)}
+    with pytest.warns(ArchrunWarning, match=r"ignoring tensors: blk\.0\.attn_rot_embd\.weight"):
+        archrun.load(synth_model(**SPEC, tensor_overrides=rot), backend="reference")
+    extra = {"blk.0.extra_scale.weight": np.ones(8, np.float32)}
+    path = synth_model(**SPEC, tensor_overrides=extra, seed=1)
+    with pytest.raises(UnexpectedTensor):
+        archrun.load(path, backend="reference")
+    with pytest.warns(ArchrunWarning, match="extra_scale"):
+        archrun.load(path, backend="reference", hints={"ignored_tensors": ("blk.*.extra_scale.weight",)})

@@ -142,6 +142,8 @@ def _hint_value(name: str, value: Any) -> Any:
         return value
     if name in ("moe_weights_norm", "pre_norms", "norm_weights", "nope_global"):
         return value.lower() in ("1", "true", "yes")
+    if name == "ignored_tensors":  # comma-separated globs
+        return tuple(p.strip() for p in value.split(",") if p.strip())
     if name in ("swa_period", "nope_period"):
         return int(value)
     return value

@@ -137,7 +137,10 @@ class HfArch:
 
 @attrs.frozen
 class TinyFixture:
-    """One recorded fixture: the model ``build_tiny(<arch named arch>, seed, **overrides)``."""
+    """One recorded fixture: the model ``build_tiny(<arch named arch>, seed, **overrides)``.
+
+    ``arch`` names an ``HfArch`` of the fixture list by HF model type or GGUF architecture name.
+    """
 
     name: str
     arch: str
@@ -583,10 +586,13 @@ def hf_mtp_logits(model, ids: np.ndarray, hidden) -> np.ndarray:
         return mtp._project_to_logits(h)[0].float().numpy()
 
 
-def _arch_of(arches: Sequence[HfArch], fixture: TinyFixture) -> HfArch:
-    for arch in arches:
-        if arch.name == fixture.arch:
-            return arch
+def arch_of(arches: Sequence[HfArch], fixture: TinyFixture) -> HfArch:
+    """The HfArch a fixture names: by HF model type first (several HF types may convert to one
+    GGUF architecture, e.g. mistral to llama), else by GGUF architecture name."""
+    for key in ("model_type", "name"):
+        for arch in arches:
+            if getattr(arch, key) == fixture.arch:
+                return arch
     raise KeyError(f"fixture {fixture.name!r}: no HfArch named {fixture.arch!r}")
 
 
@@ -672,7 +678,7 @@ def record_main(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], out_d
     torch.set_num_threads(2)
     vers = versions()
     for fixture in entries:
-        print("recorded", record(_arch_of(arches, fixture), fixture, out_dir, vers).name)
+        print("recorded", record(arch_of(arches, fixture), fixture, out_dir, vers).name)
     total = _total_bytes(out_dir)
     if total > MAX_TOTAL_BYTES:
         raise SystemExit(f"{out_dir} holds {total} bytes (> {MAX_TOTAL_BYTES})")
@@ -734,7 +740,7 @@ def check_golden_files(goldens: str | Path, arches: Sequence[HfArch], fixtures: 
     assert sorted(p.stem for p in goldens.glob("*.gguf")) == sorted(names), "goldens and fixture list differ"
     assert _total_bytes(goldens) < MAX_TOTAL_BYTES
     for fixture in fixtures:
-        _check_golden(goldens, _arch_of(arches, fixture), fixture)
+        _check_golden(goldens, arch_of(arches, fixture), fixture)
 
 
 def _check_golden(goldens: Path, arch: HfArch, fixture: TinyFixture) -> None:
@@ -888,7 +894,7 @@ def check_live(goldens: str | Path, arches: Sequence[HfArch], fixture: TinyFixtu
 
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    goldens, arch = Path(goldens), _arch_of(arches, fixture)
+    goldens, arch = Path(goldens), arch_of(arches, fixture)
     golden = load_golden(goldens / f"{fixture.name}.npz")
     model, config = build_tiny(arch, fixture.seed, **fixture.overrides)
     fresh = json.loads(config_json(config))

@@ -82,7 +82,7 @@ class TinyHfBattery:
 
     def test_family_installed(self, spec) -> None:
         archs = check_family_plugin(self.entry_point)
-        missing = {f.arch for f in spec.FIXTURES} - set(archs)
+        missing = {hf.arch_of(spec.ARCHES, f).name for f in spec.FIXTURES} - set(archs)
         assert not missing, f"{self.entry_point!r} does not describe {sorted(missing)}"
 
     def test_golden_files(self, goldens, spec) -> None:

@@ -1,4 +1,7 @@
-"""archrun-llama's fixtures converted by llama.cpp's own converter: HF MistralForCausalLM.
+"""archrun-llama's fixtures converted by llama.cpp's own converter: HF MistralForCausalLM, LlamaForCausalLM.
+
+The llama fixture carries every bias llama.cpp's llama graph reads (Q/K/V/O and the FFN's gate, up
+and down: `attention_bias`, `mlp_bias`) and a head width that is not n_embd / n_head.
 
 llama.cpp's converter writes MistralForCausalLM checkpoints as `general.architecture = llama`
 (its LlamaModel: Q/K rows permuted for NORM rope), so mistral files are llama files to archrun.
@@ -14,10 +17,14 @@ from archrun.conformance.hf import HfArch, TinyFixture
 MISTRAL = HfArch("llama", "mistral", "MistralForCausalLM", "MistralConfig", converter="llama.cpp",
                  defaults={"num_hidden_layers": 2})
 
-ARCHES = (MISTRAL,)
+LLAMA = HfArch("llama", "llama", "LlamaForCausalLM", "LlamaConfig", converter="llama.cpp",
+               defaults={"num_hidden_layers": 2})
+
+ARCHES = (MISTRAL, LLAMA)
 
 FIXTURES = (
-    TinyFixture("mistral_gqa_window4096", "llama", 1, {"sliding_window": 4096}),
-    TinyFixture("mistral_hd32_tied_nowindow", "llama", 2,
+    TinyFixture("mistral_gqa_window4096", "mistral", 1, {"sliding_window": 4096}),
+    TinyFixture("mistral_hd32_tied_nowindow", "mistral", 2,
                 {"sliding_window": None, "head_dim": 32, "tie_word_embeddings": True, "num_hidden_layers": 3}),
+    TinyFixture("llama_all_biases_hd32", "llama", 3, {"mlp_bias": True, "attention_bias": True, "head_dim": 32}),
 )
