@@ -110,6 +110,9 @@ class HfArch:
     ``converter``: "archrun" converts with ``convert``'s own statement of llama.cpp's rules
     (metadata and tensor fix-ups above); "llama.cpp" runs llama.cpp's ``convert_hf_to_gguf.py``
     itself (``archrun.conformance.llamacpp``), and the fields above only shape the HF model.
+    ``llamacpp_keys``: metadata (key without the ``<arch>.`` prefix -> value) llama.cpp needs and
+    its converter does not write; the llama.cpp cross-check runs on a copy with them added (and
+    records them), never the fixture itself.
     """
 
     name: str
@@ -126,6 +129,7 @@ class HfArch:
     norm_init: tuple[float, float] = (1.0, 0.25)
     mtp: HfMtp | None = None
     converter: str = "archrun"
+    llamacpp_keys: Mapping[str, Any] = attrs.field(factory=dict)
 
     @property
     def gguf_arch(self) -> gguf.MODEL_ARCH:
@@ -629,16 +633,25 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def llamacpp_check(fixtures: Sequence[TinyFixture], out_dir: Path) -> dict[str, dict]:
+def llamacpp_check(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], out_dir: Path) -> dict[str, dict]:
     """Run each stored GGUF through llama.cpp (F32 KV cache) and compare its logits with the stored HF ones."""
+    import tempfile
+
     import llama_cpp
 
+    from archrun.conformance.gguf_edit import rewrite_gguf
+
     report = {}
+    tmp = Path(tempfile.mkdtemp())
     for fixture in fixtures:
-        name = fixture.name
+        name, arch = fixture.name, arch_of(arches, fixture)
         golden = np.load(out_dir / f"{name}.npz")
         ids = golden["ids"].tolist()
-        llm = llama_cpp.Llama(str(out_dir / f"{name}.gguf"), logits_all=True, n_ctx=64, n_threads=2,
+        path = out_dir / f"{name}.gguf"
+        if arch.llamacpp_keys:
+            path = rewrite_gguf(path, tmp / path.name, add_keys={f"{arch.name}.{k}": v for k, v in
+                                                                  arch.llamacpp_keys.items()})
+        llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=64, n_threads=2,
                               n_batch=64, type_k=0, type_v=0, verbose=False)  # F32 KV cache
         llm.eval(ids)
         scores = np.asarray(llm.scores[: len(ids)], dtype=np.float32)
@@ -648,6 +661,8 @@ def llamacpp_check(fixtures: Sequence[TinyFixture], out_dir: Path) -> dict[str, 
         report[name] = {"max_abs_diff": diff, "argmax_agreement": argmax,
                         "argmax_mismatch_positions": np.flatnonzero(~agree).tolist(),
                         "gguf_sha256": _sha256(out_dir / f"{name}.gguf")}
+        if arch.llamacpp_keys:
+            report[name]["keys_added_for_llama_cpp"] = dict(arch.llamacpp_keys)
         print(f"{name:32s} max|llama.cpp-HF| = {diff:.3e}  argmax agreement {argmax:.3f}")
         del llm
     report["_versions"] = {"llama_cpp_python": llama_cpp.__version__}
@@ -670,7 +685,7 @@ def record_main(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], out_d
     entries = [by_name[n] for n in args.only] if args.only else list(fixtures)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.llamacpp_check:
-        report = llamacpp_check(entries, out_dir)
+        report = llamacpp_check(arches, entries, out_dir)
         (out_dir / "llamacpp_check.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         return
     import torch
