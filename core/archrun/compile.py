@@ -147,8 +147,11 @@ class _Tensors:
         return self.gguf.tensors[name].shape
 
     def expect(self, role: str, layer: int | None, shape: tuple[int, ...]) -> None:
-        got = self.shape(role, layer)
-        if tuple(got) != tuple(shape):
+        """The tensor exists with this shape; trailing 1s are no dimension (ggml's ne[k] = 1, as llama.cpp reads)."""
+        got = tuple(self.shape(role, layer))
+        while len(got) > len(shape) and got[-1] == 1:
+            got = got[:-1]
+        if got != tuple(shape):
             raise ShapeMismatch(
                 f"tensor {self.name(role, layer)!r} has shape {tuple(got)}, metadata implies {tuple(shape)}"
             )
@@ -533,13 +536,14 @@ class _Geometry:
             n_group=meta.get("expert_group_count", int, 1) or 1,
             n_group_used=meta.get("expert_group_used_count", int, 1) or 1,
             n_shared=n_shared, n_ff_shared=n_ff_shared,
+            shared_gate=bool(n_shared) and _vector_if_present(t, "ffn_gate_inp_shexp", i, d),
         )
 
     def _shared(self, i: int) -> tuple[int, int]:
         t, d = self.t, self.n_embd
         if not t.has("ffn_up_shexp", i):
             return 0, 0
-        n_ff_sh = t.shape("ffn_up_shexp", i)[1]
+        n_ff_sh = self.meta.get("expert_shared_feed_forward_length", int, 0) or t.shape("ffn_up_shexp", i)[1]
         for role, shape in (("ffn_gate_shexp", (d, n_ff_sh)), ("ffn_up_shexp", (d, n_ff_sh)),
                             ("ffn_down_shexp", (n_ff_sh, d))):
             t.expect(role, i, shape)

@@ -58,6 +58,7 @@ _ROLES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "exp_probs_b": (_T.FFN_EXP_PROBS_B, "bias"),
     "ffn_gate_exps": (_T.FFN_GATE_EXP, "weight"), "ffn_up_exps": (_T.FFN_UP_EXP, "weight"),
     "ffn_down_exps": (_T.FFN_DOWN_EXP, "weight"),
+    "ffn_gate_inp_shexp": (_T.FFN_GATE_INP_SHEXP, "weight"),
     "ffn_gate_shexp": (_T.FFN_GATE_SHEXP, "weight"), "ffn_up_shexp": (_T.FFN_UP_SHEXP, "weight"),
     "ffn_down_shexp": (_T.FFN_DOWN_SHEXP, "weight"),
     "nextn.eh_proj": (_T.NEXTN_EH_PROJ, "weight"), "nextn.enorm": (_T.NEXTN_ENORM, "weight"),
@@ -185,7 +186,8 @@ class MoeSpec:
     "sigmoid" = 2). router_bias: an `exp_probs_b` bias added for selection only.
     n_group/n_group_used: group-limited top-k (group score = sum of the top-2 scores).
     weights_norm renormalises the selected weights; weights_scale multiplies them.
-    n_shared experts of width n_ff_shared run on the same input and are added.
+    n_shared experts of width n_ff_shared run on the same input and are added; with shared_gate
+    their output is scaled by sigmoid(x . w) first (w: `ffn_gate_inp_shexp`, Qwen2-MoE).
     """
 
     kind: str = field(validator=v.instance_of(str))  # vocabulary slot "moe"
@@ -202,6 +204,7 @@ class MoeSpec:
     n_group_used: int = field(default=1, validator=_pos_int)
     n_shared: int = field(default=0, validator=_nonneg_int)
     n_ff_shared: int = field(default=0, validator=_nonneg_int)
+    shared_gate: bool = field(default=False, validator=v.instance_of(bool))
 
     @n_expert_used.validator
     def _used(self, _attr, value: int) -> None:

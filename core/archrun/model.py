@@ -59,7 +59,7 @@ class _Binder:
         return entry.op.factory(backend or self.op_backend)(*args)
 
     def vector(self, role: str, layer: int | None = None) -> np.ndarray:
-        return np.ascontiguousarray(self.gguf.dequantize(self._checked(role, layer).name), dtype=F32)
+        return np.ascontiguousarray(self.gguf.dequantize(self._checked(role, layer).name), dtype=F32).reshape(-1)
 
     def norm_weight(self, role: str, layer: int | None = None) -> np.ndarray:
         """A norm's weight [d]: its tensor, or ones when the model's norms have no learned weights."""
@@ -275,6 +275,7 @@ def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> MoeFfn:
         up=b.experts("ffn_up_exps", i),
         down=b.experts("ffn_down_exps", i),
         shared=shared,
+        shared_gate=b.vector("ffn_gate_inp_shexp", i) if spec.shared_gate else None,
     )
     return MoeFfn(moe, weights)
 

@@ -117,3 +117,4 @@ class MoeWeights:
     up: Sequence[Matrix]                  # E matrices [f, d]
     down: Sequence[Matrix]                # E matrices [d, f]
     shared: tuple[Matrix, Matrix, Matrix] | None = None  # (gate, up, down) of the shared experts
+    shared_gate: np.ndarray | None = None  # [d]: the shared experts' output times sigmoid(x . shared_gate)

@@ -186,7 +186,7 @@ def _moe_arrays(w) -> tuple | None:
         return None
     return mk.moe_arrays(w.gate_inp.prepared, w.gate_inp.bias, w.probs_bias,
                          [m.prepared for m in w.gate], [m.prepared for m in w.up], [m.prepared for m in w.down],
-                         tuple(m.prepared for m in shared) if shared else None)
+                         tuple(m.prepared for m in shared) if shared else None, w.shared_gate)
 
 
 def _big(w) -> bool:

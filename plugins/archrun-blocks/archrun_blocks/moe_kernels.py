@@ -70,11 +70,12 @@ def _check(what: str, q: QMatrix, n_out: int, n_in: int) -> None:
 
 def moe_arrays(router: QMatrix, router_bias: np.ndarray | None, probs_bias: np.ndarray | None,
                gate: Sequence[QMatrix], up: Sequence[QMatrix], down: Sequence[QMatrix],
-               shared: tuple[QMatrix, QMatrix, QMatrix] | None) -> tuple:
-    """Kernel arrays of one MoE FFN: (router, experts, shared_gate_up, shared_down, probs_bias).
+               shared: tuple[QMatrix, QMatrix, QMatrix] | None, shared_gate: np.ndarray | None = None) -> tuple:
+    """Kernel arrays of one MoE FFN: (router, experts, shared_gate_up, shared_down, probs_bias, shared_gate).
 
     router [E, d] (+ bias [E]); gate/up E matrices [f, d], down E matrices [d, f]; shared
-    (gate [fs, d], up [fs, d], down [d, fs]) or None; probs_bias [E] or None. Raises
+    (gate [fs, d], up [fs, d], down [d, fs]) or None; probs_bias [E] or None; shared_gate [d]
+    (the shared experts' output times sigmoid(h . shared_gate)) or None (empty array). Raises
     ShapeMismatch on inconsistent shapes. The product groups are 3-tuples of uniform
     matrices (absent ones padding); the experts a typed list (see the module docstring).
     """
@@ -100,9 +101,12 @@ def moe_arrays(router: QMatrix, router_bias: np.ndarray | None, probs_bias: np.n
         _check("shared down", shared[2], d, fs)
         shared_gu = (block.uniform(shared[0]), block.uniform(shared[1]), absent)
         shared_down = (block.uniform(shared[2]), absent, absent)
+    if shared_gate is not None and (shared is None or np.shape(shared_gate) != (d,)):
+        raise ShapeMismatch(f"shared expert gate of shape {np.shape(shared_gate)}, expected ({d},) with shared experts")
     pb = (np.empty(0, _F32) if probs_bias is None
           else np.ascontiguousarray(probs_bias, dtype=_F32))
-    return (block.uniform(router, router_bias), absent, absent), experts, shared_gu, shared_down, pb
+    sg = np.empty(0, _F32) if shared_gate is None else np.ascontiguousarray(shared_gate, dtype=_F32)
+    return (block.uniform(router, router_bias), absent, absent), experts, shared_gu, shared_down, pb, sg
 
 
 # -- routing --------------------------------------------------------------------------------------
@@ -229,8 +233,8 @@ def _by_expert(ids, n_exp):
 
 
 @njit(**JIT)
-def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, rp, scale, gate_fn, gate_p, act_fn, act_p,
-             chunks):
+def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, shared_gate, rp, scale, gate_fn, gate_p,
+             act_fn, act_p, chunks):
     """out f32 [n, d] = the MoE FFN of h f32 [n, d] (C-contiguous); arguments as `moe_arrays` builds
     them, rp (RP_* fields) and scale the routing parameters, gate_fn/act_fn the gating's and the
     experts' activation's kernel parts (their handles, Part.handle). Products split over `chunks`
@@ -263,13 +267,19 @@ def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, rp, sc
     if shared_gu[0][block._NOUT]:
         ys = _gated_ffn(shared_gu, shared_down, h, act_fn, act_p, chunks)
         for t in range(n):
+            s = _F32(1.0)
+            if shared_gate.shape[0]:  # sigmoid(h[t] . shared_gate), accumulated in float64
+                z = 0.0
+                for c in range(d):
+                    z += np.float64(h[t, c]) * np.float64(shared_gate[c])
+                s = _F32(1.0 / (1.0 + np.exp(-z)))
             for c in range(d):
-                out[t, c] += ys[t, c]
+                out[t, c] += s * ys[t, c]
 
 
 @njit(**JIT)
-def decode_moe_layer(x, common, router, experts, shared_gu, shared_down, probs_bias, rp, moe_scale, gate_fn, gate_p,
-                     act_fn, act_p, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+def decode_moe_layer(x, common, router, experts, shared_gu, shared_down, probs_bias, shared_gate, rp, moe_scale,
+                     gate_fn, gate_p, act_fn, act_p, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
     """One decoder block with a MoE FFN on one token; x f32 [d] is updated in place.
 
     common[0] holds the layer's (qkv, o_mat, vecs, geo, fns, params) as archrun.kernels.layer
@@ -283,6 +293,6 @@ def decode_moe_layer(x, common, router, experts, shared_gu, shared_down, probs_b
                                  chunks, par)
     g = layer.ffn_input(x, a, h, vecs, fns, params)
     f = np.empty((1, x.shape[0]), _F32)
-    moe_rows(g.reshape(1, x.shape[0]), f, router, experts, shared_gu, shared_down, probs_bias, rp, moe_scale,
-             gate_fn, gate_p, act_fn, act_p, chunks)
+    moe_rows(g.reshape(1, x.shape[0]), f, router, experts, shared_gu, shared_down, probs_bias, shared_gate, rp,
+             moe_scale, gate_fn, gate_p, act_fn, act_p, chunks)
     layer.join(x, a, f[0], vecs, fns, params)

@@ -372,7 +372,10 @@ def moe_topk(spec: MoeSpec, gating, act):
             out[rows] += weights[rows, slot][:, None] * ye
         if w.shared is not None:
             g, u, d = w.shared
-            out += d(act(g(x), u(x)))
+            ys = d(act(g(x), u(x)))
+            if w.shared_gate is not None:  # Qwen2-MoE: the shared experts' output gated per token
+                ys *= F32(1) / (F32(1) + np.exp(-(x @ w.shared_gate)))[:, None]
+            out += ys
         return out
 
     return moe
