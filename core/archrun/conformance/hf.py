@@ -112,7 +112,9 @@ class HfArch:
     itself (``archrun.conformance.llamacpp``), and the fields above only shape the HF model.
     ``llamacpp_keys``: metadata (key without the ``<arch>.`` prefix -> value) llama.cpp needs and
     its converter does not write; the llama.cpp cross-check runs on a copy with them added (and
-    records them), never the fixture itself.
+    records them), never the fixture itself. ``checkpoint_config(hp)``: fields released
+    checkpoints' config.json carry that transformers no longer writes (e.g. GPT-NeoX's
+    ``rotary_pct``), added to the saved config.json the converter reads.
     """
 
     name: str
@@ -130,6 +132,7 @@ class HfArch:
     mtp: HfMtp | None = None
     converter: str = "archrun"
     llamacpp_keys: Mapping[str, Any] = attrs.field(factory=dict)
+    checkpoint_config: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_metadata
 
     @property
     def gguf_arch(self) -> gguf.MODEL_ARCH:
@@ -286,7 +289,7 @@ def convert(
     """
     hp = model.config.to_dict()
     if arch.converter == "llama.cpp":
-        return _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name)
+        return _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, arch.checkpoint_config(hp))
     n_nextn = int(hp.get(arch.mtp.layers_key) or 0) if arch.mtp is not None else 0
     block_count = hp["num_hidden_layers"] + n_nextn
     file_type = _file_type(dtype)
@@ -313,7 +316,7 @@ def convert(
     return Path(path)
 
 
-def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name) -> Path:
+def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, config_extra) -> Path:
     """``convert`` through llama.cpp's own converter (whole-file dtypes it offers only)."""
     from archrun.conformance import llamacpp
 
@@ -323,7 +326,7 @@ def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name) -> 
     vocab = {"tokens": tokens, "merges": merges, "types": types_, "pre": "qwen2",
              "bos": hp.get("bos_token_id") or tokens.index(BOS_TOKEN),
              "eos": _first(hp.get("eos_token_id")) or tokens.index(EOS_TOKEN)}
-    return llamacpp.convert(model, path, vocab, outtype=dtype, name=name)
+    return llamacpp.convert(model, path, vocab, outtype=dtype, name=name, config_extra=config_extra)
 
 
 def _file_type(dtype: str) -> gguf.LlamaFileType:

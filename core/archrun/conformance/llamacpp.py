@@ -73,12 +73,13 @@ def fetch_source() -> Path:
 
 
 def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32",
-            name: str | None = None) -> Path:
+            name: str | None = None, config_extra: dict[str, Any] | None = None) -> Path:
     """Convert an in-memory HF causal LM with llama.cpp's ``convert_hf_to_gguf.py``; return the path.
 
     The model is saved (safetensors, its config) to a temporary folder and converted there by
     ``llamacpp_driver.py`` in a child process; ``vocab`` (tokens, types, merges, pre, bos, eos)
-    replaces the tokenizer the converter would read, which tiny models do not have.
+    replaces the tokenizer the converter would read, which tiny models do not have;
+    ``config_extra`` fields are added to the saved config.json (as older checkpoints carry them).
     """
     if not available():
         raise ConverterUnavailable(f"llama.cpp's converter is not in {source_dir()}: run "
@@ -87,6 +88,9 @@ def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32"
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         model.save_pretrained(model_dir, safe_serialization=True)
+        if config_extra:
+            cfg_path = model_dir / "config.json"
+            cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), **config_extra}, indent=2))
         vocab_json = Path(tmp) / "vocab.json"
         vocab_json.write_text(json.dumps(vocab))
         args = [str(model_dir), "--outfile", str(path), "--outtype", outtype]
