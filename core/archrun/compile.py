@@ -37,7 +37,7 @@ from archrun.descriptor import (
     default_attention_scale,
 )
 from archrun.errors import ArchrunWarning, MetadataError, MissingTensor, ShapeMismatch, UnsupportedArchitecture
-from archrun.family import CONVENTIONS, GATING_BY_ID, NORM_BY_EPSILON_KEY, FamilyHints
+from archrun.family import CONVENTIONS, GATING_BY_ID, NORM_BY_EPSILON_KEY, RESIDUAL_BY_PARALLEL_KEY, FamilyHints
 from archrun.ggufio import GGUFFile, open_gguf
 
 # Sanity bounds (BAD_INPUTS M1): larger values are hostile or corrupt, not models.
@@ -236,6 +236,13 @@ class _Conventions:
             return stated or kind, eps
         raise MetadataError(f"missing required metadata key {self.meta.key(next(iter(NORM_BY_EPSILON_KEY)))!r}")
 
+    def residual(self) -> str | None:
+        """The residual topology: what the file's use_parallel_residual key says (gptneox, stablelm),
+        unless the caller states one; else the convention."""
+        if self.meta.has("use_parallel_residual") and "residual" not in self.fam.caller:
+            return RESIDUAL_BY_PARALLEL_KEY[self.meta.get("use_parallel_residual", bool)]
+        return self.need("residual")
+
     def gating(self) -> str | None:
         gating_id = self.meta.get("expert_gating_func", int, 0)  # 0: the file does not say
         if gating_id:
@@ -367,7 +374,7 @@ class _Geometry:
         self.attention_kind = conv.need("attention")
         self.leading_dense = _bounded(meta.key("leading_dense_block_count"),
                                       meta.get("leading_dense_block_count", int, 0), 0, n_block)
-        self.residual = conv.need("residual")
+        self.residual = conv.residual()
 
     def _sliding_layers(self) -> tuple[bool, ...]:
         n = self.n_block

@@ -48,6 +48,7 @@ NORM_BY_EPSILON_KEY: Mapping[str, str] = MappingProxyType({
     "attention.layer_norm_epsilon": "layer",
 })
 GATING_BY_ID: Mapping[int, str] = MappingProxyType({1: "softmax", 2: "sigmoid"})  # expert_gating_func
+RESIDUAL_BY_PARALLEL_KEY: Mapping[bool, str] = MappingProxyType({True: "parallel", False: "sequential"})
 
 # The choices every decoder-only transformer family so far shares; a family spreads them into its
 # hints (`**TRANSFORMER`) and overrides what differs. Nothing applies them to an unknown architecture.
@@ -121,17 +122,20 @@ class FamilyHints:
     block_style: str = DEFAULT_BLOCK_STYLE
     chat_template: str | None = None
     generic: bool = False  # no family plugin knows the architecture: everything came from the caller
+    caller: frozenset[str] = frozenset()  # the fields a caller's hints set (they override what files say)
 
     def updated(self, hints: Mapping[str, Any] | None) -> FamilyHints:
         """These hints with a caller's `hints` (field -> value; strings from a command line are fine) on top."""
         if not hints:
             return self
-        names = {a.name for a in attrs.fields(FamilyHints)} - {"name", "generic", "tensor_names", "defaults"}
+        names = {a.name for a in attrs.fields(FamilyHints)} - {"name", "generic", "tensor_names", "defaults",
+                                                                 "caller"}
         unknown = sorted(set(hints) - names)
         if unknown:
             raise InvalidRequest(f"unknown hint(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
         try:
-            return attrs.evolve(self, **{k: _hint_value(k, v) for k, v in hints.items()})
+            return attrs.evolve(self, **{k: _hint_value(k, v) for k, v in hints.items()},
+                                caller=self.caller | frozenset(hints))
         except (TypeError, ValueError) as e:
             raise InvalidRequest(f"bad hint: {e}") from None
 

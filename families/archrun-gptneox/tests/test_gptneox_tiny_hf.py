@@ -1,0 +1,7 @@
+"""archrun-gptneox's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
+
+from archrun.conformance.tiny_hf import TinyHfBattery
+
+
+class TestGptneox(TinyHfBattery):
+    entry_point = "gptneox"
