@@ -20,4 +20,7 @@ FIXTURES = (
     TinyFixture("stablelm_rot50_mha_3layer", "stablelm", 2,
                 {"partial_rotary_factor": 0.5, "num_hidden_layers": 3, "num_attention_heads": 8,
                  "num_key_value_heads": 8}),
+    # parallel blocks (StableLM-2-12B style): one LayerNorm feeds attention and MLP, as the file's
+    # use_parallel_residual key says
+    TinyFixture("stablelm_parallel", "stablelm", 3, {"use_parallel_residual": True}),
 )
