@@ -127,8 +127,16 @@ def _bounded(key: str, value: int, lo: int, hi: int) -> int:
 class _Tensors:
     """Presence and shape checks against the file's tensor table (shapes in ggml order)."""
 
-    def __init__(self, gguf: GGUFFile, names: Mapping[str, str]):
-        self.gguf, self.names = gguf, names
+    def __init__(self, gguf: GGUFFile, names: Mapping[str, str | tuple[str, ...] | None]):
+        self.gguf = gguf
+        self.names = {role: self._pick(t) if isinstance(t, tuple) else t for role, t in names.items()}
+
+    def _pick(self, candidates: tuple[str, ...]) -> str:
+        """The first candidate name template the file has (checked at block 0), else the first."""
+        for t in candidates:
+            if t.format(i=0) in self.gguf.tensors:
+                return t
+        return candidates[0]
 
     def name(self, role: str, layer: int | None = None) -> str | None:
         t = self.names[role]

@@ -86,7 +86,9 @@ class FamilyHints:
     Data only, never math. Convention fields (CONVENTIONS) are None when not stated. Also:
     `defaults` maps key suffixes (without the `<arch>.` prefix) to values used when the file
     omits them; `tensor_names` remaps tensor roles (archrun.descriptor.DEFAULT_TENSOR_NAMES;
-    None: the architecture has no such tensor); `swa_period` P > 0 makes layer i sliding iff
+    None: the architecture has no such tensor; a tuple of names: the first the file has, as
+    Falcon-40B's attention norm `attn_norm_2` where 7B files have only `attn_norm`);
+    `swa_period` P > 0 makes layer i sliding iff
     i % P < P - 1 unless the file has attention.sliding_window_pattern; `nope_period` P > 0 makes
     every P-th layer (i % P == P - 1) use no rotary embedding; `block_style` the default style.
     `nope_global`: when a model has sliding-window layers, its full-attention layers use no
@@ -114,7 +116,8 @@ class FamilyHints:
     residual_scale: float | None = field(default=None, converter=_opt_float)
     logit_scale: float | None = field(default=None, converter=_opt_float)
     defaults: Mapping[str, Any] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
-    tensor_names: Mapping[str, str | None] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
+    tensor_names: Mapping[str, str | tuple[str, ...] | None] = field(
+        factory=dict, converter=lambda d: MappingProxyType(dict(d)))
     swa_period: int = 0
     nope_period: int = 0
     nope_global: bool = False

@@ -23,4 +23,7 @@ FIXTURES = (
     # Falcon-7B style: multi-query (one K/V head), one LayerNorm per block
     TinyFixture("falcon_mqa", "falcon", 1),
     TinyFixture("falcon_mqa_tied_8head", "falcon", 2, {"tie_word_embeddings": True, "num_attention_heads": 8}),
+    # Falcon-40B style: the new decoder architecture (two LayerNorms per block, grouped K/V heads)
+    TinyFixture("falcon_new_decoder_gqa", "falcon", 3, {"new_decoder_architecture": True, "multi_query": False,
+                                                        "num_kv_heads": 2}),
 )
