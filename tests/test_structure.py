@@ -204,3 +204,26 @@ def test_ignorable_tensors_only_warn(synth_model):
         archrun.load(path, backend="reference")
     with pytest.warns(ArchrunWarning, match="extra_scale"):
         archrun.load(path, backend="reference", hints={"ignored_tensors": ("blk.*.extra_scale.weight",)})
+
+
+def test_glm4moe_without_its_mtp_tensors_loads_the_trunk(tmp_path):
+    """A file that declares nextn_predict_layers but carries no tensors for those blocks (converted from a
+    transformers-saved GLM-4.5 checkpoint) loads the trunk with a warning; MTP says it is unavailable."""
+    from pathlib import Path
+
+    from archrun.conformance.gguf_edit import rewrite_gguf
+    from archrun.errors import ArchrunWarning, MissingTensor
+
+    src = Path(__file__).resolve().parents[1] / "families/archrun-glm4moe/tests/goldens/glm4moe_base.gguf"
+    full = describe(src)
+    assert full.n_nextn == 1
+    trunk = rewrite_gguf(src, tmp_path / "no_mtp.gguf", drop_tensors=[f"blk.{full.n_layer}."])
+    with pytest.warns(ArchrunWarning, match="multi-token prediction is unavailable"):
+        m = archrun.load(trunk, backend="reference", block_style="host_reference")
+    assert m.descriptor.n_nextn == 0 and m.descriptor.n_layer == full.n_layer
+    ref = archrun.load(src, backend="reference", block_style="host_reference").logits(IDS)
+    np.testing.assert_array_equal(m.logits(IDS), ref)
+    from archrun_glm4moe.mtp import MtpHead
+
+    with pytest.raises(MissingTensor):
+        MtpHead(m)

@@ -296,7 +296,12 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) 
             raise ShapeMismatch(f"position_embd has shape {tuple(pos)}, expected ({n_embd}, n_positions)")
     geo = _Geometry(meta, t, conv, n_embd, n_block)
     layers = tuple(geo.layer(i) for i in range(n_block - n_nextn))
-    nextn_layers = tuple(geo.layer(i) for i in range(n_block - n_nextn, n_block))
+    nextn_layers = tuple(geo.layer(i) for i in range(n_block - n_nextn, n_block) if _has_block(t, i))
+    if len(nextn_layers) < n_nextn:  # e.g. converted from a transformers-saved checkpoint, which drops them
+        warnings.warn(f"{meta.arch}: {meta.key('nextn_predict_layers')} = {n_nextn} but the file carries no "
+                      "tensors for those blocks: multi-token prediction is unavailable", ArchrunWarning,
+                      stacklevel=3)
+        nextn_layers = ()
     rope_tables = geo.rope_tables()
     softcap_value = meta.get("final_logit_softcapping", float, 0.0)
     softcap = conv.need("softcap") if softcap_value else fam.softcap
@@ -328,6 +333,11 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) 
         ignored_tensors=IGNORED_TENSORS + fam.ignored_tensors,
         **({"softcap": softcap} if softcap else {}),
     )
+
+
+def _has_block(t: _Tensors, i: int) -> bool:
+    """Whether the file has any tensor of block i."""
+    return any(name.startswith(f"blk.{i}.") for name in t.gguf.tensors)
 
 
 def _logit_scale(meta: _Meta, conv: _Conventions, fam: FamilyHints) -> float:
