@@ -1,9 +1,23 @@
-"""Shared numba options and layout constants of the kernels."""
+"""Shared numba options and layout constants of the kernels, and where their compiled code is cached."""
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+import warnings
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # no advisory locks (Windows): unused cache folders are pruned by age alone
+    fcntl = None
 
 # Every kernel: cached per CPU model, fast float math, releases the GIL.
 JIT = dict(cache=True, fastmath=True, nogil=True)
@@ -17,57 +31,257 @@ LANES = 32
 QB = 32
 
 
-# -- a cache that follows the sources ----------------------------------------------------------
-# numba checks a cached kernel only against its own source file, but a kernel's cached code
-# also contains the kernels it calls from other files (block.py calls dots.py, moe.py calls
-# block.py): after an edit or an upgrade that changes only a callee, the caller's stale code
-# would run against new data layouts (seen: segfaults). So the kernels' cache carries a
-# digest of every kernel source and of numba's version, and is emptied when it changes.
+# -- a cache keyed by the sources ----------------------------------------------------------------
+# numba keys a cached kernel by its own bytecode and checks it against its own file, but the
+# compiled code also contains the kernels it calls from other files (block.py calls dots.py;
+# archrun-blocks' MoE layer kernel calls layer.py's steps) and the constants it reads (LANES).
+# One cache shared by processes that imported different sources hands a process code compiled
+# from another's sources (seen: segfaults after a kernel edit, when a process that had imported
+# the old sources wrote its entries after a new one had emptied the cache).
+#
+# So the compiled kernels of a folder live in a cache folder named by a digest of every kernel
+# source their code can contain, as this process read them (for a plugin folder: the core's
+# digest and the plugin's sources): a process reads and writes only entries compiled from exactly
+# the sources it runs, and processes with different sources never share a folder. A kernel file
+# that changed between the digest and its import compiles into a folder of this process alone.
+#
+# Location: <base>/archrun-<folder name>-<digest[:16]>/, base = NUMBA_CACHE_DIR when set, else
+# $XDG_CACHE_HOME/archrun/numba (~/.cache/archrun/numba). Each process holds a shared lock on
+# its folders' `in-use` file while it runs (released by the OS when it exits, even killed) and
+# sets its mtime (the folder's last use). When a process creates a folder, the folders of base
+# beyond the KEEP most recently used are removed, except those a running process holds.
+# Without advisory locks (Windows) only folders unused for MAX_AGE are removed.
 
-_STAMP = "archrun-kernels.stamp"
+KEEP = 8
+MAX_AGE = 7 * 24 * 3600.0
+_IN_USE = "in-use"
+_FOLDER = re.compile(r"archrun-.+-[0-9a-f]{16}")
+# the kernels' code may contain these (a file without any holds no kernel: editing it keeps the cache)
+_KERNELS = re.compile(rb"\bn?jit\b|\bintrinsic\b|\boverload|\bregister_jitable\b|\bcfunc\b")
 
 
-def _probe() -> None:
-    """A function of this folder: numba's cache locator for it gives the kernels' cache folder."""
+class _Sources:
+    """The kernel sources of one folder as hashed at registration, and their cache folder."""
+
+    def __init__(self, digest: str, files: dict[str, bytes], path: str | None, within: _Sources | None):
+        self.digest, self.files, self.path, self.within = digest, files, path, within
+        self.verified: dict[str, bool] = {}
+        self.changed = False  # a kernel file of the folder differs from its digest
+
+    def location(self, file: str) -> tuple[str, bytes]:
+        """(cache folder, source stamp) for the kernels of `file`, read again now that it is imported.
+        A file that changed since the digest (or is not in it) gets this process's own folder, and so
+        does every kernel of its folder or of a plugin folder over it decorated afterwards: their code
+        may contain the changed file's (a kernel's callees are imported before it is decorated)."""
+        recorded = self.files.get(file)
+        if file not in self.verified:
+            try:
+                self.verified[file] = recorded == hashlib.sha256(Path(file).read_bytes()).digest()
+            except OSError:
+                self.verified[file] = False
+            if not self.verified[file]:
+                self.changed = True
+                warnings.warn(f"archrun: {file} changed while it was imported (or holds kernels its folder's "
+                              "digest missed); kernels compile without the shared cache in this process",
+                              RuntimeWarning, stacklevel=2)
+        if self.path is None or self.changed or (self.within is not None and self.within.changed):
+            return _private_folder(), recorded or b""
+        return self.path, recorded
 
 
-def _sources_digest(*folders: Path) -> str:
+_REGISTERED: dict[str, _Sources] = {}  # real path of a kernel folder -> its sources
+_HELD: list = []  # the open `in-use` files of this process's cache folders (their locks)
+_PRIVATE: list[str] = []
+
+
+def cache_base() -> Path:
+    """The folder under which the kernels' cache folders live (NUMBA_CACHE_DIR when set)."""
     import numba
 
-    h = hashlib.sha256(numba.__version__.encode())
-    for folder in folders:
-        for src in sorted(folder.glob("*.py")):
-            text = src.read_bytes()
-            if b"@njit" in text or b"@intrinsic" in text:  # only files with kernels (editing warmup.py keeps the cache)
-                h.update(src.name.encode() + b"\0" + text)
-    return h.hexdigest()
+    configured = numba.config.CACHE_DIR or os.environ.get("NUMBA_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "archrun" / "numba"
+
+
+def kernel_cache(package_file: str | os.PathLike) -> str | None:
+    """Cache the compiled kernels of `package_file`'s folder under a digest of their sources and the core's.
+
+    A vocabulary plugin with numba kernels (`cache=True`, e.g. `**JIT`) calls
+    `kernel_cache(__file__)` at the top of its kernel package's `__init__.py`, before its kernel
+    modules are imported: its kernels embed the core's (products, the layer kernel's steps), so
+    their cache must change whenever either's sources do. Returns the cache folder (None when
+    the JIT is disabled or the cache is unusable: the kernels then compile in every process).
+    """
+    folder = os.path.realpath(package_file)
+    if not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    if folder in _REGISTERED:
+        return _REGISTERED[folder].path
+    name = os.path.basename(folder)
+    late = sorted(m.__name__ for m in list(sys.modules.values())
+                  if isinstance(f := getattr(m, "__file__", None), str) and os.path.basename(f) != "__init__.py"
+                  and os.path.basename(os.path.dirname(f)) == name and os.path.dirname(os.path.realpath(f)) == folder)
+    if late:
+        warnings.warn(f"archrun: kernel_cache({folder!r}) after {', '.join(late)} was imported; call it at the "
+                      "top of the package", RuntimeWarning, stacklevel=2)
+    return _register(folder, _REGISTERED[_CORE]).path
 
 
 def guard_cache(probe: object) -> None:
-    """Empty the numba cache folder of `probe`'s module when any kernel source of its folder or of the
-    core's kernels (or numba) changed since it was filled.
+    """Former name of `kernel_cache`, taking a function of the kernel folder: kernel_cache(its file)."""
+    kernel_cache(probe.__code__.co_filename)
 
-    Vocabulary plugins whose kernels call the core's (products, the layer kernel's steps) call
-    this once at import with any plain function of theirs: their cached code embeds the core's.
-    """
-    try:
-        from numba.core.caching import FunctionCache
 
-        cache_dir = Path(FunctionCache(probe)._cache_path)
-        digest = _sources_digest(Path(__file__).parent, Path(probe.__code__.co_filename).parent)
-        stamp = cache_dir / _STAMP
-        if stamp.exists() and stamp.read_text() == digest:
-            return
-        for f in [*cache_dir.glob("*.nbi"), *cache_dir.glob("*.nbc")]:
+def _register(folder: str, within: _Sources | None) -> _Sources:
+    """Digest the kernel sources of `folder` (and those of `within`, the core's, whose kernels they call)."""
+    import numba
+
+    if not JIT["cache"] or numba.config.DISABLE_JIT:
+        sources = _Sources("", {}, None, within)
+    else:
+        import llvmlite
+
+        # numba's own code and the flags that change compiled code without changing numba's cache key
+        salt = within.digest if within else f"{LANES} {QB} {sorted(JIT_PAR.items())}"  # the core: its constants
+        h = hashlib.sha256(f"{salt} {numba.__version__} {llvmlite.__version__} {numba.config.BOUNDSCHECK} "
+                           f"{numba.config.OPT}".encode())
+        files = {}
+        for src in sorted(Path(folder).glob("*.py")):
+            if str(src) == os.path.realpath(__file__):
+                continue  # this file: only its constants (in the core's salt) reach compiled code
+            try:
+                text = src.read_bytes()
+            except OSError:
+                continue
+            if _KERNELS.search(text):
+                files[str(src)] = hashlib.sha256(text).digest()
+                h.update(src.name.encode() + b"\0" + files[str(src)])
+        digest = h.hexdigest()
+        try:
+            path = cache_base() / f"archrun-{Path(folder).name}-{digest[:16]}"
+            if _claim(path):
+                _prune(path)
+        except (OSError, RuntimeError):  # no writable cache folder (or no home): this process's own folder
+            path = None
+        sources = _Sources(digest, files, None if path is None else str(path), within)
+        _forget_in_tree_cache(Path(folder))
+    _REGISTERED[folder] = sources
+    return sources
+
+
+def _claim(path: Path) -> bool:
+    """Mark `path` used by this process until it exits; True when this call created it."""
+    while True:
+        created = not path.is_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        lock = path / _IN_USE
+        f = open(lock, "a+b")  # noqa: SIM115 (held open, and locked, for the life of the process)
+        if fcntl is not None:
+            fcntl.flock(f, fcntl.LOCK_SH)
+            try:
+                same = os.stat(lock).st_ino == os.fstat(f.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # removed by a prune between our open and our lock: make it again
+                f.close()
+                continue
+        os.utime(lock)
+        _HELD.append(f)
+        return created
+
+
+def _prune(current: Path) -> None:
+    """Remove the cache folders beside `current` beyond the KEEP most recently used that no running
+    process holds (without locks: those unused for MAX_AGE)."""
+    base = current.parent
+    for trash in base.glob(".archrun-trash-*"):
+        shutil.rmtree(trash, ignore_errors=True)
+    used = []
+    for d in base.iterdir():
+        if d != current and _FOLDER.fullmatch(d.name):
+            try:
+                used.append(((d / _IN_USE).stat().st_mtime, d))
+            except OSError:
+                continue  # not one of ours (ours get their `in-use` file first)
+    used.sort(reverse=True)
+    for last_use, d in used[KEEP - 1:]:
+        try:
+            with open(d / _IN_USE, "a+b") as f:
+                if fcntl is not None:
+                    try:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except OSError:
+                        continue  # a running process uses it
+                elif time.time() - last_use < MAX_AGE:
+                    continue
+                trash = base / f".archrun-trash-{uuid.uuid4().hex}"
+                os.rename(d, trash)  # while locked: a process waiting for it finds it gone and makes it anew
+            shutil.rmtree(trash, ignore_errors=True)
+        except OSError:
+            continue
+
+
+def _forget_in_tree_cache(folder: Path) -> None:
+    """Remove what earlier archrun versions cached beside the sources (numba's __pycache__ entries)."""
+    stamp = folder / "__pycache__" / "archrun-kernels.stamp"
+    if stamp.exists():
+        for f in [*stamp.parent.glob("*.nbi"), *stamp.parent.glob("*.nbc"), stamp]:
             f.unlink(missing_ok=True)
-        stamp.write_text(digest)
-    except (OSError, RuntimeError, ImportError, AttributeError):  # no usable cache folder (or another numba)
-        return
 
 
-def purge_stale_cache() -> None:
-    """Empty the kernels' numba cache when any kernel source (or numba) changed since it was filled."""
-    guard_cache(_probe)
+def _private_folder() -> str:
+    if not _PRIVATE:
+        _PRIVATE.append(tempfile.mkdtemp(prefix="archrun-kernels-"))
+        atexit.register(shutil.rmtree, _PRIVATE[0], True)
+    return _PRIVATE[0]
 
 
-purge_stale_cache()
+def _install_locator() -> bool:
+    """Put archrun's cache locator first in numba's list (for registered folders only)."""
+    from numba.core import caching
+
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)  # renamed in numba 0.62
+    base = getattr(caching, "_CacheLocator", None)
+    if impl is None or base is None or not isinstance(getattr(impl, "_locator_classes", None), list):
+        return False
+
+    class KernelCacheLocator(base):
+        """numba's cache locator for the kernels of folders registered with kernel_cache."""
+
+        def __init__(self, py_func, path: str, stamp: bytes):
+            self._lineno = py_func.__code__.co_firstlineno
+            self._path, self._stamp = path, stamp
+
+        def get_cache_path(self) -> str:
+            return self._path
+
+        def get_source_stamp(self) -> bytes:
+            return self._stamp
+
+        def get_disambiguator(self) -> str:
+            return str(self._lineno)
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            file = os.path.realpath(py_file)
+            sources = _REGISTERED.get(os.path.dirname(file))
+            if sources is None:
+                return None  # not archrun's kernels: numba's own locators
+            self = cls(py_func, *sources.location(file))
+            try:
+                self.ensure_cache_path()
+            except OSError:
+                self = cls(py_func, _private_folder(), self._stamp)
+            return self
+
+    if not any(c.__name__ == "KernelCacheLocator" for c in impl._locator_classes):
+        impl._locator_classes = [KernelCacheLocator, *impl._locator_classes]
+    return True
+
+
+if not _install_locator():  # another numba: compile in every process rather than share a stale cache
+    JIT["cache"] = JIT_PAR["cache"] = False
+_CORE = os.path.dirname(os.path.realpath(__file__))
+_register(_CORE, None)

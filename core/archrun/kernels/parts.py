@@ -21,7 +21,9 @@ float64 parameter array):
   gating      fn(p, logits[E], probs[E])                    router probabilities of one token
 
 Plugin kernels compile with `JIT` (cached, fastmath, nogil), e.g. `@njit(SIGNATURES["norm"], **JIT)`, and
-a plugin whose kernels call the core's calls `guard_cache(<one of its functions>)` at import.
+a plugin with kernels calls `kernel_cache(__file__)` (archrun.kernels.kernel_cache, also exported here) at
+the top of its kernel package, before its kernel modules are imported: their compiled code is then cached
+under a digest of its sources and the core's.
 `part(fn, *params)` builds a Part; kernels take `part.value` (see Part); `NO_ROPE` is the part of
 layers without rotary embedding.
 """
@@ -36,7 +38,7 @@ import numpy as np
 from numba import njit, types
 from numba.core.errors import NumbaExperimentalFeatureWarning
 
-from archrun.kernels._jit import JIT, guard_cache
+from archrun.kernels._jit import JIT, guard_cache, kernel_cache
 
 # numba calls first-class function values "experimental"; they are the fused path's plug points.
 warnings.filterwarnings("ignore", category=NumbaExperimentalFeatureWarning)
@@ -46,7 +48,8 @@ PARAMS = types.Array(types.float64, 1, "C")
 CACHE = types.Array(types.float32, 3, "C")
 POSITIONS = types.Array(types.int64, 1, "C")
 
-__all__ = ["JIT", "NO_ROPE", "SIGNATURES", "Part", "compiled_for", "guard_cache", "part", "slot_part"]
+__all__ = ["JIT", "NO_ROPE", "SIGNATURES", "Part", "compiled_for", "guard_cache", "kernel_cache", "part",
+           "slot_part"]
 
 SIGNATURES = {
     "norm": types.void(PARAMS, VEC, VEC, VEC, VEC),

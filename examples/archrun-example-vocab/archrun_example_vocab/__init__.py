@@ -7,3 +7,8 @@
 
 One entry point (`example_vocab`, see pyproject.toml) registers both: plugin.py.
 """
+
+from archrun.kernels import kernel_cache
+
+# first: the kernel part's compiled code is cached under a digest of this package's and the core's kernel sources
+kernel_cache(__file__)
