@@ -3,7 +3,8 @@
 - A fresh venv (python -m venv) gets only the core, archrun-blocks and examples/archrun-example-vocab
   (editable, so numba's kernel caches are the ones the main venv fills; versions pinned to the
   running venv's, so pip installs from its cache and numba's caches stay valid), and the example
-  package's own tests pass there; then the family template is installed and its test passes.
+  package's own tests pass there, archrun's conformance kit (enabled by its conftest.py) and the
+  kit's mutation test included; then the family template is installed and passes the kit.
 - examples/generate.py, chat.py and mtp_draft_verify.py run on tiny fixtures.
 - No file of the core names the example package, its op or its architecture.
 """
@@ -85,14 +86,30 @@ def test_example_vocab_plugin_in_a_fresh_venv(fresh_venv, tmp_path):
     listed = _ok(_run([py, "-c", "from archrun.plugins import installed_plugins; print(sorted(installed_plugins()))"],
                       120, env=env), "listing plugins")
     assert listed.strip() == "['blocks', 'example_vocab']"  # no family of this repository: only the example's
-    out = _ok(_run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{VOCAB}/tests"], 900, env=env),
+    # the package's own tests, archrun's conformance kit (pytest11 plugin of the core, enabled by the
+    # package's conftest.py) and the kit's mutation test
+    out = _ok(_run([py, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"{VOCAB}/tests"], 900, env=env),
               "the example package's tests")
-    assert " passed" in out and "skipped" not in out
+    assert " passed" in out and "SKIPPED" not in out and "FAILED" not in out
+    _assert_kit_ran(out, f"{VOCAB}/tests", ("test_matches_reference", "test_fast_op_equals_reference",
+                                            "test_bad_input", "test_fused_decode_equals_op_by_op"))
+    assert out.count("test_a_flipped_convention_fails_the_reference_check_naming_the_op[") == 5
+    assert "test_the_unmutated_package_passes_the_kit PASSED" in out
 
     _ok(_run([py, "-m", "pip", "install", "-q", "-c", str(constraints), "-e", TEMPLATE], 300, env=env),
         "pip install (family template)")
-    _ok(_run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{TEMPLATE}/tests"], 300, env=env),
-        "the family template's test")
+    out = _ok(_run([py, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"{TEMPLATE}/tests"], 300, env=env),
+              "the family template's test")
+    assert "FAILED" not in out and "SKIPPED" not in out
+    _assert_kit_ran(out, f"{TEMPLATE}/tests", ("test_registers", "test_cache_paths_agree", "test_bad_input"))
+
+
+def _assert_kit_ran(out: str, tests: str, names: tuple[str, ...]) -> None:
+    """The kit's generated tests ran (pytest -v lines "<tests>/conftest.py::TestArchrunConformance::<name>...")."""
+    ran = [line for line in out.splitlines() if f"{tests}/conftest.py::TestArchrunConformance::" in line]
+    assert ran, f"no test of archrun's conformance kit ran in {tests}"
+    for name in names:
+        assert any(f"::{name}" in line and "PASSED" in line for line in ran), f"the kit's {name} did not run"
 
 
 # -- (b) the scripts -------------------------------------------------------------------------------------

@@ -1,8 +1,17 @@
-"""The conformance kit: checks a plugin package runs in its own tests.
+"""The conformance kit: the standard tests of a plugin package, as a pytest plugin.
 
-    from archrun.conformance import check_family_plugin
-    def test_installed():
-        check_family_plugin("myfamily")
+A package enables it with one line in its tests' ``conftest.py`` (see docs/conformance.md)::
+
+    archrun_conformance = "myplugin"        # its archrun entry-point name
+
+or declares synthetic variants and an independent reference forward pass::
+
+    from archrun.conformance import Conformance, Synthetic
+    archrun_conformance = Conformance("myplugin", synthetic=[Synthetic("dense", "myarch")], reference=forward)
+
+Modules: ``pytest_plugin`` (the ``pytest11`` entry point), ``kit`` (the battery), ``synthetic``
+(GGUF variants and corruptions), ``ops`` (fast op = reference), ``trace`` (per-op activations and
+the diagnosis of a mismatch), ``tiny_hf`` and ``hf`` (HF goldens), ``llamacpp`` (its converter).
 """
 
 from __future__ import annotations
@@ -10,6 +19,19 @@ from __future__ import annotations
 from archrun.family import FamilyHints
 from archrun.plugins import installed_plugins, make_plugin_manager
 from archrun.vocab import Entry, build_vocabulary
+
+
+def __getattr__(name: str):
+    # the declaration types, without importing pytest for code that only records goldens
+    if name == "Conformance":
+        from archrun.conformance.kit import Conformance
+
+        return Conformance
+    if name == "Synthetic":
+        from archrun.conformance.synthetic import Synthetic
+
+        return Synthetic
+    raise AttributeError(name)
 
 
 def check_family_plugin(name: str) -> list[str]:

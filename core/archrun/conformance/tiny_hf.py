@@ -13,7 +13,8 @@ The battery (each test parametrized over the fixtures, and the backends where it
 - ``test_family_installed``: the entry point is installed and describes every fixture's arch;
 - ``test_golden_files``: the goldens folder holds exactly the fixtures, as recorded;
 - ``test_matches_hf``: archrun's logits (whole prompt and token by token through the cache)
-  within ``hf.TOLERANCE`` of HF float32, on both backends;
+  within ``hf.TOLERANCE`` of HF float32, on both backends; a failure names the first diverging
+  position and, when one convention explains it, the op and layer (``archrun.conformance.trace``);
 - ``test_llama_cpp_agrees``: llama.cpp's logits on the same file (recorded by
   ``record.py --llamacpp-check`` into ``llamacpp_check.json``, for the file's exact SHA-256)
   within ``LLAMA_CPP_TOLERANCE`` of HF's, argmax equal;
@@ -89,7 +90,7 @@ class TinyHfBattery:
         hf.check_golden_files(goldens, spec.ARCHES, spec.FIXTURES)
 
     def test_matches_hf(self, goldens, fixture, backend) -> None:
-        hf.check_fixture(goldens / f"{fixture.name}.gguf", backend)
+        check_matches_hf(goldens / f"{fixture.name}.gguf", backend)
 
     def test_llama_cpp_agrees(self, goldens, fixture) -> None:
         check_llama_cpp_report(goldens, fixture.name)
@@ -100,6 +101,20 @@ class TinyHfBattery:
     @pytest.mark.live
     def test_goldens_match_live_hf(self, goldens, spec, fixture, tmp_path) -> None:
         hf.check_live(goldens, spec.ARCHES, fixture, tmp_path)
+
+
+def check_matches_hf(gguf_path: Path, backend: str) -> None:
+    """``hf.check_fixture``; on a mismatch the message adds the diagnosis (``archrun.conformance.trace``):
+    the first diverging position and, when one convention explains it, the op and layer where the
+    run as stated and the corrected run first part."""
+    from archrun.conformance.trace import diagnose
+
+    try:
+        hf.check_fixture(gguf_path, backend)
+    except AssertionError as e:
+        golden = hf.load_golden(gguf_path.with_suffix(".npz"))
+        why = diagnose(gguf_path, golden["ids"].astype(np.int64), golden["logits"], hf.TOLERANCE, reference_name="HF")
+        raise AssertionError(f"{e}\n{why}") from None
 
 
 def check_llama_cpp_report(goldens: Path, name: str, tolerance: float = LLAMA_CPP_TOLERANCE) -> None:

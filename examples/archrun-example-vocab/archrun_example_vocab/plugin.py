@@ -18,10 +18,13 @@ from archrun_example_vocab import fast, reference
 ARCHITECTURE = "quickgelu-llama"  # a made-up `general.architecture`: llama with a QuickGELU FFN
 
 # What a quickgelu-llama file does not say: llama's conventions (NORM rope pairs, sequential
-# pre-norm blocks, unscaled embeddings), and the FFN activation, which names this plugin's op.
+# pre-norm blocks, unscaled embeddings), the FFN activation, which names this plugin's op, and for
+# its mixture-of-experts layers a softmax router whose chosen weights are renormalised. Its logits
+# are softcapped (30 tanh(x / 30)) unless a file states another cap.
 HINTS = {
     ARCHITECTURE: FamilyHints(name=ARCHITECTURE, rope_pairing="norm", activation="gelu_quick", embed_scale=1.0,
-                              **TRANSFORMER),
+                              gating="softmax", moe_weights_norm=True,
+                              defaults={"final_logit_softcapping": 30.0}, **TRANSFORMER),
 }
 
 

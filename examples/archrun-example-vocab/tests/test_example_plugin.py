@@ -32,27 +32,15 @@ def _ref(x, up=None):
     return reference.gelu_quick()(x, up)
 
 
-@pytest.mark.parametrize("shape", [(0, 5), (1, 1), (3, 17), (7, 64), (2, 1001)])
-@pytest.mark.parametrize("gated", [False, True])
-def test_fast_equals_reference_on_random_ragged_inputs(shape, gated):
-    rng = np.random.default_rng(sum(shape) + gated)
-    x = (rng.standard_normal(shape) * 4).astype(F32)
-    up = (rng.standard_normal(shape) * 2).astype(F32) if gated else None
-    got = fast.gelu_quick()(x, up)
-    assert got.dtype == F32 and got.shape == shape
-    np.testing.assert_allclose(got, _ref(x, up), rtol=2e-6, atol=1e-30)
+# fast op = reference on random, ragged, strided and extreme inputs: the conformance kit's
+# test_fast_op_equals_reference (conftest.py); below, what only this op promises
 
 
-def test_fast_equals_reference_on_extreme_and_strided_inputs():
-    x = np.array([0.0, -0.0, 1e-38, -1e-38, 1e-45, 0.5, -0.5, 10.0, -10.0, 50.0, -50.0, 88.0, -88.0, 1e4, -1e4,
-                  3e38, -3e38, np.finfo(F32).max, -np.finfo(F32).max], F32)
+def test_the_sigmoid_saturates_exactly():
+    x = np.array([3e38, -3e38, np.finfo(F32).max, -np.finfo(F32).max], F32)
     got = fast.gelu_quick()(x)
-    assert np.isfinite(got).all()
-    np.testing.assert_allclose(got, _ref(x), rtol=2e-6, atol=1e-37)
-    assert got[-1] == 0.0 and got[-2] == np.finfo(F32).max  # the sigmoid saturates to exactly 0 / 1
-    wide = np.random.default_rng(1).standard_normal((6, 40)).astype(F32) * 8
-    strided = wide[::2, 1::3]  # not contiguous
-    np.testing.assert_allclose(fast.gelu_quick()(strided, strided), _ref(strided, strided), rtol=2e-6, atol=1e-30)
+    np.testing.assert_array_equal(got, _ref(x))
+    assert got[-1] == 0.0 and got[-2] == np.finfo(F32).max  # exactly 0 / x, no overflow
 
 
 def test_part_runs_in_place_as_the_layer_kernel_calls_it():

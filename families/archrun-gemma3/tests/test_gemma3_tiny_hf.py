@@ -1,4 +1,5 @@
-"""archrun-gemma3's tiny HF fixtures (goldens/, recorded by goldens/record.py from hf_arch.py)."""
+"""archrun-gemma3's tiny HF fixtures beyond archrun's conformance kit (conftest.py): the layout llama.cpp's
+gemma3 loader reads, the sliding-window pattern key, norms stored as 1 + w."""
 
 from __future__ import annotations
 
@@ -15,17 +16,6 @@ GOLDENS = HERE / "goldens"
 SPEC = hf.load_module(HERE / "hf_arch.py")
 NAMES = [f.name for f in SPEC.FIXTURES]
 PATTERN_KEY = "gemma3.attention.sliding_window_pattern"
-
-
-@pytest.mark.parametrize("backend", hf.BACKENDS)
-@pytest.mark.parametrize("name", NAMES)
-def test_matches_hf(name, backend):
-    hf.check_fixture(GOLDENS / f"{name}.gguf", backend)
-
-
-def test_golden_files():
-    hf.check_golden_files(GOLDENS, SPEC.ARCHES, SPEC.FIXTURES)
-    assert len(NAMES) >= 2
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -62,12 +52,6 @@ def test_norm_weights_are_stored_plus_one(name):
     for tname, w in hf.gguf_tensors(GOLDENS / f"{name}.gguf").items():
         if "norm" in tname:
             assert np.abs(w - 1.0).max() > 0.05 and abs(float(w.mean()) - 1.0) < 0.3, (name, tname)
-
-
-@pytest.mark.live
-@pytest.mark.parametrize("fixture", SPEC.FIXTURES, ids=NAMES)
-def test_goldens_match_live_hf(fixture, tmp_path):
-    hf.check_live(GOLDENS, SPEC.ARCHES, fixture, tmp_path)
 
 
 @pytest.mark.live

@@ -1,4 +1,5 @@
-"""archrun-glm4moe's tiny HF fixtures (goldens/, recorded by goldens/record.py from hf_arch.py)."""
+"""archrun-glm4moe's tiny HF fixtures beyond archrun's conformance kit (conftest.py): which cases they cover,
+the layout llama.cpp's glm4moe loader reads, the converter's expert split, router bias and MTP names."""
 
 from __future__ import annotations
 
@@ -16,14 +17,7 @@ SPEC = hf.load_module(HERE / "hf_arch.py")
 NAMES = [f.name for f in SPEC.FIXTURES]
 
 
-@pytest.mark.parametrize("backend", hf.BACKENDS)
-@pytest.mark.parametrize("name", NAMES)
-def test_matches_hf(name, backend):
-    hf.check_fixture(GOLDENS / f"{name}.gguf", backend)
-
-
-def test_golden_files():
-    hf.check_golden_files(GOLDENS, SPEC.ARCHES, SPEC.FIXTURES)
+def test_fixtures_cover_mtp_and_no_mtp():
     assert len(NAMES) >= 4
     with_mtp = ["mtp_logits" in hf.load_golden(GOLDENS / f"{n}.npz") for n in NAMES]
     assert any(with_mtp) and not all(with_mtp)
@@ -47,12 +41,6 @@ def test_gguf_as_llama_cpp_loads_it(name):
         n_expert=cfg["n_routed_experts"], n_ff_expert=cfg["moe_intermediate_size"],
         n_ff_shared=cfg["moe_intermediate_size"] * cfg["n_shared_experts"], router_bias=True, n_nextn=n_nextn)
     hf.check_gguf_layout(GOLDENS / f"{name}.gguf", tensors, hf.llama_cpp_keys("glm4moe", cfg, n_nextn, **keys))
-
-
-@pytest.mark.live
-@pytest.mark.parametrize("fixture", SPEC.FIXTURES, ids=NAMES)
-def test_goldens_match_live_hf(fixture, tmp_path):
-    hf.check_live(GOLDENS, SPEC.ARCHES, fixture, tmp_path)
 
 
 @pytest.mark.live

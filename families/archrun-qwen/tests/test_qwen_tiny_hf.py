@@ -1,4 +1,5 @@
-"""archrun-qwen's tiny HF fixtures (goldens/, recorded by goldens/record.py from hf_arch.py)."""
+"""archrun-qwen's tiny HF fixtures beyond archrun's conformance kit (conftest.py): which cases they cover,
+the layout llama.cpp's loaders read, random norm weights."""
 
 from __future__ import annotations
 
@@ -15,14 +16,7 @@ SPEC = hf.load_module(HERE / "hf_arch.py")
 NAMES = [f.name for f in SPEC.FIXTURES]
 
 
-@pytest.mark.parametrize("backend", hf.BACKENDS)
-@pytest.mark.parametrize("name", NAMES)
-def test_matches_hf(name, backend):
-    hf.check_fixture(GOLDENS / f"{name}.gguf", backend)
-
-
-def test_golden_files():
-    hf.check_golden_files(GOLDENS, SPEC.ARCHES, SPEC.FIXTURES)
+def test_fixtures_cover_every_architecture_tied_and_untied():
     archs = [f.arch for f in SPEC.FIXTURES]
     assert archs.count("qwen3") >= 3 and archs.count("qwen3moe") >= 2 and archs.count("qwen2") >= 1
     assert any("_tied" in n for n in NAMES) and any("untied" in n for n in NAMES)
@@ -50,7 +44,3 @@ def test_qwen3_norm_weights_are_random():
                 assert np.abs(w - 1.0).max() > 0.05 and abs(float(w.mean()) - 1.0) < 0.3, (name, tname)
 
 
-@pytest.mark.live
-@pytest.mark.parametrize("fixture", SPEC.FIXTURES, ids=NAMES)
-def test_goldens_match_live_hf(fixture, tmp_path):
-    hf.check_live(GOLDENS, SPEC.ARCHES, fixture, tmp_path)

@@ -1,0 +1,80 @@
+"""archrun's conformance kit as a pytest plugin (entry point ``pytest11``: ``archrun``).
+
+Installed with archrun, so every pytest run sees it; it does nothing until a package's tests
+declare themselves in a ``conftest.py`` with one line::
+
+    archrun_conformance = "myplugin"          # the package's archrun entry-point name
+
+(or a ``archrun.conformance.Conformance`` with synthetic variants and an independent reference).
+The plugin then collects, under that ``conftest.py``, the class ``TestArchrunConformance``
+(``archrun.conformance.kit.ConformanceKit``: registration, descriptor JSON round trip and
+``archrun inspect``, cached prefill = token by token = no cache, rewind and re-decode, batch =
+single, fused = op by op, backends, block-style guards, every fast op = its reference, the
+corruptions of BAD_INPUTS.md, the independent reference) and, when the folder holds
+``hf_arch.py`` and ``goldens/``, ``TestArchrunTinyHf`` (``archrun.conformance.tiny_hf``:
+the recorded HF goldens, llama.cpp's agreement, the fixtures' sensitivity, ``-m live``).
+
+``pytest --archrun-conformance=off`` disables the generated tests.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+DECLARATION = "archrun_conformance"
+# what the kit's tests tolerate whatever the package's own warning filters say: numba calls the fused
+# path's kernel parts as first-class functions (experimental), gguf-py's deprecations
+_MARKS = [pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaExperimentalFeatureWarning"),
+          pytest.mark.filterwarnings("ignore::DeprecationWarning:gguf.*")]
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("archrun")
+    group.addoption("--archrun-conformance", choices=("on", "off"), default="on",
+                    help="collect the archrun conformance kit where a conftest.py declares archrun_conformance")
+
+
+def pytest_sessionstart(session) -> None:
+    kit = sys.modules.get("archrun.conformance.kit")
+    if kit is not None:  # files and models of an earlier session in this process (pytest run in-process)
+        kit.ConformanceKit._files.clear()
+        kit.ConformanceKit._models.clear()
+
+
+def pytest_collect_file(file_path: Path, parent):
+    if file_path.name != "conftest.py" or parent.config.getoption("archrun_conformance") == "off":
+        return None
+    conftest = parent.config.pluginmanager.get_plugin(str(file_path))
+    if conftest is None or not hasattr(conftest, DECLARATION):
+        return None
+    return KitModule.from_parent(parent, path=file_path)
+
+
+class KitModule(pytest.Module):
+    """The generated test module of one declaring ``conftest.py``."""
+
+    def _getobj(self):
+        from archrun.conformance.kit import Conformance, ConformanceKit, own_ops
+
+        conftest = self.config.pluginmanager.get_plugin(str(self.path))
+        decl = Conformance.of(getattr(conftest, DECLARATION))
+        here = self.path.parent
+        module = types.ModuleType(f"archrun_conformance_{abs(hash(str(here)))}")
+        module.__file__ = str(self.path)
+        body: dict[str, object] = {"declaration": decl, "here": here, "pytestmark": _MARKS,
+                                   "__doc__": f"archrun conformance kit for entry point {decl.entry_point!r}"}
+        if decl.reference is None:
+            body["test_matches_reference"] = None
+        if not any(e.op.fast is not None for e in own_ops(decl.entry_point)):
+            body["test_fast_op_equals_reference"] = None
+        module.TestArchrunConformance = type("TestArchrunConformance", (ConformanceKit,), body)
+        if (here / "hf_arch.py").is_file() and (here / "goldens").is_dir():
+            from archrun.conformance.tiny_hf import TinyHfBattery
+
+            module.TestArchrunTinyHf = type("TestArchrunTinyHf", (TinyHfBattery,),
+                                            {"entry_point": decl.entry_point, "pytestmark": _MARKS})
+        return module

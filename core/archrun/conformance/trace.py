@@ -1,0 +1,321 @@
+"""Where two runs part: per-op activations of a model, and the diagnosis of a mismatch with a reference.
+
+``trace(model, ids)`` runs a whole-sequence prefill (the op-by-op path) with every bound op of
+the model wrapped, and returns each op's output in execution order as ``Record(layer, op, out)``
+(``op`` is ``"slot=name"``, or ``"block"`` for a block's output and ``"output"`` for the head's
+product before scaling and softcap; axis 0 of every output is the token position).
+``first_divergence(a, b)`` finds the first record where two traces differ and names its layer,
+op, position and element.
+
+``diagnose(path, ids, want, ...)`` explains logits that do not match an independent reference:
+the first position and element where they differ, and, when one change of the descriptor (one
+vocabulary entry swapped for another installed one, the MoE weight renormalisation flipped, the
+final softcap removed or added, the embedding scale) makes archrun match the reference, the op
+the model states wrongly and where the two runs first diverge (layer, op, position, element).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from archrun.descriptor import NO_ROPE, Descriptor, MoeSpec
+
+
+@attrs.frozen
+class Record:
+    """One op's output in a traced run: layer index (or "embed"/"head"), "slot=name", the array."""
+
+    layer: int | str
+    op: str
+    out: np.ndarray = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen
+class Divergence:
+    """The first record where two traces differ."""
+
+    index: int
+    layer: int | str
+    op: str
+    other_op: str
+    position: int | None
+    element: tuple[int, ...] | None
+    got: float | None
+    want: float | None
+
+    def describe(self) -> str:
+        where = "the output head" if self.layer == "head" else f"layer {self.layer}"
+        op = self.op if self.op == self.other_op else f"{self.op} (other run: {self.other_op})"
+        if self.element is None:
+            at = "" if self.position is None else f"; the logits first differ at position {self.position}"
+            return f"op {op} in {where} runs in one model and not the other{at}"
+        return (f"op {op} in {where}, position {self.position}, element {list(self.element)}: "
+                f"{self.got:.6g} vs {self.want:.6g}")
+
+
+class _Proxy:
+    """Delegates to a bound op object; records what its call (and listed methods) return."""
+
+    def __init__(self, inner: Any, label: str, tracer: _Tracer, methods: Sequence[str] = ()):
+        self._inner, self._label, self._tracer = inner, label, tracer
+        for m in methods:
+            fn = getattr(inner, m)
+            setattr(self, m, tracer.wrap(fn, f"{label}.{m}"))
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        return self._tracer.record(self._label, self._inner(*args, **kw))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _Tracer:
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self.layer: int | str = "embed"
+
+    def record(self, op: str, out: Any) -> Any:
+        if isinstance(out, np.ndarray):
+            self.records.append(Record(self.layer, op, np.array(out, dtype=np.float64)))
+        return out
+
+    def wrap(self, fn: Callable[..., Any], op: str) -> Callable[..., Any]:
+        def traced(*args: Any, **kw: Any) -> Any:
+            return self.record(op, fn(*args, **kw))
+        return traced
+
+
+@contextlib.contextmanager
+def _instrumented(model: Any) -> Iterator[_Tracer]:
+    """Wrap the bound ops of ``model`` (its plan's attributes) for the duration; restore them after."""
+    t = _Tracer()
+    plan, d = model.plan, model.descriptor
+    saved: list[tuple[Any, str, Any]] = []
+
+    def swap(obj: Any, attr: str, new: Any) -> None:
+        saved.append((obj, attr, getattr(obj, attr)))
+        setattr(obj, attr, new)
+
+    swap(plan, "norm", t.wrap(plan.norm, f"norm={d.norm}"))
+    ropes = list(plan.ropes)
+    for i, rope in enumerate(ropes):
+        if rope is not None:
+            ropes[i] = _Proxy(rope, f"rope={d.rope_tables[i].pairing}", t)
+    swap(plan, "ropes", ropes)
+    if plan.softcap is not None:
+        swap(plan, "softcap", t.wrap(plan.softcap, f"softcap={d.softcap}"))
+    index = {}
+    for i, lp in enumerate(plan.layers):
+        index[id(lp)] = i
+        spec = lp.spec
+        swap(lp, "attention", _Proxy(lp.attention, f"attention={spec.attention.kind}", t))
+        swap(lp, "residual", _Proxy(lp.residual, f"residual={spec.residual}", t, ("ffn_input", "combine")))
+        ffn = lp.ffn
+        if isinstance(spec.ffn, MoeSpec):
+            swap(ffn, "moe", t.wrap(ffn.moe, f"moe={spec.ffn.kind}"))
+        else:
+            swap(ffn, "act", t.wrap(ffn.act, f"activation={spec.ffn.activation}"))
+    run_block = model.run_block
+    finish = model.finish_logits
+
+    def traced_block(lp: Any, x: np.ndarray, *args: Any) -> np.ndarray:
+        t.layer = index.get(id(lp), "block")
+        out = t.record("block", run_block(lp, x, *args))
+        t.layer = "head"
+        return out
+
+    def traced_finish(logits: np.ndarray) -> np.ndarray:
+        t.record("output", logits)
+        return finish(logits)
+
+    swap(model, "run_block", traced_block)
+    swap(model, "finish_logits", traced_finish)
+    try:
+        yield t
+    finally:
+        for obj, attr, old in reversed(saved):
+            if obj is model:
+                delattr(model, attr)  # back to the class's method
+            else:
+                setattr(obj, attr, old)
+
+
+def trace(model: Any, ids: Sequence[int]) -> tuple[np.ndarray, list[Record]]:
+    """(logits [n, vocab], per-op records) of a whole-sequence prefill of ``ids``."""
+    with _instrumented(model) as t:
+        logits = model.logits(np.asarray(ids, dtype=np.int64))
+    return logits, t.records
+
+
+def first_diff(got: np.ndarray, want: np.ndarray, tolerance: float) -> tuple[int, tuple[int, ...]] | None:
+    """(position, element index) of the first row (axis 0) where |got - want| exceeds ``tolerance``
+    times max |want| (max 1), and its largest element there; None when they agree."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return (0, ()) if got.shape[:1] != want.shape[:1] else (0, (0,))
+    bound = tolerance * max(1.0, float(np.abs(want).max()) if want.size else 1.0)
+    bad = ~(np.abs(got - want) <= bound)  # NaN counts as different
+    if not bad.any():
+        return None
+    rows = bad.reshape(len(bad), -1).any(axis=1)
+    p = int(np.argmax(rows))
+    row_err = np.abs(got[p] - want[p])
+    row_err = np.where(np.isnan(row_err), np.inf, row_err)
+    element = np.unravel_index(int(np.argmax(row_err)), got[p].shape)
+    return p, (p, *map(int, element))
+
+
+def first_divergence(a: list[Record], b: list[Record], tolerance: float = 1e-4) -> Divergence | None:
+    """The first record (in execution order) where traces ``a`` and ``b`` differ."""
+    for k, (ra, rb) in enumerate(zip(a, b, strict=False)):
+        if ra.layer != rb.layer or ra.op.split("=")[0] != rb.op.split("=")[0]:
+            first = ra if len(a) > len(b) else rb
+            return Divergence(k, first.layer, first.op, (rb if first is ra else ra).op, None, None, None, None)
+        found = first_diff(ra.out, rb.out, tolerance)
+        if found is not None:
+            p, element = found
+            if ra.out.shape != rb.out.shape:
+                return Divergence(k, ra.layer, ra.op, rb.op, p, element, math.nan, math.nan)
+            return Divergence(k, ra.layer, ra.op, rb.op, p, element, float(ra.out[element]), float(rb.out[element]))
+    if len(a) != len(b):
+        k = min(len(a), len(b))
+        extra = (a if len(a) > len(b) else b)[k]
+        return Divergence(k, extra.layer, extra.op, extra.op, None, None, None, None)
+    return None
+
+
+# ------------------------------------------------------------------------------ diagnosis
+
+
+def build(path: str | Path, descriptor: Descriptor, plugins: Any = None, backend: str = "reference") -> Any:
+    """A model of the file at ``path`` run by ``descriptor`` (the block style it names)."""
+    from archrun.ggufio import open_gguf
+    from archrun.model import build_plan
+    from archrun.plugins import default_plugin_manager
+    from archrun.vocab import build_vocabulary
+
+    vocab = build_vocabulary(plugins or default_plugin_manager())
+    gguf = open_gguf(path)
+    plan = build_plan(descriptor, gguf, vocab, backend)
+    style = vocab.entry("block_style", descriptor.block_style).op.reference()
+    return style(plan, gguf, None, None)
+
+
+def alternatives(d: Descriptor, vocab: Any, logits: np.ndarray | None = None,
+                 want: np.ndarray | None = None) -> Iterator[tuple[str, Descriptor]]:
+    """(what changed, descriptor) for every single change the diagnosis tries."""
+    names = {}
+    for entry in vocab:
+        names.setdefault(entry.op.slot, []).append(entry.op.name)
+
+    def others(slot: str, value: str) -> list[str]:
+        return [n for n in names.get(slot, []) if n != value]
+
+    for alt in others("norm", d.norm):
+        yield f"norm={alt} (stated: norm={d.norm})", attrs.evolve(d, norm=alt)
+    for i, table in enumerate(d.rope_tables):
+        if table.pairing != NO_ROPE and table.n_rot:
+            for alt in others("rope", table.pairing):
+                tables = list(d.rope_tables)
+                tables[i] = attrs.evolve(table, pairing=alt)
+                yield f"rope={alt} (stated: rope={table.pairing})", attrs.evolve(d, rope_tables=tables)
+
+    def per_layer(slot: str, get: Callable[[Any], str], put: Callable[[Any, str], Any]) -> Iterator[tuple[str, Any]]:
+        for value in dict.fromkeys(get(layer) for layer in d.layers if get(layer) is not None):
+            for alt in others(slot, value):
+                layers = [put(layer, alt) if get(layer) == value else layer for layer in d.layers]
+                yield f"{slot}={alt} (stated: {slot}={value})", attrs.evolve(d, layers=layers)
+
+    yield from per_layer("activation", lambda ly: ly.ffn.activation,
+                         lambda ly, a: attrs.evolve(ly, ffn=attrs.evolve(ly.ffn, activation=a)))
+    yield from per_layer("residual", lambda ly: ly.residual, lambda ly, a: attrs.evolve(ly, residual=a))
+    yield from per_layer("attention", lambda ly: ly.attention.kind,
+                         lambda ly, a: attrs.evolve(ly, attention=attrs.evolve(ly.attention, kind=a)))
+    moe = lambda ly: ly.ffn if isinstance(ly.ffn, MoeSpec) else None  # noqa: E731
+    yield from per_layer("gating", lambda ly: moe(ly) and ly.ffn.gating,
+                         lambda ly, a: attrs.evolve(ly, ffn=attrs.evolve(ly.ffn, gating=a)))
+    if any(moe(ly) for ly in d.layers):
+        stated = next(moe(ly) for ly in d.layers if moe(ly)).weights_norm
+        layers = [attrs.evolve(ly, ffn=attrs.evolve(ly.ffn, weights_norm=not ly.ffn.weights_norm)) if moe(ly) else ly
+                  for ly in d.layers]
+        yield (f"MoE weights renormalised={not stated} (stated: {stated}; moe={moe(layers[-1]).kind})",
+               attrs.evolve(d, layers=layers))
+    if d.logit_softcap:
+        yield (f"no final softcap (stated: softcap={d.softcap} at {d.logit_softcap:g})",
+               attrs.evolve(d, logit_softcap=0.0))
+    elif logits is not None and want is not None:
+        cap = _fit_softcap(logits, want)
+        if cap is not None:
+            yield (f"softcap={d.softcap} at {cap:.4g} (stated: none)",
+                   attrs.evolve(d, logit_softcap=cap))
+    if d.embed_scale == 1.0:
+        yield f"embed_scale=sqrt(n_embd) (stated: {d.embed_scale:g})", attrs.evolve(d, embed_scale=math.sqrt(d.n_embd))
+    else:
+        yield f"embed_scale=1 (stated: {d.embed_scale:g})", attrs.evolve(d, embed_scale=1.0)
+
+
+def _fit_softcap(logits: np.ndarray, want: np.ndarray) -> float | None:
+    """The cap c for which c * tanh(logits / c) is closest to ``want`` (None if none is close)."""
+    z, y = np.asarray(logits, np.float64), np.asarray(want, np.float64)
+    scale = max(1.0, float(np.abs(y).max()))
+    if float(np.abs(y).max()) >= float(np.abs(z).max()):
+        return None  # a softcap only shrinks logits
+    caps = np.geomspace(scale * 0.5, scale * 1e3, 400)
+    errs = [float(np.abs(c * np.tanh(z / c) - y).max()) for c in caps]
+    best = int(np.argmin(errs))
+    if errs[best] > 0.05 * scale:
+        return None
+    lo, hi = caps[max(best - 1, 0)], caps[min(best + 1, len(caps) - 1)]
+    for _ in range(60):  # refine (the error is unimodal near the optimum)
+        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        e1 = np.abs(m1 * np.tanh(z / m1) - y).max()
+        e2 = np.abs(m2 * np.tanh(z / m2) - y).max()
+        lo, hi = (lo, m2) if e1 < e2 else (m1, hi)
+    return float((lo + hi) / 2)
+
+
+def diagnose(path: str | Path, ids: Sequence[int], want: np.ndarray, tolerance: float,
+             plugins: Any = None, hints: Any = None, reference_name: str = "the reference") -> str:
+    """Explain why archrun's logits on ``path`` differ from ``want`` (see the module docstring)."""
+    import archrun
+    from archrun.errors import ArchrunError
+    from archrun.plugins import default_plugin_manager
+    from archrun.vocab import build_vocabulary
+
+    pm = plugins or default_plugin_manager()
+    model = archrun.load(path, backend="reference", plugins=pm, hints=hints)
+    got, stated = trace(model, ids)
+    found = first_diff(got, want, tolerance)
+    if found is None:
+        return f"the reference backend matches {reference_name} (only the other backend differs)"
+    p, element = found
+    lines = [f"logits first differ from {reference_name} at position {p} (element {list(element)}: "
+             f"archrun {got[element]:.6g}, {reference_name} {want[element]:.6g})"]
+    vocab = build_vocabulary(pm)
+    pre_cap = next((r.out for r in reversed(stated) if r.op == "output"), None)
+    for what, d in alternatives(model.descriptor, vocab, pre_cap, want):
+        try:
+            alt = build(path, d, pm)
+            alt_logits, alt_trace = trace(alt, ids)
+        except (ArchrunError, ValueError, TypeError):
+            continue
+        if first_diff(alt_logits, want, tolerance) is None:
+            div = first_divergence(stated, alt_trace, tolerance)
+            lines.append(f"with {what} archrun matches {reference_name} at every position: the family "
+                         f"(or the file) states this convention wrongly")
+            if div is not None:
+                if div.position is None:  # an op only one run has: where its effect first shows
+                    div = attrs.evolve(div, position=p)
+                lines.append(f"first diverging op (as stated vs corrected): {div.describe()}")
+            break
+    else:
+        lines.append("no single convention change makes archrun match it (the math of an op, a weight "
+                     "layout or a key may be wrong): compare per-op activations with archrun.conformance.trace")
+    return "\n".join(lines)
