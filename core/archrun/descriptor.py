@@ -143,6 +143,7 @@ class AttentionSpec:
     window: int = field(default=0, validator=_nonneg_int)
     qk_norm: bool = field(default=False, validator=v.instance_of(bool))
     qk_norm_full: bool = field(default=False, validator=v.instance_of(bool))  # q/k norms span all heads
+    qk_norm_after_rope: bool = field(default=False, validator=v.instance_of(bool))  # q/k norms follow rope
     qkv_bias: bool = field(default=False, validator=v.instance_of(bool))
     output_bias: bool = field(default=False, validator=v.instance_of(bool))
     softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))

@@ -91,6 +91,7 @@ class FamilyHints:
     `swa_period` P > 0 makes layer i sliding iff
     i % P < P - 1 unless the file has attention.sliding_window_pattern; `nope_period` P > 0 makes
     every P-th layer (i % P == P - 1) use no rotary embedding; `block_style` the default style.
+    `qk_norm_after_rope`: per-head Q/K norms apply to the rotated Q/K (HunYuan), not before rope.
     `nope_global`: when a model has sliding-window layers, its full-attention layers use no
     rotary embedding (cohere2, exaone4). `pre_norms` False: blocks have no attn/ffn pre-norms
     (post-norms only); `norm_weights` False: norms have no learned weights (no norm weight
@@ -121,6 +122,7 @@ class FamilyHints:
     swa_period: int = 0
     nope_period: int = 0
     nope_global: bool = False
+    qk_norm_after_rope: bool = False
     ignored_tensors: tuple[str, ...] = field(default=(), converter=tuple)  # more IGNORED_TENSORS globs
     block_style: str = DEFAULT_BLOCK_STYLE
     chat_template: str | None = None
@@ -147,7 +149,7 @@ def _hint_value(name: str, value: Any) -> Any:
     """A hint from a command line arrives as a string: convert the non-string fields."""
     if not isinstance(value, str):
         return value
-    if name in ("moe_weights_norm", "pre_norms", "norm_weights", "nope_global"):
+    if name in ("moe_weights_norm", "pre_norms", "norm_weights", "nope_global", "qk_norm_after_rope"):
         return value.lower() in ("1", "true", "yes")
     if name == "ignored_tensors":  # comma-separated globs
         return tuple(p.strip() for p in value.split(",") if p.strip())

@@ -95,7 +95,8 @@ def _geo(lp: LayerPlan, rope_on: bool, ids: list[int]) -> tuple:
     dense = isinstance(lp.ffn, DenseFfn)
     n_ff = lp.ffn.down.n_in if dense else 0
     gated = int(dense and lp.ffn.gated)
-    return tuple(int(g) for g in (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim, n_ff, gated, rope_on, *ids))
+    return tuple(int(g) for g in (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim, n_ff, gated, rope_on, *ids,
+                                  a.qk_norm_after_rope))
 
 
 def _vecs(lp: LayerPlan) -> tuple:

@@ -59,7 +59,12 @@ class _Binder:
         return entry.op.factory(backend or self.op_backend)(*args)
 
     def vector(self, role: str, layer: int | None = None) -> np.ndarray:
-        return np.ascontiguousarray(self.gguf.dequantize(self._checked(role, layer).name), dtype=F32).reshape(-1)
+        """A 1-D tensor f32 [n] (a file may store it with trailing unit dims, as [n, 1])."""
+        return self.table(role, layer).reshape(-1)
+
+    def table(self, role: str, layer: int | None = None) -> np.ndarray:
+        """A tensor dequantized to f32 in numpy order (e.g. a position table [n_positions, d])."""
+        return np.ascontiguousarray(self.gguf.dequantize(self._checked(role, layer).name), dtype=F32)
 
     def norm_weight(self, role: str, layer: int | None = None) -> np.ndarray:
         """A norm's weight [d]: its tensor, or ones when the model's norms have no learned weights."""
@@ -156,7 +161,7 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     softcap = b.op("softcap", d.softcap, d.logit_softcap) if d.logit_softcap else None
     b.op("block_style", d.block_style)
     output_norm_b = b.vector("output_norm.bias") if d.output_norm_bias else None
-    positions = b.vector("position_embd") if d.position_embedding else None  # [n_positions, d]
+    positions = b.table("position_embd") if d.position_embedding else None  # [n_positions, d]
     plan = Plan(d, embed, output, b.norm_weight("output_norm"), output_norm_b, norm, ropes, layers, softcap,
                 b.providers, b, positions)
     if d.embed_norm:
@@ -236,6 +241,15 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     if spec.post_ffn_norm:
         lp.post_ffn_norm = b.vector("post_ffn_norm", i)
     return lp
+
+
+def _qk_norm(norm, lp: LayerPlan, a, q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q [n, H, hd] and K [n, KV, hd] through their norms: per head, or one norm over all heads."""
+    if a.qk_norm_full:
+        n = q.shape[0]
+        return (norm(q.reshape(n, -1), lp.q_norm).reshape(q.shape),
+                norm(k.reshape(n, -1), lp.k_norm).reshape(k.shape))
+    return norm(q, lp.q_norm), norm(k, lp.k_norm)
 
 
 def _bind_qkv(b: _Binder, i: int, spec: LayerSpec) -> Projections:
@@ -455,15 +469,14 @@ class Interpreter:
         q = q.reshape(n, a.n_head, a.head_dim)
         k = k.reshape(n, a.n_head_kv, a.head_dim)
         v = v.reshape(n, a.n_head_kv, a.v_head_dim)
-        if lp.q_norm is not None and a.qk_norm_full:  # one norm over all heads, before rope
-            q = norm(q.reshape(n, -1), lp.q_norm).reshape(q.shape)
-            k = norm(k.reshape(n, -1), lp.k_norm).reshape(k.shape)
-        elif lp.q_norm is not None:  # per-head norm before rope
-            q, k = norm(q, lp.q_norm), norm(k, lp.k_norm)
+        if lp.q_norm is not None and not a.qk_norm_after_rope:
+            q, k = _qk_norm(norm, lp, a, q, k)
         rope = self.plan.ropes[a.rope]
         if rope is not None:
             cos, sin = angles[a.rope]
             q, k = rope(q, cos, sin), rope(k, cos, sin)
+        if lp.q_norm is not None and a.qk_norm_after_rope:
+            q, k = _qk_norm(norm, lp, a, q, k)
         o = lp.o(attend(q, k, v).reshape(n, a.n_head * a.v_head_dim))
         if lp.post_attn_norm is not None:
             o = norm(o, lp.post_attn_norm)

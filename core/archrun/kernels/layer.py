@@ -16,8 +16,8 @@ list of them, built once at load):
   vecs   float32 vectors, empty when absent: attn_norm, attn_norm bias, q_norm, k_norm,
          post_attn_norm, ffn_norm, ffn_norm bias, post_ffn_norm (no attn_norm: a block without
          pre-norms; q/k norms of a head's width apply per head, of all heads' width to the whole)
-  geo    int64: n_head, n_kv, head_dim, v_head_dim, n_ff, gated, rope (0/1), and the pool
-         group ids of qkv, o_mat, gate_up, down (-1: none)
+  geo    int64: n_head, n_kv, head_dim, v_head_dim, n_ff, gated, rope (0/1), the pool
+         group ids of qkv, o_mat, gate_up, down (-1: none), and q/k norms after rope (0/1)
   fns    parts' functions as first-class values (kernels.parts.Part.value, called f[0](...)): norm, rope,
          attention, activation, residual ffn_input, residual combine
   params their float64 parameters in the same order (the residual's serve both of its functions)
@@ -39,7 +39,7 @@ _STEP = dict(JIT, inline="always")
 
 # vecs and geo fields
 V_ATTN_NORM, V_ATTN_NORM_B, V_Q_NORM, V_K_NORM, V_POST_ATTN, V_FFN_NORM, V_FFN_NORM_B, V_POST_FFN = range(8)
-G_HEADS, G_KV, G_HD, G_VD, G_FF, G_GATED, G_ROPE, G_QKV, G_O, G_GU, G_DOWN = range(11)
+G_HEADS, G_KV, G_HD, G_VD, G_FF, G_GATED, G_ROPE, G_QKV, G_O, G_GU, G_DOWN, G_QK_LATE = range(12)
 # fns / params fields
 F_NORM, F_ROPE, F_ATTN, F_ACT, F_RES_IN, F_RES_OUT = range(6)
 P_NORM, P_ROPE, P_ATTN, P_ACT, P_RES = range(5)
@@ -52,6 +52,16 @@ def _heads_norm(norm, p, v, n_head, hd, w):
     for h in range(n_head):
         seg = v[h * hd:(h + 1) * hd]
         norm[0](p, seg, w, none, seg)
+
+
+@njit(**_STEP)
+def _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd):
+    """q [n_head * hd] and k [n_kv * hd] through their norms in place: per head (norms of a head's
+    width), or one norm over all heads (norms of all heads' width)."""
+    qh = n_head if vecs[V_Q_NORM].shape[0] == hd else 1
+    kh = n_kv if vecs[V_K_NORM].shape[0] == hd else 1
+    _heads_norm(norm, pn, q, qh, q.shape[0] // qh, vecs[V_Q_NORM])
+    _heads_norm(norm, pn, k, kh, k.shape[0] // kh, vecs[V_K_NORM])
 
 
 @njit(**_STEP)
@@ -69,15 +79,15 @@ def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, r
     y = np.empty(nq + nk + n_kv * vd, _F32)
     product_group(par, geo[G_QKV], qkv, h, y, chunks)
     q, k, v = y[:nq], y[nq:nq + nk], y[nq + nk:]
-    if vecs[V_Q_NORM].shape[0]:
-        qh = n_head if vecs[V_Q_NORM].shape[0] == hd else 1  # per head, or one norm over all heads
-        kh = n_kv if vecs[V_K_NORM].shape[0] == hd else 1
-        _heads_norm(norm, pn, q, qh, nq // qh, vecs[V_Q_NORM])
-        _heads_norm(norm, pn, k, kh, nk // kh, vecs[V_K_NORM])
+    late = geo[G_QK_LATE]
+    if vecs[V_Q_NORM].shape[0] and not late:
+        _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd)
     if geo[G_ROPE]:
         rope, pr = fns[F_ROPE], params[P_ROPE]
         rope[0](pr, q, n_head, hd, cos, sin)
         rope[0](pr, k, n_kv, hd, cos, sin)
+    if vecs[V_Q_NORM].shape[0] and late:
+        _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd)
     att = np.empty(n_head * vd, _F32)
     fns[F_ATTN][0](params[P_ATTN], q, k, v, kc, vc, kpos, ring, row, pos, att)
     a = np.empty(d, _F32)
