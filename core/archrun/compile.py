@@ -379,6 +379,9 @@ class _Geometry:
         _bounded(meta.key("attention.value_length"), self.v_head_dim, 1, MAX_WIDTH)
         self.scale = meta.get("attention.scale", float, default_attention_scale(self.head_dim))
         self.softcap = meta.get("attn_logit_softcapping", float, 0.0)
+        self.clamp_kqv = meta.get("attention.clamp_kqv", float, 0.0)
+        if not 0.0 <= self.clamp_kqv < 1e30:
+            raise MetadataError(f"{meta.key('attention.clamp_kqv')!r} = {self.clamp_kqv} is not a valid clamp")
         self.alibi_max_bias = meta.get("attention.max_alibi_bias", float, 0.0)
         if not 0.0 <= self.alibi_max_bias < 1e4:
             raise MetadataError(f"{meta.key('attention.max_alibi_bias')!r} = {self.alibi_max_bias} is not a valid bias")
@@ -519,7 +522,7 @@ class _Geometry:
         return AttentionSpec(
             kind=self.attention_kind or "", n_head=n_head, n_head_kv=n_kv, head_dim=hd, v_head_dim=vd,
             scale=self.scale, rope=self._rope_table(i), window=self.window if sliding else 0, qk_norm=qk_norm,
-            qk_norm_full=full, qk_norm_after_rope=qk_norm and self.fam.qk_norm_after_rope,
+            qk_norm_full=full, qk_norm_after_rope=qk_norm and self.fam.qk_norm_after_rope, clamp_kqv=self.clamp_kqv,
             qkv_bias=bias, output_bias=t.has("attn_output.bias", i), softcap=self.softcap, qkv_packed=packed,
             alibi_max_bias=self.alibi_max_bias,
         )

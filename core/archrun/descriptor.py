@@ -144,6 +144,7 @@ class AttentionSpec:
     qk_norm: bool = field(default=False, validator=v.instance_of(bool))
     qk_norm_full: bool = field(default=False, validator=v.instance_of(bool))  # q/k norms span all heads
     qk_norm_after_rope: bool = field(default=False, validator=v.instance_of(bool))  # q/k norms follow rope
+    clamp_kqv: float = field(default=0.0, converter=float, validator=v.ge(0.0))  # Q/K/V clipped to [-c, c]; 0 off
     qkv_bias: bool = field(default=False, validator=v.instance_of(bool))
     output_bias: bool = field(default=False, validator=v.instance_of(bool))
     softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))

@@ -100,8 +100,10 @@ def _geo(lp: LayerPlan, rope_on: bool, ids: list[int]) -> tuple:
 
 
 def _vecs(lp: LayerPlan) -> tuple:
+    c = lp.spec.attention.clamp_kqv
+    clamp = np.array([c], np.float32) if c else None
     return tuple(_vec(v) for v in (lp.attn_norm, lp.attn_norm_b, lp.q_norm, lp.k_norm, lp.post_attn_norm,
-                                   lp.ffn_norm, lp.ffn_norm_b, lp.post_ffn_norm))
+                                   lp.ffn_norm, lp.ffn_norm_b, lp.post_ffn_norm, clamp))
 
 
 def _group_id(groups: list[tuple], ms: tuple, n_in: int) -> int:

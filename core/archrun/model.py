@@ -466,6 +466,9 @@ class Interpreter:
         h = x if lp.attn_norm is None else norm(x, lp.attn_norm, lp.attn_norm_b)
         n = len(x)
         q, k, v = lp.qkv(h)
+        if a.clamp_kqv:  # OLMo / MPT clip_qkv
+            c = F32(a.clamp_kqv)
+            q, k, v = np.clip(q, -c, c), np.clip(k, -c, c), np.clip(v, -c, c)
         q = q.reshape(n, a.n_head, a.head_dim)
         k = k.reshape(n, a.n_head_kv, a.head_dim)
         v = v.reshape(n, a.n_head_kv, a.v_head_dim)

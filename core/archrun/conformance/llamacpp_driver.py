@@ -36,18 +36,16 @@ def _tiny_set_vocab(vocab: dict):
     return set_vocab
 
 
-def _keep_raw_config_fields(model_base) -> None:
-    """Let the converter see every field of config.json: it reads the config through transformers'
-    AutoConfig, whose newer versions drop fields released checkpoints carry and the converter
-    still reads (GPT-NeoX's `rotary_pct`); fields AutoConfig kept are left as it gives them."""
+def _add_checkpoint_fields(model_base, extra: dict) -> None:
+    """Give the converter the config fields released checkpoints carry (`extra`): it reads the
+    config through transformers' AutoConfig, whose newer versions drop or rename some of them
+    (GPT-NeoX's `rotary_pct`; MPT checkpoints name their remote-code class `MPTForCausalLM`)."""
     load = model_base.load_hparams
 
     def load_hparams(dir_model, is_mistral_format):
         config = load(dir_model, is_mistral_format)
-        raw = Path(dir_model) / "config.json"
-        if isinstance(config, dict) and raw.is_file():
-            for key, value in json.loads(raw.read_text()).items():
-                config.setdefault(key, value)
+        if isinstance(config, dict):
+            config.update(extra)
         return config
 
     model_base.load_hparams = staticmethod(load_hparams)
@@ -70,7 +68,7 @@ def main(argv: list[str]) -> None:
         return cls
 
     converter.get_model_class = get_model_class
-    _keep_raw_config_fields(converter.ModelBase)
+    _add_checkpoint_fields(converter.ModelBase, vocab.get("config_extra") or {})
     sys.argv = ["convert_hf_to_gguf.py", *convert_args]
     converter.main()
 

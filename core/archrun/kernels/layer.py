@@ -14,7 +14,8 @@ list of them, built once at load):
                               ones padding: (q, k, v) or (q|k|v, -, -); (o, -, -);
                               (gate, up, -), (gate|up, -, -) or (up, -, -) for a plain FFN; (down, -, -)
   vecs   float32 vectors, empty when absent: attn_norm, attn_norm bias, q_norm, k_norm,
-         post_attn_norm, ffn_norm, ffn_norm bias, post_ffn_norm (no attn_norm: a block without
+         post_attn_norm, ffn_norm, ffn_norm bias, post_ffn_norm, [c] clamping Q/K/V to [-c, c]
+         (OLMo, MPT clip_qkv; empty: none) (no attn_norm: a block without
          pre-norms; q/k norms of a head's width apply per head, of all heads' width to the whole)
   geo    int64: n_head, n_kv, head_dim, v_head_dim, n_ff, gated, rope (0/1), the pool
          group ids of qkv, o_mat, gate_up, down (-1: none), and q/k norms after rope (0/1)
@@ -38,7 +39,7 @@ _F32 = np.float32
 _STEP = dict(JIT, inline="always")
 
 # vecs and geo fields
-V_ATTN_NORM, V_ATTN_NORM_B, V_Q_NORM, V_K_NORM, V_POST_ATTN, V_FFN_NORM, V_FFN_NORM_B, V_POST_FFN = range(8)
+V_ATTN_NORM, V_ATTN_NORM_B, V_Q_NORM, V_K_NORM, V_POST_ATTN, V_FFN_NORM, V_FFN_NORM_B, V_POST_FFN, V_CLAMP = range(9)
 G_HEADS, G_KV, G_HD, G_VD, G_FF, G_GATED, G_ROPE, G_QKV, G_O, G_GU, G_DOWN, G_QK_LATE = range(12)
 # fns / params fields
 F_NORM, F_ROPE, F_ATTN, F_ACT, F_RES_IN, F_RES_OUT = range(6)
@@ -78,6 +79,10 @@ def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, r
     nq, nk = n_head * hd, n_kv * hd
     y = np.empty(nq + nk + n_kv * vd, _F32)
     product_group(par, geo[G_QKV], qkv, h, y, chunks)
+    if vecs[V_CLAMP].shape[0]:
+        c = vecs[V_CLAMP][0]
+        for j in range(y.shape[0]):
+            y[j] = min(max(y[j], -c), c)
     q, k, v = y[:nq], y[nq:nq + nk], y[nq + nk:]
     late = geo[G_QK_LATE]
     if vecs[V_Q_NORM].shape[0] and not late:

@@ -20,6 +20,7 @@ ARCHES = (OLMO, OLMO2, OLMOE)
 FIXTURES = (
     TinyFixture("olmo_gqa", "olmo", 1),
     TinyFixture("olmo_mha_tied", "olmo", 2, {"num_key_value_heads": 4, "tie_word_embeddings": True}),
+    TinyFixture("olmo_clip_qkv", "olmo", 3, {"clip_qkv": 0.5}),
     TinyFixture("olmo2_gqa", "olmo2", 1),
     TinyFixture("olmo2_3layer_8head", "olmo2", 2, {"num_attention_heads": 8, "num_key_value_heads": 4,
                                                     "num_hidden_layers": 3}),
