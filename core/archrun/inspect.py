@@ -98,6 +98,7 @@ def list_plugins() -> dict[str, Any]:
     families: dict[str, list[str]] = {}
     for impl in pm.hook.archrun_families.get_hookimpls():
         families[impl.plugin_name] = list(impl.function())
+    families = dict(sorted(families.items()))
     return {
         "installed": installed_plugins(),
         "vocabulary": [{"slot": e.op.slot, "name": e.op.name, "plugin": e.plugin,
@@ -108,11 +109,12 @@ def list_plugins() -> dict[str, Any]:
 
 def render_plugins(info: dict[str, Any]) -> str:
     """Human-readable form of list_plugins' result."""
-    lines = ["plugins"] + [f"  {n:12s} {mod}" for n, mod in info["installed"].items()]
+    width = max([12, *map(len, info["installed"]), *map(len, info["families"])])
+    lines = ["plugins"] + [f"  {n:{width}s} {mod}" for n, mod in info["installed"].items()]
     lines.append("vocabulary (slot=name  plugin  [fast])")
     for e in info["vocabulary"]:
         fast = " [fast]" if e["fast"] else ""
         lines.append(f"  {e['slot'] + '=' + e['name']:28s} {e['plugin']}{fast}  {e['doc']}")
     lines.append("families")
-    lines += [f"  {p:12s} {', '.join(archs)}" for p, archs in info["families"].items()]
+    lines += [f"  {p:{width}s} {', '.join(archs)}" for p, archs in info["families"].items()]
     return "\n".join(lines)
