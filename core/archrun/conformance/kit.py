@@ -337,7 +337,7 @@ class ConformanceKit:
     # -- registration ----------------------------------------------------------------------------
 
     def test_registers(self) -> None:
-        from archrun.conformance import check_family_plugin
+        from archrun.conformance.checks import check_family_plugin
 
         ep = self.declaration.entry_point
         _plugin_manager(ep)

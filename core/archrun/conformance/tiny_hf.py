@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from archrun.conformance import check_family_plugin, hf
+from archrun.conformance import hf
+from archrun.conformance.checks import check_family_plugin
 
 #: llama.cpp vs HF float32: max |Δlogit| relative to max |logit|. llama.cpp computes GELU through an
 #: f16 table (its input rounded to f16), which puts GELU models at 1-2e-3 (gpt2, gemma2 measured).

@@ -281,7 +281,43 @@ def _install_locator() -> bool:
     return True
 
 
-if not _install_locator():  # another numba: compile in every process rather than share a stale cache
+def _install_keyed_data_names() -> bool:
+    """Name each cached entry's data file by a hash of its key, not by numba's counter.
+
+    numba picks a new entry's data file name as the first number its index does not use; two
+    processes adding different signatures of one kernel at once (test workers, a server and a
+    script) then write both entries' code under one name, and an index read later points one
+    signature at the other's machine code: a crash when it runs. With key-hashed names,
+    concurrent writers never share a data file; an index update lost to a race costs one
+    recompile. The data is written before the index names it.
+    """
+    from numba.core import caching
+
+    cls = getattr(caching, "IndexDataCacheFile", None)
+    if cls is None or not all(hasattr(cls, a) for a in ("_load_index", "_save_index", "_save_data", "_data_name")):
+        return False
+    if getattr(cls.save, "archrun_keyed", False):
+        return True
+
+    def save(self, key, data) -> None:
+        name = self._load_index().get(key)
+        if name is None:
+            import pickle
+
+            name = self._data_name(hashlib.sha256(pickle.dumps(key, protocol=4)).hexdigest()[:16])
+        self._save_data(name, data)
+        overloads = self._load_index()  # re-read: keep what other processes added meanwhile
+        if overloads.get(key) != name:
+            overloads[key] = name
+            self._save_index(overloads)
+
+    save.archrun_keyed = True
+    cls.save = save
+    return True
+
+
+if not (_install_locator() and _install_keyed_data_names()):
+    # another numba: compile in every process rather than share a stale or racy cache
     JIT["cache"] = JIT_PAR["cache"] = False
 _CORE = os.path.dirname(os.path.realpath(__file__))
 _register(_CORE, None)
