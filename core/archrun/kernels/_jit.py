@@ -304,7 +304,7 @@ def _install_keyed_data_names() -> bool:
         if name is None:
             import pickle
 
-            name = self._data_name(hashlib.sha256(pickle.dumps(key, protocol=4)).hexdigest()[:16])
+            name = self._data_name(int(hashlib.sha256(pickle.dumps(key, protocol=4)).hexdigest()[:15], 16))
         self._save_data(name, data)
         overloads = self._load_index()  # re-read: keep what other processes added meanwhile
         if overloads.get(key) != name:
