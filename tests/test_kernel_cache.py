@@ -164,3 +164,22 @@ def test_cache_folders_beyond_the_most_recent_are_pruned_unless_a_running_proces
     assert len(ours - {old[0].name}) == _jit.KEEP  # the KEEP most recently used
     assert old[-1].name in ours and old[1].name not in ours
     assert {f.name for f in foreign} <= kept  # not archrun's: never touched
+
+
+def test_concurrent_writers_of_one_kernel_never_share_a_data_file(tmp_path):
+    """numba names a new entry's data file by the first number its index does not use: a writer that read
+    the index before another's entry landed picked the same name and overwrote that entry's code (which
+    the other's index then ran: a crash). archrun names data files by their key: a writer that never saw
+    an entry cannot overwrite it, and each key loads its own data."""
+    from numba.core.caching import IndexDataCacheFile
+
+    cache = IndexDataCacheFile(str(tmp_path), "kernel-1.py311", b"stamp")
+    cache.save(("sig a",), "code for a")
+    index = tmp_path / "kernel-1.py311.nbi"
+    index.unlink()  # a second writer that read the index before the first entry was saved
+    cache.save(("sig b",), "code for b")
+    assert len(list(tmp_path.glob("*.nbc"))) == 2  # numba's counter would have given both "1"
+    assert cache.load(("sig b",)) == "code for b"
+    first = IndexDataCacheFile(str(tmp_path), "kernel-1.py311", b"stamp")
+    first.save(("sig a",), "code for a")  # the first writer's entry comes back under its own name
+    assert first.load(("sig a",)) == "code for a" and first.load(("sig b",)) == "code for b"
