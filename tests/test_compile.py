@@ -74,10 +74,10 @@ def test_unknown_architecture_compiles_and_loads_with_hints(synth_model):
 
 
 def test_unused_keys_are_reported(synth_model):
-    path = synth_model(key_overrides={"attention.clamp_kqv": 8.0})
-    with pytest.warns(ArchrunWarning, match="qwen3.attention.clamp_kqv"):
+    path = synth_model(key_overrides={"attention.relative_buckets_count": 32})  # a T5 key no decoder reads
+    with pytest.warns(ArchrunWarning, match="qwen3.attention.relative_buckets_count"):
         result = compile_gguf(path)
-    assert result.unused_keys == ("qwen3.attention.clamp_kqv",)
+    assert result.unused_keys == ("qwen3.attention.relative_buckets_count",)
 
 
 def test_known_file_has_no_warnings(synth_model):
