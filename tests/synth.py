@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 import gguf
 import numpy as np
 
+from archrun.conformance.gguf_edit import add_key
+
 
 class Quantized(NamedTuple):
     """A tensor for write_model as raw ggml blocks: data uint8 [rows, row bytes] of type ggml_type."""
@@ -109,7 +111,7 @@ def write_model(path: str | Path, *, arch: str = "qwen3", seed: int = 0, n_vocab
     w = gguf.GGUFWriter(str(path), arch)
     for k, v in keys.items():
         if k not in drop_keys:
-            _add(w, f"{arch}.{k}", v)
+            add_key(w, f"{arch}.{k}", v)
     _tokenizer(w, n_vocab)
     for name, arr in tensors.items():
         if name in drop_tensors:
@@ -125,19 +127,6 @@ def write_model(path: str | Path, *, arch: str = "qwen3", seed: int = 0, n_vocab
     w.write_tensors_to_file()
     w.close()
     return Path(path)
-
-
-def _add(w: gguf.GGUFWriter, key: str, value: Any) -> None:
-    if isinstance(value, bool):
-        w.add_bool(key, value)
-    elif isinstance(value, int):
-        (w.add_uint32 if value < 2**32 else w.add_uint64)(key, value)
-    elif isinstance(value, float):
-        w.add_float32(key, value)
-    elif isinstance(value, str):
-        w.add_string(key, value)
-    else:
-        w.add_array(key, list(value))
 
 
 # -- structure transforms (for `transform=`): tensors in, tensors out ---------------------------------

@@ -30,7 +30,7 @@ def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None =
         else:
             w.add_key_value(key, f.contents(), f.types[0])
     for key, value in (add_keys or {}).items():
-        w.add_key_value(key, value, _value_type(value))
+        add_key(w, key, value)
     for t in r.tensors:
         if not any(d in t.name for d in drop):
             w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(x) for x in reversed(t.shape)),
@@ -42,13 +42,19 @@ def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None =
     return Path(dst)
 
 
-def _value_type(value: Any):
-    import gguf
 
+def add_key(w, key: str, value: Any) -> None:
+    """Write one metadata value with gguf-py's typed adder for its Python type (bool, int as
+    uint32 or uint64, float32, str, or a list as an array)."""
     if isinstance(value, bool):
-        return gguf.GGUFValueType.BOOL
-    if isinstance(value, int):
-        return gguf.GGUFValueType.UINT32
-    if isinstance(value, float):
-        return gguf.GGUFValueType.FLOAT32
-    return gguf.GGUFValueType.STRING
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        (w.add_uint32 if 0 <= value < 2**32 else w.add_uint64)(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, (list, tuple)):
+        w.add_array(key, list(value))
+    else:
+        raise TypeError(f"cannot write {key}={value!r}")

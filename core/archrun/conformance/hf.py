@@ -114,7 +114,7 @@ class HfArch:
     its converter does not write; the llama.cpp cross-check runs on a copy with them added (and
     records them), never the fixture itself. ``checkpoint_config(hp)``: fields released
     checkpoints' config.json carry that transformers no longer writes (e.g. GPT-NeoX's
-    ``rotary_pct``), added to the saved config.json the converter reads.
+    ``rotary_pct``), added to the config the converter reads.
     """
 
     name: str
@@ -701,6 +701,14 @@ def record_main(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], out_d
     if total > MAX_TOTAL_BYTES:
         raise SystemExit(f"{out_dir} holds {total} bytes (> {MAX_TOTAL_BYTES})")
     print(f"total {total} bytes")
+
+
+def record_here(record_py: str | Path) -> None:
+    """A family's ``tests/goldens/record.py``: ``record_main`` for the fixtures of ``../hf_arch.py``
+    into the script's folder (``--only NAME ...``, ``--llamacpp-check``)."""
+    here = Path(record_py).resolve().parent
+    spec = load_module(here.parent / "hf_arch.py")
+    record_main(spec.ARCHES, spec.FIXTURES, here)
 
 
 def _total_bytes(out_dir: Path) -> int:

@@ -79,8 +79,8 @@ def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32"
     The model is saved (safetensors, its config) to a temporary folder and converted there by
     ``llamacpp_driver.py`` in a child process; ``vocab`` (tokens, types, merges, pre, bos, eos)
     replaces the tokenizer the converter would read, which tiny models do not have;
-    ``config_extra`` fields (as released checkpoints carry them) are added to the saved config.json
-    and to the fields the converter reads (its AutoConfig round trip drops some).
+    ``config_extra`` fields (as released checkpoints carry them) are added to the config the
+    converter reads (its AutoConfig round trip drops some).
     """
     if not available():
         raise ConverterUnavailable(f"llama.cpp's converter is not in {source_dir()}: run "
@@ -89,9 +89,6 @@ def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32"
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         model.save_pretrained(model_dir, safe_serialization=True)
-        if config_extra:
-            cfg_path = model_dir / "config.json"
-            cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), **config_extra}, indent=2))
         vocab_json = Path(tmp) / "vocab.json"
         vocab_json.write_text(json.dumps({**vocab, "config_extra": config_extra or {}}))
         args = [str(model_dir), "--outfile", str(path), "--outtype", outtype]

@@ -25,6 +25,7 @@ import attrs
 import gguf
 import numpy as np
 
+from archrun.conformance.gguf_edit import add_key
 from archrun.descriptor import DEFAULT_TENSOR_NAMES
 from archrun.errors import (
     MetadataError,
@@ -187,7 +188,7 @@ def write(path: str | Path, spec: Synthetic, hints: Any = None, *,
         ts = edit_tensors(dict(ts))
     w = gguf.GGUFWriter(str(path), spec.arch)
     for k, v in keys.items():
-        _add(w, f"{spec.arch}.{k}", v)
+        add_key(w, f"{spec.arch}.{k}", v)
     n = spec.n_vocab
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
@@ -204,21 +205,6 @@ def write(path: str | Path, spec: Synthetic, hints: Any = None, *,
     w.write_tensors_to_file()
     w.close()
     return Path(path)
-
-
-def _add(w: gguf.GGUFWriter, key: str, value: Any) -> None:
-    if isinstance(value, bool):
-        w.add_bool(key, value)
-    elif isinstance(value, int):
-        w.add_uint32(key, value)
-    elif isinstance(value, float):
-        w.add_float32(key, value)
-    elif isinstance(value, str):
-        w.add_string(key, value)
-    elif isinstance(value, (list, tuple)):
-        w.add_array(key, list(value))
-    else:
-        raise TypeError(f"cannot write {key}={value!r}")
 
 
 # ------------------------------------------------------------------------------ bad inputs

@@ -13,21 +13,7 @@ The file carries no chat template: the default is Gemma's turn format.
 from __future__ import annotations
 
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
-
-# Gemma's turn format (system text is prepended to the first user turn, as Gemma's own template does).
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
-    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
-)
+from archrun_gemma3 import CHAT_TEMPLATE  # Gemma's turn format, shared by every Gemma generation
 
 _GEMMA = dict(rope_pairing="neox", activation="gelu_tanh", embed_scale="sqrt_n_embd", chat_template=CHAT_TEMPLATE,
               **TRANSFORMER)
