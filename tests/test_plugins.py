@@ -79,3 +79,24 @@ def test_families_hook_lists_architectures():
     pm = make_plugin_manager()
     archs = {a for lst in pm.hook.archrun_families() for a in lst}
     assert {"qwen2", "qwen3", "qwen3moe", "llama"} <= archs
+
+
+def test_drafters_are_registered_through_a_hook():
+    from archrun.speculative import LookupDrafter, drafters
+
+    class Mine:
+        @hookimpl
+        def archrun_register_drafters(self, register):
+            register("echo", lambda model, arg: LookupDrafter(), "proposes what followed the last n-gram")
+
+    found = drafters(make_plugin_manager(names=["glm4moe"], extra=[Mine()]))
+    assert {"lookup", "draft", "mtp", "echo"} <= set(found)
+    assert found["echo"][1].startswith("proposes")
+
+    class Dup:
+        @hookimpl
+        def archrun_register_drafters(self, register):
+            register("lookup", lambda model, arg: LookupDrafter())
+
+    with pytest.raises(PluginError, match="'lookup' is registered by both archrun and"):
+        drafters(make_plugin_manager(names=[], extra=[Dup()]))

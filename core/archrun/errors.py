@@ -59,6 +59,10 @@ class InvalidRequest(ArchrunError):
     """Generation options or inputs are out of range (temperature NaN, bad ids, ...)."""
 
 
+class VocabularyMismatch(InvalidRequest):
+    """A draft model's vocabulary differs from its target's (speculative decoding refuses the pair)."""
+
+
 class PluginError(ArchrunError):
     """A plugin registered something inconsistent (duplicate vocabulary entry, bad op)."""
 

@@ -94,6 +94,7 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
     max_tokens None means "until EOS or the context is full".
     cache: a PrefixCache kept across calls (the prompt reuses the prefix it shares with it).
     logprobs: report each token's logprob and this many alternatives (result.logprobs).
+    archrun.speculative.generate takes the same options and decodes speculatively.
     """
     if isinstance(prompt, bytes | bytearray):
         raise InvalidRequest("prompt must be text or a sequence of token ids, not bytes")
@@ -204,7 +205,11 @@ class Decoding:
 
     def accept(self, logits: np.ndarray) -> str:
         """Sample from logits [vocab]; return the newly streamable text ('' if none yet)."""
-        nxt = self.sampler(logits, self.history)
+        return self.push(self.sampler(logits, self.history), logits)
+
+    def push(self, nxt: int, logits: np.ndarray) -> str:
+        """Take `nxt` as the next token (chosen from logits [vocab], e.g. by speculative decoding's
+        acceptance rule); return the newly streamable text ('' if none yet)."""
         if nxt in self.eog:
             return self._finish("stop")
         if self.logprobs is not None:

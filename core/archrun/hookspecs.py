@@ -46,3 +46,17 @@ def archrun_describe_family(architecture: str) -> Any:
 @hookspec
 def archrun_families() -> list[str]:
     """Return the architecture strings this plugin describes (collect-all; for listings)."""
+
+
+# -- generic layers (generation time, collect-all) ------------------------------------------
+
+
+@hookspec
+def archrun_register_drafters(register: Callable[..., None]) -> None:
+    """Register speculative-decoding drafters.  Called once per lookup on every plugin.
+
+    Call ``register(name, factory, doc="")``: ``factory(model, arg)`` returns an
+    `archrun.speculative.Drafter` for a target model (``arg`` is the text after ``name:`` in a
+    spec such as ``draft:PATH``, or None). Registering a name another plugin already provides
+    raises `archrun.errors.PluginError` naming both plugins.
+    """

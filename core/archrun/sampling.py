@@ -89,6 +89,29 @@ class Sampler:
         probs = _softmax(np.log(probs) / p.temperature)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
+    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """The distribution `self(logits, history)` draws from, float64 [vocab] (one-hot when greedy).
+
+        Speculative decoding's rejection rule compares it with a drafter's distribution; it
+        runs the same chain as `__call__` without drawing.
+        """
+        p = self.params
+        x = np.array(logits, dtype=np.float64)
+        if len(self.bias_ids):
+            x[self.bias_ids] += self.bias_values
+        _apply_penalties(x, history, p)
+        out = np.zeros(len(x))
+        if p.greedy:
+            out[int(np.argmax(x))] = 1.0
+            return out
+        ids = np.argsort(-x, kind="stable")
+        if p.top_k:
+            ids = ids[: p.top_k]
+        ids, probs = _top_p(ids, _softmax(x[ids]), p.top_p)
+        ids, probs = _min_p(ids, probs, p.min_p)
+        out[ids] = _softmax(np.log(probs) / p.temperature)
+        return out
+
 
 def _check_bias(bias: Mapping[int, float], n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
     ids, values = [], []

@@ -8,15 +8,17 @@ What glm4moe files do not say (llama.cpp src/models/glm4-moe.cpp, HF modeling_gl
 - block_count includes the nextn (MTP) layers; the trunk is block_count - nextn_predict_layers;
 - the default block style is host_reference (the auditable host-side shape).
 
-The MTP (nextn) draft head lives in archrun_glm4moe.mtp: MtpHead, MtpCache, verify.
+The MTP (nextn) draft head lives in archrun_glm4moe.mtp: MtpHead, MtpCache, verify; the plugin
+registers it as the speculative-decoding drafter "mtp" (MtpDrafter).
 """
 
 from __future__ import annotations
 
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
-from archrun_glm4moe.mtp import MtpCache, MtpHead, verify
+from archrun.hookspecs import hookimpl
+from archrun_glm4moe.mtp import MtpCache, MtpDrafter, MtpHead, mtp_drafter, verify
 
-__all__ = ["HINTS", "MtpCache", "MtpHead", "archrun_describe_family", "archrun_families", "verify"]
+__all__ = ["HINTS", "MtpCache", "MtpDrafter", "MtpHead", "plugin", "verify"]
 
 HINTS = {
     "glm4moe": FamilyHints(
@@ -32,4 +34,12 @@ HINTS = {
 }
 
 
-plugin = FamilyPlugin(HINTS)
+class Glm4MoePlugin(FamilyPlugin):
+    """The family hooks, plus the MTP head as the speculative-decoding drafter "mtp"."""
+
+    @hookimpl
+    def archrun_register_drafters(self, register) -> None:
+        register("mtp", mtp_drafter, "self-speculation through the model's MTP (nextn) head; mtp:K picks block K")
+
+
+plugin = Glm4MoePlugin(HINTS)

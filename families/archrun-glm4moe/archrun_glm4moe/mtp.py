@@ -35,6 +35,7 @@ import numpy as np
 
 from archrun.cache import KvCache
 from archrun.errors import ContextOverflow, InvalidRequest, MissingTensor, ShapeMismatch, WrongBlockStyle
+from archrun.speculative import MAX_DRAFT, Draft, Drafter, DraftSampler
 
 F32 = np.float32
 _REQUIRED = ("nextn.eh_proj", "nextn.enorm", "nextn.hnorm")
@@ -259,3 +260,51 @@ def _bind_block(model, i: int, spec):
 def _check_count(what: str, value: int, low: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise InvalidRequest(f"{what} must be an integer >= {low}, got {value!r}")
+
+
+# -- speculative decoding: the MTP head as a drafter ------------------------------------------
+
+
+class MtpDrafter(Drafter):
+    """Self-speculation: MTP block k drafts greedy chains; the trunk verifies them.
+
+    Every trunk step goes through host_step with this drafter's MtpCache (the head reads the
+    trunk's hidden states), so the MTP cache follows the trunk's cache, rewinds included.
+    Drafts are argmax chains (deterministic), which the rejection rule accepts for any sampling.
+    """
+
+    name = "mtp"
+    follows_trunk = True
+
+    def __init__(self, model, k: int = 0):
+        self.head = MtpHead(model, k)
+        self.mtp: MtpCache | None = None
+
+    def start(self, model, capacity: int) -> None:
+        if self.mtp is None or self.mtp.kv.capacity < capacity:
+            self.mtp = self.head.init_cache(capacity, max_rewind=max(64, 2 * MAX_DRAFT + 2))
+        self.mtp.clear()
+
+    def step(self, model, cache, ids: np.ndarray, all_logits: bool) -> np.ndarray:
+        logits = model.host_step(ids, cache, self.mtp).logits   # [n, vocab]
+        return logits if all_logits else logits[-1:]
+
+    def propose(self, history: Sequence[int], k: int, sampler: DraftSampler) -> Draft:
+        k = min(k, self.mtp.kv.capacity - len(self.mtp.kv))
+        if k < 1 or self.mtp.pending is None:
+            return Draft()
+        return Draft(tuple(self.head.propose(self.mtp, int(history[-1]), k)))
+
+    def rewind(self, n: int) -> None:
+        self.mtp.rewind(n)
+
+    def reset(self) -> None:
+        if self.mtp is not None:
+            self.mtp.clear()
+
+
+def mtp_drafter(model, arg: str | None) -> MtpDrafter:
+    """Drafter factory for "mtp" / "mtp:K" (K: which MTP block, default 0)."""
+    if arg is not None and not arg.isdigit():
+        raise InvalidRequest(f"mtp takes an MTP block index (mtp:0), got {arg!r}")
+    return MtpDrafter(model, int(arg or 0))

@@ -1,0 +1,455 @@
+"""Speculative decoding over any Decoder whose cache rewinds: draft k tokens, verify them in one step.
+
+    from archrun import speculative
+    gen = speculative.generate(model, prompt, "lookup", max_tokens=128, temperature=0)
+    gen.complete().timings["spec_acceptance"]   # accepted / drafted
+
+Each round a drafter guesses the next k tokens cheaply; one multi-token target step over
+[last token, *drafts] yields the target's logits at every drafted position; the longest prefix
+the target agrees with is kept, the target's own token follows it, and the cache is rewound
+past the rejected tail (O(1)). Greedy decoding keeps a draft iff it equals the target's choice,
+so the text equals plain greedy decoding. Sampled decoding uses the standard rejection rule
+(accept x with probability min(1, p(x)/q(x)), else draw from max(p - q, 0)), so each token
+follows the target's distribution p whatever the drafter proposes.
+
+Drafters are plugins (hook `archrun_register_drafters`): "lookup" (n-gram match in the prompt
+and output) and "draft:PATH" (a smaller model with the same vocabulary) are built in; family
+plugins add drafters that need their own heads (e.g. a multi-token-prediction head, "mtp").
+The draft length adapts to the running acceptance rate (`AdaptiveLength`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from archrun.cache import PrefixCache
+from archrun.errors import InvalidRequest, PluginError, VocabularyMismatch
+from archrun.generation import Decoding, Generation, GenerationRequest, chat_prompt, make_request
+from archrun.sampling import Sampler
+
+MAX_DRAFT = 16  # most tokens a round may draft (a cache keeps at least 2 * MAX_DRAFT rows of rewind)
+
+
+@attrs.frozen
+class Draft:
+    """Tokens a drafter guesses, with the distributions they were drawn from.
+
+    probs [k, vocab] (float64) are the drafter's q for each token; None means the tokens were
+    picked deterministically (q is one-hot at each token), as n-gram lookup or greedy drafting does.
+    """
+
+    tokens: tuple[int, ...] = ()
+    probs: np.ndarray | None = None
+
+
+class DraftSampler:
+    """How a drafter picks its tokens: the target's sampling options on a separate random stream."""
+
+    def __init__(self, sampler: Sampler, seed: int | None):
+        self.greedy = sampler.params.greedy
+        self._chain = sampler
+        self.rng = np.random.default_rng(seed)
+
+    def draw(self, logits: np.ndarray, history: Sequence[int]) -> tuple[int, np.ndarray | None]:
+        """(token, q [vocab] or None when greedy) from a drafter's logits [vocab]."""
+        if self.greedy:
+            return self._chain(logits, history), None
+        q = self._chain.distribution(logits, history)
+        return int(self.rng.choice(len(q), p=q)), q
+
+
+class Drafter:
+    """Proposes draft tokens for a target model. Subclass and override `propose`.
+
+    A drafter that must see the target's steps (a head reading the trunk's hidden states)
+    overrides `step`, `rewind` and `reset` and sets `follows_trunk`; the others keep the defaults.
+    """
+
+    name = "drafter"
+    follows_trunk = False  # True: every target step goes through `step` (the drafter keeps state in step)
+
+    def start(self, model: Any, capacity: int) -> None:
+        """A generation starts: the target's cache holds up to `capacity` tokens."""
+
+    def propose(self, history: Sequence[int], k: int, sampler: DraftSampler) -> Draft:
+        """Up to k tokens guessed to follow `history` (prompt + generated ids, the last not yet fed)."""
+        raise NotImplementedError
+
+    def step(self, model: Any, cache: Any, ids: np.ndarray, all_logits: bool) -> np.ndarray:
+        """The target step: append ids [n] to cache; logits [n, vocab] (or [1, vocab] of the last)."""
+        logits = model.forward_step(ids, cache, all_logits=all_logits)
+        return logits if all_logits else logits[None, :]
+
+    def rewind(self, n: int) -> None:
+        """The target's cache just forgot its last n tokens."""
+
+    def reset(self) -> None:
+        """The target's cache was cleared."""
+
+
+# -- entries ------------------------------------------------------------------------------------
+
+
+def generate(model: Any, prompt: str | Sequence[int], drafter: str | Drafter, *, draft_max: int = 5,
+             max_tokens: int | None = 256, stop: Sequence[str] | str | None = None, add_special: bool = True,
+             parse_special: bool = False, cache: PrefixCache | None = None, logprobs: int | None = None,
+             **sampling: Any) -> Generation:
+    """archrun.generate, decoding speculatively with `drafter` (a spec such as "lookup",
+    "draft:PATH", "mtp", or a Drafter), drafting at most draft_max tokens a round.
+
+    Greedy output equals archrun.generate's; sampled output follows the same distribution.
+    result.timings adds spec_acceptance (accepted / drafted), spec_tokens_per_step (tokens per
+    target step after the prompt), spec_mean_accepted (drafts kept per step), spec_drafted and
+    spec_draft_s (time spent drafting).
+    """
+    if isinstance(prompt, bytes | bytearray):
+        raise InvalidRequest("prompt must be text or a sequence of token ids, not bytes")
+    check_target(model)
+    length = AdaptiveLength(draft_max)
+    ids = list(prompt) if not isinstance(prompt, str) else model.tokenizer.encode(prompt, add_special, parse_special)
+    capacity = cache.capacity if cache is not None else None
+    req = make_request(model, ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs, context=capacity,
+                       **sampling)
+    chosen = make_drafter(model, drafter)
+    return Generation(lambda gen: run(gen, model, req, cache, chosen, length))
+
+
+def chat(model: Any, messages: Sequence[dict], drafter: str | Drafter, *, template: str | None = None,
+         **options: Any) -> Generation:
+    """archrun.chat, decoding speculatively (options as `generate`)."""
+    return generate(model, chat_prompt(model, messages, template), drafter, **options)
+
+
+# -- the rounds ---------------------------------------------------------------------------------
+
+
+class AdaptiveLength:
+    """Draft length from the running acceptance rate a (per drafted token, exponential average).
+
+    With independent acceptance a, a round accepts a/(1 - a) drafts on average; drafting one
+    more than that keeps most verify rows useful. k stays within [1, k_max].
+    """
+
+    def __init__(self, k_max: int = 5, rate: float = 0.6, decay: float = 0.7):
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or not 1 <= k_max <= MAX_DRAFT:
+            raise InvalidRequest(f"the draft length must be an integer in [1, {MAX_DRAFT}], got {k_max!r}")
+        self.k_max, self.rate, self.decay = k_max, rate, decay
+
+    @property
+    def k(self) -> int:
+        """Tokens to draft next round."""
+        expected = self.rate / max(1.0 - self.rate, 1e-6)
+        return int(min(self.k_max, max(1, round(expected) + 1)))
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """A round drafted `drafted` tokens and the target kept `accepted` of them."""
+        if drafted:
+            w = self.decay ** drafted  # a long round moves the average more than a short one
+            self.rate = w * self.rate + (1 - w) * accepted / drafted
+
+
+@attrs.define
+class Stats:
+    """Counters of one speculative generation (reported in GenerationResult.timings)."""
+
+    rounds: int = 0          # target steps after the prompt
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0          # tokens decided by those steps
+    draft_s: float = 0.0     # time spent drafting
+
+    def timings(self) -> dict[str, float]:
+        return {
+            "spec_acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+            "spec_tokens_per_step": self.tokens / self.rounds if self.rounds else 0.0,
+            "spec_mean_accepted": self.accepted / self.rounds if self.rounds else 0.0,
+            "spec_drafted": float(self.drafted),
+            "spec_draft_s": self.draft_s,
+        }
+
+
+def decide(sampler: Sampler, logits: np.ndarray, history: Sequence[int], draft: Draft,
+           i: int) -> tuple[int, bool]:
+    """The token at draft position i given the target's logits [vocab] there: (token, draft kept).
+
+    i == len(draft.tokens) is the round's bonus position (nothing drafted: a plain draw).
+    Greedy: keep the draft iff it is the target's choice. Sampled: keep x with probability
+    min(1, p(x)/q(x)); otherwise draw from the residual max(p - q, 0), renormalized.
+    """
+    if i == len(draft.tokens):
+        return sampler(logits, history), False
+    x = draft.tokens[i]
+    if sampler.params.greedy:
+        tok = sampler(logits, history)
+        return tok, tok == x
+    p = sampler.distribution(logits, history)
+    q = draft.probs[i] if draft.probs is not None else None
+    qx = 1.0 if q is None else float(q[x])
+    if sampler.rng.random() * qx < p[x]:
+        return x, True
+    residual = p.copy()
+    if q is None:
+        residual[x] = 0.0
+    else:
+        residual = np.maximum(p - q, 0.0)
+    total = residual.sum()
+    if total <= 0.0:  # p == q up to rounding: any draw from p is exact
+        residual, total = p, p.sum()
+    return int(sampler.rng.choice(len(p), p=residual / total)), False
+
+
+def check_target(model: Any) -> None:
+    """Refuse a model whose caps cannot verify drafts (a rewindable cache, all-position logits)."""
+    caps = model.caps
+    if not (caps.rewind and caps.all_logits):
+        raise InvalidRequest(f"speculative decoding needs a model whose cache rewinds and whose steps return "
+                             f"every position's logits; this one has {caps}")
+
+
+def run(gen: Generation, model: Any, req: GenerationRequest, cache: PrefixCache | None,
+        drafter: Drafter, length: AdaptiveLength) -> Iterator[str]:
+    """The speculative generation loop (the speculative counterpart of generation's plain loop)."""
+    dec = Decoding(model.tokenizer, req, model.descriptor.n_vocab)
+    if cache is None:
+        room = min(model.descriptor.n_ctx, len(req.ids) + req.budget + length.k_max)
+        cache = PrefixCache(model.init_cache(room, max_rewind=max(64, 2 * MAX_DRAFT + 2)))
+    elif drafter.follows_trunk:
+        cache.reset()  # the drafter's state must see every token the target's cache holds
+    drafter.start(model, cache.capacity)
+    draw = DraftSampler(dec.sampler, None if req.params.seed is None else req.params.seed + 1)
+    feed = cache.prepare(req.ids)
+    t0 = time.perf_counter()
+    logits = _step(model, cache, drafter, feed, all_logits=False)[-1]
+    t1 = time.perf_counter()
+    stats = Stats()
+    piece = dec.accept(logits)
+    if piece:
+        yield piece
+    while not dec.done:
+        yield from _round(model, cache, drafter, dec, draw, length, stats)
+    result = dec.result(t1 - t0, time.perf_counter() - t1, cached_tokens=len(req.ids) - len(feed))
+    gen.result = attrs.evolve(result, timings={**result.timings, **stats.timings()})
+
+
+def _round(model: Any, cache: PrefixCache, drafter: Drafter, dec: Decoding, draw: DraftSampler,
+           length: AdaptiveLength, stats: Stats) -> Iterator[str]:
+    """One round: draft, verify [last, *drafts] in one target step, keep the agreeing prefix, rewind the rest."""
+    k = _draft_room(length.k, dec, cache)
+    t = time.perf_counter()
+    draft = _checked(drafter.propose(dec.history, k, draw), k, model.descriptor.n_vocab) if k else Draft()
+    stats.draft_s += time.perf_counter() - t
+    ids = [*dec.next_ids, *draft.tokens]
+    logits = _step(model, cache, drafter, ids, all_logits=True)          # [1 + k, vocab]
+    kept = 0
+    for i in range(len(ids)):
+        tok, ok = decide(dec.sampler, logits[i], dec.history, draft, i)
+        piece = dec.push(tok, logits[i])
+        stats.tokens += 1
+        if piece:
+            yield piece
+        if dec.done or not ok:
+            break
+        kept += 1
+    stats.rounds += 1
+    stats.drafted += len(draft.tokens)
+    stats.accepted += kept
+    length.update(len(draft.tokens), kept)
+    if not dec.done and kept < len(draft.tokens):
+        _rewind(model, cache, drafter, len(draft.tokens) - kept)
+
+
+def _draft_room(k: int, dec: Decoding, cache: PrefixCache) -> int:
+    """k capped so the verify step fits the cache and drafts no token past the budget."""
+    left = dec.request.budget - len(dec.out_ids)        # tokens still to generate, >= 1
+    room = cache.capacity - len(cache.cache) - 1        # cache rows after the last token
+    return max(0, min(k, left - 1, room))
+
+
+def _checked(draft: Draft, k: int, n_vocab: int) -> Draft:
+    """A drafter's proposal, refused (PluginError) unless it is at most k ids of the vocabulary."""
+    toks = tuple(int(t) for t in draft.tokens)
+    if len(toks) > k or any(not 0 <= t < n_vocab for t in toks):
+        raise PluginError(f"a drafter proposed {list(toks)!r}: at most {k} ids in [0, {n_vocab}) were asked for")
+    if draft.probs is not None and np.shape(draft.probs) != (len(toks), n_vocab):
+        raise PluginError(f"a drafter's probs have shape {np.shape(draft.probs)}, expected {(len(toks), n_vocab)}")
+    return Draft(toks, draft.probs)
+
+
+def _step(model: Any, cache: PrefixCache, drafter: Drafter, ids: Sequence[int], all_logits: bool) -> np.ndarray:
+    """The target appends ids; logits [n or 1, vocab]. A step cut short leaves both caches empty."""
+    try:
+        logits = drafter.step(model, cache.cache, np.asarray(ids, dtype=np.int64), all_logits)
+    except BaseException:
+        cache.reset()
+        drafter.reset()
+        raise
+    cache.fed(ids)
+    return logits
+
+
+def _rewind(model: Any, cache: PrefixCache, drafter: Drafter, n: int) -> None:
+    """Forget the last n tokens; where a sliding-window ring cannot go back that far, recompute."""
+    if n <= cache.cache.max_rewind:
+        cache.cache.rewind(n)
+        del cache.ids[-n:]
+        drafter.rewind(n)
+        return
+    keep = cache.ids[:-n]
+    cache.reset()
+    drafter.reset()
+    _step(model, cache, drafter, keep, all_logits=False)
+
+
+# -- built-in drafters ----------------------------------------------------------------------------
+
+
+class LookupDrafter(Drafter):
+    """Prompt lookup: find the latest earlier occurrence of the history's last n-gram (longest n
+    first, ngram_max down to ngram_min) and propose the tokens that followed it. No second model:
+    it pays off when the output repeats its input (code editing, summaries quoting a document)."""
+
+    name = "lookup"
+
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 2):
+        if not (isinstance(ngram_min, int) and isinstance(ngram_max, int) and 1 <= ngram_min <= ngram_max):
+            raise InvalidRequest(f"lookup needs 1 <= ngram_min <= ngram_max, got {ngram_min!r}, {ngram_max!r}")
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+
+    def propose(self, history: Sequence[int], k: int, sampler: DraftSampler) -> Draft:
+        h = np.asarray(history, dtype=np.int64)
+        for n in range(min(self.ngram_max, len(h) - 1), self.ngram_min - 1, -1):
+            start = _latest_match(h, n)
+            if start is not None:
+                return Draft(tuple(int(t) for t in h[start + n:start + n + k]))
+        return Draft()
+
+
+def _latest_match(h: np.ndarray, n: int) -> int | None:
+    """Start of the latest window h[i:i+n] equal to the last n ids, with at least one id after it."""
+    if len(h) <= n:
+        return None
+    windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)    # [len - n, n]; each has a successor
+    hits = np.flatnonzero((windows == h[-n:]).all(axis=1))
+    return int(hits[-1]) if len(hits) else None
+
+
+class ModelDrafter(Drafter):
+    """A smaller model drafting for the target: same vocabulary, its own cache kept in step with
+    the history (a PrefixCache: each round rewinds the rejected drafts and feeds what it lacks)."""
+
+    name = "draft"
+
+    def __init__(self, draft_model: Any, target: Any):
+        check_vocabulary(draft_model, target)
+        self.model = draft_model
+        self.cache: PrefixCache | None = None
+
+    def start(self, model: Any, capacity: int) -> None:
+        cap = min(capacity + 1, self.model.descriptor.n_ctx)
+        if self.cache is None or self.cache.capacity < cap:
+            self.cache = PrefixCache(self.model.init_cache(cap, max_rewind=max(64, 2 * MAX_DRAFT + 2)))
+
+    def propose(self, history: Sequence[int], k: int, sampler: DraftSampler) -> Draft:
+        assert self.cache is not None, "start() first"
+        k = min(k, self.cache.capacity - len(history))
+        if k < 1:
+            return Draft()
+        hist = [int(t) for t in history]
+        logits = self._feed(self.cache.prepare(hist))
+        tokens, probs = [], []
+        for i in range(k):
+            tok, q = sampler.draw(logits, hist + tokens)
+            tokens.append(tok)
+            probs.append(q)
+            if i + 1 < k:
+                logits = self._feed([tok])
+        return Draft(tuple(tokens), None if sampler.greedy else np.stack(probs))
+
+    def _feed(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ids to the draft model's cache; its logits [vocab] after the last."""
+        try:
+            logits = self.model.forward_step(np.asarray(ids, dtype=np.int64), self.cache.cache)
+        except BaseException:
+            self.cache.reset()
+            raise
+        self.cache.fed(ids)
+        return logits
+
+
+def check_vocabulary(draft: Any, target: Any) -> None:
+    """Raise VocabularyMismatch unless both models have the same vocabulary (size and token texts)."""
+    nd, nt = draft.descriptor.n_vocab, target.descriptor.n_vocab
+    if nd != nt:
+        raise VocabularyMismatch(f"the draft model's vocabulary has {nd} tokens, the target's {nt}: "
+                                 "speculative decoding needs one shared vocabulary")
+    td, tt = draft.tokenizer, target.tokenizer
+    if td is None or tt is None:
+        return
+    if td.n_vocab != tt.n_vocab:
+        raise VocabularyMismatch(f"the draft tokenizer has {td.n_vocab} tokens, the target's {tt.n_vocab}")
+    for i in range(td.n_vocab):
+        if td.token_text(i) != tt.token_text(i):
+            raise VocabularyMismatch(f"token {i} is {td.token_text(i)!r} in the draft model but "
+                                     f"{tt.token_text(i)!r} in the target: the vocabularies differ")
+
+
+# -- the registry -------------------------------------------------------------------------------
+
+
+def _lookup_factory(model: Any, arg: str | None) -> Drafter:
+    if arg:
+        raise InvalidRequest(f"the lookup drafter takes no argument, got {arg!r}")
+    return LookupDrafter()
+
+
+def _draft_factory(model: Any, arg: str | None) -> Drafter:
+    if not arg:
+        raise InvalidRequest("the draft drafter needs a model path: draft:PATH")
+    from archrun.api import load
+
+    return ModelDrafter(load(arg), model)
+
+
+BUILTIN = {
+    "lookup": (_lookup_factory, "prompt lookup: n-gram match in the prompt and output"),
+    "draft": (_draft_factory, "draft:PATH, a smaller model with the target's vocabulary"),
+}
+
+
+def drafters(plugins: Any = None) -> dict[str, tuple[Callable[[Any, str | None], Drafter], str]]:
+    """name -> (factory, doc) of every drafter: the built-in ones and those plugins register."""
+    from archrun.plugins import default_plugin_manager
+
+    pm = plugins or default_plugin_manager()
+    found = dict(BUILTIN)
+    owners = {name: "archrun" for name in found}
+
+    def register(name: str, factory: Callable[[Any, str | None], Drafter], doc: str = "") -> None:
+        if not isinstance(name, str) or not name or ":" in name or not callable(factory):
+            raise PluginError(f"a drafter needs a name without ':' and a callable factory, got {name!r}")
+        if name in found:
+            raise PluginError(f"drafter {name!r} is registered by both {owners[name]} and {plugin}")
+        found[name], owners[name] = (factory, doc), plugin
+
+    for impl in pm.hook.archrun_register_drafters.get_hookimpls():
+        plugin = impl.plugin_name
+        impl.function(register)
+    return found
+
+
+def make_drafter(model: Any, spec: str | Drafter, plugins: Any = None) -> Drafter:
+    """A Drafter from a spec "NAME" or "NAME:ARG" ("lookup", "draft:PATH", "mtp"), or `spec` itself."""
+    if isinstance(spec, Drafter):
+        return spec
+    if not isinstance(spec, str) or not spec:
+        raise InvalidRequest(f"speculative must be a drafter or a spec such as 'lookup', got {spec!r}")
+    name, _, arg = spec.partition(":")
+    table = drafters(plugins)
+    if name not in table:
+        raise InvalidRequest(f"unknown drafter {name!r} (installed: {', '.join(sorted(table))})")
+    return table[name][0](model, arg or None)

@@ -1,0 +1,291 @@
+"""archrun.speculative: greedy output equals plain greedy decoding for every drafter on every family;
+sampled output follows the target's distribution (rejection rule); rewind across a sliding window;
+typed errors.
+
+The reference for greedy identity is archrun's plain greedy decoding (itself checked against HF
+transformers and llama.cpp by the family tests). The reference distribution of the sampling test
+is the target model's own softmax, computed position by position without speculation.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_tiny_hf import TINY, golden
+
+import archrun
+from archrun import speculative
+from archrun.cache import PrefixCache
+from archrun.decoder import Caps
+from archrun.errors import (
+    InvalidRequest,
+    MissingTensor,
+    ModelLoadError,
+    PluginError,
+    VocabularyMismatch,
+    WrongBlockStyle,
+)
+from archrun.sampling import Sampler, SamplingParams
+from archrun.speculative import AdaptiveLength, Draft, Drafter, LookupDrafter, decide
+
+FAMILIES = Path(__file__).resolve().parents[1] / "families"
+# one fixture per family package (the first of its goldens), so every family is covered quickly
+ONE_PER_FAMILY = sorted({p.parent.parent.parent.name: p.stem
+                         for p in sorted(FAMILIES.glob("*/tests/goldens/*.gguf"), reverse=True)}.values())
+DRAFT = "llama_gqa"              # every tiny fixture shares one 288-token vocabulary
+MTP = "glm4moe_base"             # a tiny glm4moe with an MTP (nextn) head
+GREEDY = dict(max_tokens=24, temperature=0.0)
+
+
+def load(name: str, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fixtures carry keys some families ignore
+        return archrun.load(TINY[name], **kw)
+
+
+@pytest.fixture(scope="module")
+def draft_model():
+    return load(DRAFT)
+
+
+def prompt_of(name: str) -> list[int]:
+    """A repetitive prompt from the fixture's golden ids (so lookup finds n-grams to propose)."""
+    ids = [int(t) for t in golden(name)[0][:6]]
+    return ids * 3
+
+
+def same_as_plain(model, prompt, drafter, **options):
+    plain = archrun.generate(model, prompt, **GREEDY, **options).complete()
+    spec = speculative.generate(model, prompt, drafter, **GREEDY, **options).complete()
+    assert spec.token_ids == plain.token_ids
+    assert spec.text == plain.text and spec.finish_reason == plain.finish_reason
+    return spec
+
+
+# -- greedy identity ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ONE_PER_FAMILY)
+def test_greedy_equals_plain_decoding_for_every_drafter(name, draft_model):
+    model = load(name)
+    prompt = prompt_of(name)
+    drafters = [LookupDrafter(), speculative.ModelDrafter(draft_model, model)]
+    if model.descriptor.n_nextn:
+        drafters.append(speculative.make_drafter(model, "mtp"))
+    for drafter in drafters:
+        result = same_as_plain(model, prompt, drafter)
+        t = result.timings
+        assert 0.0 <= t["spec_acceptance"] <= 1.0 and t["spec_tokens_per_step"] >= 1.0
+
+
+def test_drafts_are_accepted_and_counted(draft_model):
+    # a model drafting for itself agrees with itself: every draft the budget allows is kept
+    result = same_as_plain(draft_model, prompt_of(DRAFT), speculative.ModelDrafter(draft_model, draft_model))
+    t = result.timings
+    assert t["spec_drafted"] > 0 and t["spec_acceptance"] == 1.0 and t["spec_tokens_per_step"] > 1.0
+
+
+@pytest.mark.parametrize("name", ["glm4moe_base", "glm4moe_qknorm_groups_tied"])
+def test_mtp_self_speculation_equals_plain_decoding(name):
+    model = load(name)
+    drafter = speculative.make_drafter(model, "mtp")
+    assert drafter.follows_trunk
+    result = same_as_plain(model, prompt_of(name), drafter)
+    assert result.timings["spec_drafted"] > 0
+    # a PrefixCache kept across calls: the MTP drafter needs every cached token, so it starts over
+    cache = PrefixCache(model.init_cache(128))
+    for _ in range(2):
+        got = speculative.generate(model, prompt_of(name), drafter, cache=cache, **GREEDY).complete()
+        assert got.token_ids == result.token_ids
+
+
+def test_stop_strings_logprobs_and_a_kept_cache(draft_model):
+    model = load("qwen2_gqa")
+    prompt = prompt_of("qwen2_gqa")
+    plain = archrun.generate(model, prompt, **GREEDY, logprobs=2).complete()
+    stop = plain.text[len(plain.text) // 2:][:3] or None
+    same_as_plain(model, prompt, "lookup", stop=stop, logprobs=2)
+    cache = PrefixCache(model.init_cache(128))
+    for _ in range(2):  # the second call reuses the cached prompt
+        got = speculative.generate(model, prompt, "lookup", cache=cache, **GREEDY).complete()
+        assert got.token_ids == archrun.generate(model, prompt, **GREEDY).complete().token_ids
+    assert got.cached_tokens > 0
+
+
+# -- sliding-window layers: rewind inside the ring, and past it ------------------------------------
+
+
+@pytest.mark.parametrize("max_rewind", [64, 2])
+def test_rewind_across_a_sliding_window_boundary(max_rewind, draft_model):
+    name = "gemma3_period6_tied"
+    model = load(name)
+    windows = {lp.spec.attention.window for lp in model.plan.layers}
+    assert 0 < max(windows) <= 8  # 40 generated tokens cross the window many times
+    prompt = prompt_of(name)
+    options = dict(max_tokens=40, temperature=0.0)
+    plain = archrun.generate(model, prompt, **options).complete()
+    for drafter in (LookupDrafter(ngram_min=1), speculative.ModelDrafter(draft_model, model), Scatter(model)):
+        # max_rewind 2: rings keep 2 spare rows, so rejecting more drafts recomputes instead of rewinding
+        cache = PrefixCache(model.init_cache(len(prompt) + 48, max_rewind=max_rewind))
+        spec = speculative.generate(model, prompt, drafter, cache=cache, **options).complete()
+        assert spec.token_ids == plain.token_ids
+    assert spec.timings["spec_drafted"] > 0 and spec.timings["spec_acceptance"] < 0.5  # Scatter: many rewinds
+
+
+class Scatter(Drafter):
+    """Proposes arbitrary tokens (a drafter the target almost always rejects: many rewinds)."""
+
+    def __init__(self, model):
+        self.n_vocab = model.descriptor.n_vocab
+
+    def propose(self, history, k, sampler):
+        return Draft(tuple((7 * len(history) + 13 * i) % self.n_vocab for i in range(k)))
+
+
+# -- sampling: the rejection rule keeps the target's distribution --------------------------------------
+
+FULL = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+
+
+def chi2_ok(counts: np.ndarray, probs: np.ndarray, alpha_z: float = 3.7) -> tuple[bool, float, int]:
+    """Pearson's chi-square of counts against probs (bins with expected count < 5 lumped together),
+    compared with the chi-square quantile at z = alpha_z (Wilson-Hilferty; 3.7 ~ p 1e-4)."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    stat = float((((obs - exp) ** 2)[keep] / exp[keep]).sum())
+    df = int(keep.sum()) - 1
+    limit = df * (1 - 2 / (9 * df) + alpha_z * math.sqrt(2 / (9 * df))) ** 3
+    return stat <= limit, stat, df
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_decide_draws_from_the_target_distribution(deterministic):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=8).astype(np.float32) * 1.5
+    sampler = Sampler(SamplingParams(seed=1, **FULL), 8)
+    p = sampler.distribution(logits)
+    q = np.roll(p, 3) * 0.5 + 0.5 / 8  # a drafter that is often wrong
+    counts = np.zeros(8)
+    for _ in range(20000):
+        x = int(np.argmax(q)) if deterministic else int(rng.choice(8, p=q))
+        draft = Draft((x,), None if deterministic else q[None])
+        tok, _ = decide(sampler, logits, [], draft, 0)
+        counts[tok] += 1
+    ok, stat, df = chi2_ok(counts, p)
+    assert ok, (stat, df)
+
+
+def test_sampled_speculation_follows_the_target_distribution(draft_model):
+    """The second token (decided by a verify step from a model's draft; max_tokens 3 leaves room
+    for one) follows sum over t1 of p(t1) p(t2 | t1), computed without speculation."""
+    model = load("qwen2_gqa")
+    prompt = prompt_of("qwen2_gqa")[:8]
+    n_vocab = model.descriptor.n_vocab
+    options = dict(FULL, logit_bias={t: -50.0 for t in model.tokenizer.eog_ids})  # no early stop
+    sampler = Sampler(SamplingParams(**options), n_vocab)
+    cache = model.init_cache(len(prompt) + 2)
+    p1 = sampler.distribution(model.forward_step(prompt, cache), prompt)
+    p2 = np.zeros(n_vocab)
+    for t1 in np.flatnonzero(p1 > 1e-6):
+        p2 += p1[t1] * sampler.distribution(model.forward_step([int(t1)], cache), [*prompt, int(t1)])
+        cache.rewind(1)
+    drafter = speculative.ModelDrafter(draft_model, model)  # another model: q differs from p
+    seconds = np.zeros(n_vocab)
+    accepted = 0.0
+    for seed in range(1500):
+        out = speculative.generate(model, prompt, drafter, max_tokens=3, seed=seed, **options).complete()
+        seconds[out.token_ids[1]] += 1
+        accepted += out.timings["spec_acceptance"]
+    assert 0.05 < accepted / 1500 < 0.95  # both branches of the rule ran
+    ok, stat, df = chi2_ok(seconds, p2 / p2.sum())
+    assert ok, (stat, df)
+
+
+def test_sampled_runs_repeat_with_a_seed():
+    model = load("qwen2_gqa")
+    runs = [speculative.generate(model, prompt_of("qwen2_gqa"), "lookup", max_tokens=16, seed=5, **FULL)
+            .complete().token_ids for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+# -- adaptive draft length ---------------------------------------------------------------------------
+
+
+def test_draft_length_follows_the_acceptance_rate():
+    length = AdaptiveLength(6)
+    for _ in range(10):
+        length.update(length.k, length.k)
+    assert length.k == 6
+    for _ in range(10):
+        length.update(length.k, 0)
+    assert length.k == 1
+
+
+# -- typed errors ------------------------------------------------------------------------------------
+
+
+def test_bad_arguments_raise_typed_errors(draft_model):
+    m = draft_model
+    prompt = prompt_of(DRAFT)
+    with pytest.raises(InvalidRequest, match="unknown drafter 'nope'.*lookup"):
+        speculative.generate(m, prompt, "nope")
+    for bad in ("", None, 3):
+        with pytest.raises(InvalidRequest, match="speculative must be"):
+            speculative.generate(m, prompt, bad)
+    with pytest.raises(InvalidRequest, match="draft:PATH"):
+        speculative.generate(m, prompt, "draft")
+    with pytest.raises(InvalidRequest, match="no argument"):
+        speculative.generate(m, prompt, "lookup:3")
+    for k in (0, 17, True, 2.5):
+        with pytest.raises(InvalidRequest, match="draft length"):
+            speculative.generate(m, prompt, "lookup", draft_max=k)
+    with pytest.raises(InvalidRequest, match="ngram"):
+        LookupDrafter(ngram_max=1, ngram_min=2)
+    with pytest.raises(InvalidRequest, match="temperature"):
+        speculative.generate(m, prompt, "lookup", temperature=float("nan"))
+    with pytest.raises(ModelLoadError, match="cannot open"):
+        speculative.generate(m, prompt, "draft:/nonexistent/model.gguf")
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(synth_model, draft_model):
+    path = synth_model(arch="llama", qk_norm=False, n_vocab=96)
+    other = archrun.load(path)
+    with pytest.raises(VocabularyMismatch, match="96 tokens"):
+        speculative.ModelDrafter(other, draft_model)
+    with pytest.raises(VocabularyMismatch):
+        speculative.generate(draft_model, prompt_of(DRAFT), f"draft:{path}")
+    assert issubclass(VocabularyMismatch, InvalidRequest)
+
+
+def test_mtp_needs_a_host_reference_model_with_an_mtp_head(draft_model):
+    with pytest.raises(WrongBlockStyle):
+        speculative.make_drafter(draft_model, "mtp")
+    with pytest.raises(MissingTensor):
+        speculative.make_drafter(load("glm4moe_hd24_shared2_nomtp"), "mtp")
+    with pytest.raises(InvalidRequest, match="mtp:0"):
+        speculative.make_drafter(load(MTP), "mtp:x")
+
+
+def test_a_model_that_cannot_verify_is_refused(draft_model):
+    class NoAllLogits:
+        caps = Caps(all_logits=False)
+
+    with pytest.raises(InvalidRequest, match="every position"):
+        speculative.check_target(NoAllLogits())
+
+
+def test_a_drafter_proposing_bad_ids_is_a_plugin_error(draft_model):
+    class Bad(Drafter):
+        def propose(self, history, k, sampler):
+            return Draft((10**6,))
+
+    with pytest.raises(PluginError, match="proposed"):
+        speculative.generate(draft_model, prompt_of(DRAFT), Bad(), **GREEDY).complete()
