@@ -26,6 +26,7 @@ from gguf.constants import Keys
 
 from archrun.descriptor import (
     DEFAULT_TENSOR_NAMES,
+    GGUF_TENSOR_ROLES,
     IGNORED_TENSORS,
     NO_ROPE,
     AttentionSpec,
@@ -36,7 +37,14 @@ from archrun.descriptor import (
     RopeSpec,
     default_attention_scale,
 )
-from archrun.errors import ArchrunWarning, MetadataError, MissingTensor, ShapeMismatch, UnsupportedArchitecture
+from archrun.errors import (
+    ArchrunWarning,
+    MetadataError,
+    MissingTensor,
+    ShapeMismatch,
+    UnknownVocabulary,
+    UnsupportedArchitecture,
+)
 from archrun.family import CONVENTIONS, GATING_BY_ID, NORM_BY_EPSILON_KEY, RESIDUAL_BY_PARALLEL_KEY, FamilyHints
 from archrun.ggufio import GGUFFile, open_gguf
 
@@ -139,7 +147,7 @@ class _Tensors:
         return candidates[0]
 
     def name(self, role: str, layer: int | None = None) -> str | None:
-        t = self.names[role]
+        t = self.names[role] if role in self.names else GGUF_TENSOR_ROLES[role]
         if t is None:  # the family says this architecture has no such tensor
             return None
         return t.format(i=layer) if "{i}" in t else t
@@ -179,11 +187,15 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
             return compile_gguf(gguf, plugins, block_style, hints)
     gguf: GGUFFile = source
     arch = _typed("general.architecture", _require(gguf, "general.architecture"), str)
+    if plugins is None:
+        from archrun.plugins import default_plugin_manager
+
+        plugins = default_plugin_manager()
     fam = _family_hints(arch, plugins, hints)
     meta = _Meta(gguf, arch, fam.defaults)
     tensors = _Tensors(gguf, {**DEFAULT_TENSOR_NAMES, **fam.tensor_names})
     try:
-        descriptor = _build(meta, tensors, fam, block_style)
+        descriptor = _build(meta, tensors, fam, block_style, _attention_ops(plugins))
     except (ValueError, TypeError) as e:  # a descriptor validator refused a value from the file
         raise MetadataError(f"{arch}: metadata describes an impossible model: {e.args[0]}") from None
     unused = _unused_keys(gguf, meta.used)
@@ -204,10 +216,6 @@ def _require(gguf: GGUFFile, key: str) -> Any:
 
 def _family_hints(arch: str, plugins: Any, hints: Mapping[str, Any] | None) -> FamilyHints:
     """The family's hints for `arch` with the caller's on top (a caller's alone when no family knows it)."""
-    if plugins is None:
-        from archrun.plugins import default_plugin_manager
-
-        plugins = default_plugin_manager()
     fam = plugins.hook.archrun_describe_family(architecture=arch)
     if fam is None:
         fam = FamilyHints(name=arch, generic=True)
@@ -270,7 +278,33 @@ class _Conventions:
                                       f"or `{example}`")
 
 
-def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) -> Descriptor:
+def _attention_ops(plugins: Any) -> dict[str, Any]:
+    """Installed attention ops by name -> their projection layout (None: the standard projections)."""
+    from archrun.vocab import build_vocabulary
+
+    return {e.op.name: e.op.layout for e in build_vocabulary(plugins) if e.op.slot == "attention"}
+
+
+@frozen
+class LayerContext:
+    """What an attention layout (archrun.vocab.AttentionLayout) reads at compile time for one layer.
+
+    meta: the architecture's metadata keys (`get(name, kind, default)`, `has(name)`, `key(name)`;
+    names as gguf-py spells them without `{arch}.`, e.g. "attention.kv_lora_rank"); tensors: the
+    file's tensors by role (`has(role, layer)`, `shape(role, layer)`, `expect(role, layer, shape)`,
+    shapes in ggml order); n_head / n_head_kv: the layer's head counts as the file states them.
+    """
+
+    meta: Any
+    tensors: Any
+    layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+
+
+def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None,
+           attention_ops: Mapping[str, Any]) -> Descriptor:
     conv = _Conventions(meta, fam)
     n_embd = _bounded(meta.key("embedding_length"), meta.get("embedding_length", int), 1, MAX_WIDTH)
     n_ctx = _bounded(meta.key("context_length"), meta.get("context_length", int), 1, MAX_CONTEXT)
@@ -294,7 +328,7 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None) 
         pos = t.shape("position_embd")
         if len(pos) != 2 or pos[0] != n_embd or pos[1] < 1:
             raise ShapeMismatch(f"position_embd has shape {tuple(pos)}, expected ({n_embd}, n_positions)")
-    geo = _Geometry(meta, t, conv, n_embd, n_block)
+    geo = _Geometry(meta, t, conv, n_embd, n_block, attention_ops)
     layers = tuple(geo.layer(i) for i in range(n_block - n_nextn))
     nextn_layers = tuple(geo.layer(i) for i in range(n_block - n_nextn, n_block) if _has_block(t, i))
     if len(nextn_layers) < n_nextn:  # e.g. converted from a transformers-saved checkpoint, which drops them
@@ -361,8 +395,10 @@ def _vector_if_present(t: _Tensors, role: str, i: int | None, n: int) -> bool:
 class _Geometry:
     """Per-layer geometry from metadata plus tensor presence; vocabulary from the conventions."""
 
-    def __init__(self, meta: _Meta, t: _Tensors, conv: _Conventions, n_embd: int, n_block: int):
+    def __init__(self, meta: _Meta, t: _Tensors, conv: _Conventions, n_embd: int, n_block: int,
+                 attention_ops: Mapping[str, Any]):
         self.meta, self.t, self.conv, self.fam = meta, t, conv, conv.fam
+        self.attention_ops = attention_ops
         self.n_embd, self.n_block = n_embd, n_block
         self.heads = meta.per_layer("attention.head_count", n_block)
         self.heads_kv = meta.per_layer("attention.head_count_kv", n_block, 0)
@@ -388,14 +424,26 @@ class _Geometry:
         self.window = meta.get("attention.sliding_window", int, 0)
         self.sliding = self._sliding_layers()
         self.nope = self._nope_layers()
+        self.attention_kind = conv.need("attention")
+        self.layout = self._layout()
         self.n_rot = meta.get("rope.dimension_count", int, self.head_dim)
         if self.n_rot > self.head_dim:
             raise MetadataError(f"rope.dimension_count {self.n_rot} exceeds the head width {self.head_dim}")
         self.pairing = (conv.need("rope_pairing") or "") if self.n_rot and not all(self.nope) else NO_ROPE
-        self.attention_kind = conv.need("attention")
         self.leading_dense = _bounded(meta.key("leading_dense_block_count"),
                                       meta.get("leading_dense_block_count", int, 0), 0, n_block)
         self.residual = conv.residual()
+
+    def _layout(self) -> Any:
+        """The attention op's own projection layout, if it has one. A file without the standard
+        attention tensors needs one: if its op is not installed, that is what the model lacks."""
+        kind = self.attention_kind
+        if kind is None or kind in self.attention_ops:
+            return self.attention_ops.get(kind)
+        if not any(self.t.has(role, 0) for role in ("attn_k", "attn_qkv")):
+            raise UnknownVocabulary(f"no installed plugin provides attention={kind!r}, which {self.meta.arch!r} "
+                                    "files need (install the vocabulary package that registers it)")
+        return None
 
     def _sliding_layers(self) -> tuple[bool, ...]:
         n = self.n_block
@@ -447,7 +495,7 @@ class _Geometry:
         original = meta.get("rope.scaling.original_context_length", int, 0)
         if scaling in ("yarn", "longrope") and not original:
             original = n_ctx
-        yarn_attn = meta.get("rope.scaling.yarn_attn_factor", float, 0.0)
+        yarn_attn = meta.get("rope.scaling.yarn_attn_factor", float, 0.0) if scaling == "yarn" else 0.0
         return dict(
             scaling=scaling,
             scaling_factor=meta.get("rope.scaling.factor", float, 1.0) if scaling in ("linear", "yarn") else 1.0,
@@ -496,6 +544,8 @@ class _Geometry:
         return bias
 
     def _attention(self, i: int) -> AttentionSpec:
+        if self.layout is not None:
+            return self._layout_attention(i)
         t, d = self.t, self.n_embd
         n_head, n_kv = self.heads[i], self.heads_kv[i] or self.heads[i]
         hd, vd = self.head_dim, self.v_head_dim
@@ -526,6 +576,15 @@ class _Geometry:
             qkv_bias=bias, output_bias=t.has("attn_output.bias", i), softcap=self.softcap, qkv_packed=packed,
             alibi_max_bias=self.alibi_max_bias,
         )
+
+    def _layout_attention(self, i: int) -> AttentionSpec:
+        """A layer whose attention op brings its own projections: the layout states the geometry."""
+        n_head = self.heads[i]
+        ctx = LayerContext(self.meta, self.t, i, self.n_embd, n_head, self.heads_kv[i] or n_head)
+        fields = dict(self.layout.describe(ctx))
+        fields.setdefault("scale", self.scale)
+        return AttentionSpec(kind=self.attention_kind, n_head=n_head, rope=self._rope_table(i),
+                             window=self.window if self.sliding[i] else 0, softcap=self.softcap, **fields)
 
     def _dense(self, i: int) -> FfnSpec:
         t, d = self.t, self.n_embd

@@ -71,6 +71,22 @@ DEFAULT_TENSOR_NAMES: Mapping[str, str] = MappingProxyType(
 )
 
 
+def _gguf_roles() -> dict[str, str]:
+    """Every tensor gguf-py names, as a role: its name without `blk.{bid}.` (+ `.bias` for its bias).
+    Roles outside DEFAULT_TENSOR_NAMES (e.g. an attention layout's own tensors, `attn_kv_a_mqa`)
+    resolve here, so a vocabulary plugin binds them without a core table entry."""
+    roles: dict[str, str] = {}
+    for name in TENSOR_NAMES.values():
+        role = name.removeprefix("blk.{bid}.")
+        template = name.replace("{bid}", "{i}")
+        roles.setdefault(role, template + ".weight")
+        roles.setdefault(role + ".bias", template + ".bias")
+    return roles
+
+
+GGUF_TENSOR_ROLES: Mapping[str, str] = MappingProxyType(_gguf_roles())
+
+
 # Tensors a file may carry that no plan uses, by glob: loading them only warns. Every other tensor a
 # plan does not bind fails the load (UnexpectedTensor): running without it would be silently wrong.
 IGNORED_TENSORS: tuple[str, ...] = (
@@ -80,6 +96,12 @@ IGNORED_TENSORS: tuple[str, ...] = (
 
 def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
+
+
+def _params(value: Any) -> tuple[tuple[str, float], ...]:
+    """Layout parameters as sorted (name, number) pairs, from a mapping or pairs (a JSON round trip)."""
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((str(k), float(x)) for k, x in items))
 
 
 @frozen
@@ -131,6 +153,9 @@ class AttentionSpec:
     softcap > 0 caps scores to softcap * tanh(s / softcap); qkv_packed: q|k|v come from one
     fused attn_qkv tensor. alibi_max_bias: the ALiBi maximum bias (llama.cpp's f_max_alibi_bias),
     read by attention ops that add per-head linear position biases (e.g. "alibi").
+    An attention op with its own projection layout (archrun.vocab.AttentionLayout, e.g. MLA's
+    compressed latents) states head_dim / v_head_dim / n_head_kv as its attention and cache see
+    them, and the numbers its projections need in `params`.
     """
 
     kind: str = field(validator=v.instance_of(str))  # vocabulary slot "attention"
@@ -150,6 +175,8 @@ class AttentionSpec:
     softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))
     qkv_packed: bool = field(default=False, validator=v.instance_of(bool))
     alibi_max_bias: float = field(default=0.0, converter=float, validator=v.ge(0.0))
+    # numbers an attention op with its own projection layout (archrun.vocab.AttentionLayout) needs, by name
+    params: tuple[tuple[str, float], ...] = field(default=(), converter=_params)
 
     @n_head_kv.validator
     def _divides(self, _attr, value: int) -> None:
@@ -160,6 +187,13 @@ class AttentionSpec:
     def group(self) -> int:
         """Query heads per kv head."""
         return self.n_head // self.n_head_kv
+
+    def param(self, name: str) -> float:
+        """The layout parameter `name` (KeyError when the layout did not state it)."""
+        for key, value in self.params:
+            if key == name:
+                return value
+        raise KeyError(f"attention {self.kind!r} has no parameter {name!r}")
 
 
 @frozen
@@ -306,7 +340,7 @@ class Descriptor:
 
     def tensor_name(self, role: str, layer: int | None = None) -> str:
         """The GGUF tensor name holding `role` (in block `layer` for per-block roles)."""
-        template = self.tensor_names[role]
+        template = self.tensor_names[role] if role in self.tensor_names else GGUF_TENSOR_ROLES[role]
         if template is None:
             raise KeyError(f"{self.architecture} has no tensor of role {role!r}")
         return template.format(i=layer) if "{i}" in template else template

@@ -27,7 +27,7 @@ from archrun.errors import ContextOverflow
 from archrun.kernels import block, layer, pool, qmatrix
 from archrun.kernels.lists import typed_list
 from archrun.kernels.parts import NO_ROPE, Part, slot_part
-from archrun.plan import DenseFfn, LayerPlan
+from archrun.plan import DenseFfn, LayerPlan, Projections
 from archrun.weights import Matrix
 
 _EMPTY_F32 = np.empty(0, np.float32)
@@ -120,8 +120,10 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
     a = lp.spec.attention
     rope = ropes[a.rope]
     found = _parts(lp, norm, rope)
+    if found is None or not isinstance(lp.qkv, Projections) or not isinstance(lp.o, Matrix):
+        return None  # an op without a kernel part, or an attention op's own projection layout
     qkv, o = _uniforms(lp.qkv.matrices, 3), _uniforms([lp.o], 3)
-    if found is None or qkv is None or o is None:
+    if qkv is None or o is None:
         return None
     fns, params = found
     rope_index = a.rope if rope is not None else -1

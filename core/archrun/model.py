@@ -221,11 +221,16 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
         # only a topology whose FFN reads the block's input can share the attention's norm
         raise MissingTensor(f"block {i} has no {b.d.tensor_name('ffn_norm', i)!r}, which its residual topology "
                             f"{spec.residual!r} needs")
+    layout = b.vocab.entry("attention", a.kind).op.layout
+    if layout is not None:  # the attention op brings its own projections (e.g. MLA's latents)
+        qkv, o = layout.bind(b, a, i)
+    else:
+        qkv, o = _bind_qkv(b, i, spec), b.matrix("attn_output", i, "attn_output.bias" if a.output_bias else None)
     lp = LayerPlan(
         spec=spec,
         attn_norm=b.norm_weight("attn_norm", i) if spec.attn_norm else None,
-        qkv=_bind_qkv(b, i, spec),
-        o=b.matrix("attn_output", i, "attn_output.bias" if a.output_bias else None),
+        qkv=qkv,
+        o=o,
         attention=b.op("attention", a.kind, a),
         residual=residual,
         ffn_norm=b.norm_weight("ffn_norm", i) if spec.ffn_norm else None,

@@ -22,6 +22,11 @@ hd head width, f FFN width, E experts, k experts used):
   block_style factory() -> a Decoder class (see archrun.model): its `caps` say which entries it carries,
               its `op_backend` ("reference" or None) which backend the small ops run on
 
+An attention op whose Q/K/V are not the standard attn_q/attn_k/attn_v (or attn_qkv) products
+registers its projections as `Op.layout` (an AttentionLayout): the compiler asks it for the
+layer's attention geometry, the binder for the bound projections; everything else (norms, rope,
+the cache, the residual) stays the interpreter's.
+
 A fast op joins the fused one-call-per-layer decode path by carrying kernel parts
 (archrun.kernels.parts: `op.fused`, and the residual op's `fused_input`); an FFN op with its own
 layer kernel (e.g. moe) offers `op.fused_layer(weights, common)`.
@@ -30,7 +35,7 @@ layer kernel (e.g. moe) offers `op.fused_layer(weights, common)`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import pluggy
@@ -41,15 +46,40 @@ SLOTS = ("norm", "rope", "attention", "activation", "residual", "gating", "moe",
 BACKENDS = ("reference", "fast")
 
 
+class AttentionLayout(Protocol):
+    """The projections of an attention op that brings its own (slot "attention", `Op.layout`).
+
+    describe(ctx) runs at compile time for each layer using the op: `ctx` is an
+    archrun.compile.LayerContext (the layer's metadata keys, tensor shapes, head counts). It checks
+    the layout's tensors and returns AttentionSpec fields: `n_head_kv`, `head_dim`, `v_head_dim`
+    (what the attention op and its cache see), `scale`, and `params` (name -> number).
+
+    bind(binder, spec, layer) runs at load: it binds the layer's tensors through the binder
+    (`matrix(role, layer)`, `vector(role, layer)`, `table(role, layer)`, `norm`, ...; roles are
+    gguf-py's tensor names without `blk.N.`) and returns (qkv, o):
+      qkv(h[n, d]) -> (q[n, H*hd], k[n, KV*hd], v[n, KV*vd]), before rope (the model's rope op
+      rotates the first n_rot dims of each q/k head);
+      o(a[n, H*vd]) -> [n, d], the attention output projected back to the model width.
+    """
+
+    def describe(self, ctx: Any) -> dict[str, Any]: ...
+
+    def bind(self, binder: Any, spec: Any, layer: int) -> tuple[Callable[..., Any], Callable[..., Any]]: ...
+
+
 @attrs.frozen
 class Op:
-    """A vocabulary entry: the math of one (slot, name), as a reference and optionally a fast factory."""
+    """A vocabulary entry: the math of one (slot, name), as a reference and optionally a fast factory.
+
+    layout: an attention op's own projections (AttentionLayout), or None for the standard ones.
+    """
 
     slot: str = attrs.field(validator=attrs.validators.in_(SLOTS))
     name: str = attrs.field(validator=attrs.validators.instance_of(str))
     reference: Callable[..., Any] = attrs.field(validator=attrs.validators.is_callable())
     fast: Callable[..., Any] | None = attrs.field(default=None)
     doc: str = ""
+    layout: AttentionLayout | None = attrs.field(default=None, kw_only=True)
 
     def factory(self, backend: str) -> Callable[..., Any]:
         """The factory for `backend` ("fast" falls back to the reference when no fast one exists)."""

@@ -10,21 +10,26 @@ import numpy as np
 
 
 def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None = None,
-                 drop_tensors: Iterable[str] = (), add_keys: Mapping[str, Any] | None = None) -> Path:
+                 drop_tensors: Iterable[str] = (), add_keys: Mapping[str, Any] | None = None,
+                 add_tensors: Mapping[str, np.ndarray] | None = None, drop_keys: Iterable[str] = ()) -> Path:
     """Write dst: src with its architecture renamed (keys `<old>.*` -> `<new>.*`), without the
     tensors whose names contain any of `drop_tensors`, and/or with `add_keys` (full key -> int,
-    float, bool or str value) added; everything else is copied byte for byte."""
+    float, bool or str value; replacing the file's value of that key) and `add_tensors` (name ->
+    array in numpy order, written as its dtype) added, without the keys `drop_keys` (full keys);
+    everything else is copied byte for byte."""
     import gguf
 
     r = gguf.GGUFReader(str(src))
     old = r.fields["general.architecture"].contents()
     new = architecture or old
-    drop = tuple(drop_tensors)
+    drop, drop_keys = tuple(drop_tensors), frozenset(drop_keys)
     w = gguf.GGUFWriter(str(dst), new)
     for name, f in r.fields.items():
         if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment"):
             continue
         key = new + name[len(old):] if name.startswith(old + ".") else name
+        if key in (add_keys or {}) or key in drop_keys:
+            continue
         if f.types[0] == gguf.GGUFValueType.ARRAY:
             w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1])
         else:
@@ -35,6 +40,8 @@ def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None =
         if not any(d in t.name for d in drop):
             w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(x) for x in reversed(t.shape)),
                          raw_dtype=t.tensor_type)
+    for name, array in (add_tensors or {}).items():
+        w.add_tensor(name, np.ascontiguousarray(array))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

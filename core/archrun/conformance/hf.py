@@ -111,8 +111,8 @@ class HfArch:
     (metadata and tensor fix-ups above); "llama.cpp" runs llama.cpp's ``convert_hf_to_gguf.py``
     itself (``archrun.conformance.llamacpp``), and the fields above only shape the HF model.
     ``llamacpp_keys``: metadata (key without the ``<arch>.`` prefix -> value) llama.cpp needs and
-    its converter does not write; the llama.cpp cross-check runs on a copy with them added (and
-    records them), never the fixture itself. ``checkpoint_config(hp)``: fields released
+    its converter does not write, or a function of the fixture's HF config returning them; the
+    llama.cpp cross-check runs on a copy with them added (and records them), never the fixture itself. ``checkpoint_config(hp)``: fields released
     checkpoints' config.json carry that transformers no longer writes (e.g. GPT-NeoX's
     ``rotary_pct``), added to the config the converter reads.
     """
@@ -131,7 +131,7 @@ class HfArch:
     norm_init: tuple[float, float] = (1.0, 0.25)
     mtp: HfMtp | None = None
     converter: str = "archrun"
-    llamacpp_keys: Mapping[str, Any] = attrs.field(factory=dict)
+    llamacpp_keys: Mapping[str, Any] | Callable[[Mapping[str, Any]], Mapping[str, Any]] = attrs.field(factory=dict)
     checkpoint_config: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_metadata
 
     @property
@@ -651,9 +651,11 @@ def llamacpp_check(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], ou
         golden = np.load(out_dir / f"{name}.npz")
         ids = golden["ids"].tolist()
         path = out_dir / f"{name}.gguf"
-        if arch.llamacpp_keys:
-            path = rewrite_gguf(path, tmp / path.name, add_keys={f"{arch.name}.{k}": v for k, v in
-                                                                  arch.llamacpp_keys.items()})
+        added = arch.llamacpp_keys
+        if callable(added):
+            added = added(json.loads(str(golden["config_json"])))
+        if added:
+            path = rewrite_gguf(path, tmp / path.name, add_keys={f"{arch.name}.{k}": v for k, v in added.items()})
         llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=64, n_threads=2,
                               n_batch=64, type_k=0, type_v=0, verbose=False)  # F32 KV cache
         llm.eval(ids)
@@ -664,8 +666,8 @@ def llamacpp_check(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], ou
         report[name] = {"max_abs_diff": diff, "argmax_agreement": argmax,
                         "argmax_mismatch_positions": np.flatnonzero(~agree).tolist(),
                         "gguf_sha256": _sha256(out_dir / f"{name}.gguf")}
-        if arch.llamacpp_keys:
-            report[name]["keys_added_for_llama_cpp"] = dict(arch.llamacpp_keys)
+        if added:
+            report[name]["keys_added_for_llama_cpp"] = dict(added)
         print(f"{name:32s} max|llama.cpp-HF| = {diff:.3e}  argmax agreement {argmax:.3f}")
         del llm
     report["_versions"] = {"llama_cpp_python": llama_cpp.__version__}

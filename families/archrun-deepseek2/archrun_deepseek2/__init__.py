@@ -1,0 +1,23 @@
+"""archrun family plugin for deepseek2 (DeepSeek-V2/V2-Lite/V3; descriptions only, no math).
+
+What deepseek2 files do not say (llama.cpp src/models/deepseek2.cpp, HF modeling_deepseek_v3.py):
+attention is multi-head latent attention ("mla", from the archrun-mla vocabulary package: the
+file's attn_q_a/attn_kv_a_mqa/attn_k_b/attn_v_b tensors and kv_lora_rank keys); rope NORM
+pairing (HF's interleaved rope) on the qk_rope dims; SwiGLU; leading dense layers, then MoE with
+shared experts: the gating is the file's expert_gating_func, softmax when absent (llama.cpp:
+DeepSeek-V2 files predate the key); renormalisation, scale and expert groups by key.
+YaRN: the rotary magnitude stays 1 (HF's attention_factor is mscale / mscale_all_dim = 1; llama.cpp
+cancels its own YaRN magnitude for deepseek2) and the scores take mscale^2 instead (the mla layout).
+"""
+
+from __future__ import annotations
+
+from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
+
+HINTS = {
+    "deepseek2": FamilyHints(name="deepseek2", rope_pairing="norm", activation="silu", embed_scale=1.0,
+                             gating="softmax", **{**TRANSFORMER, "attention": "mla"},
+                             defaults={"rope.scaling.yarn_attn_factor": 1.0}),
+}
+
+plugin = FamilyPlugin(HINTS)

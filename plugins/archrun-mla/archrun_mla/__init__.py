@@ -1,0 +1,6 @@
+"""archrun-mla: multi-head latent attention (MLA) as an attention op with its own projection layout.
+
+Registers attention="mla" (archrun_mla.plugin). The layout (archrun_mla.layout) reads the MLA
+keys and tensors of a file and binds the absorbed projections; the attention op
+(archrun_mla.attention) caches only the compressed latent and the shared rotary key per token.
+"""
