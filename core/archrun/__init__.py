@@ -17,6 +17,7 @@ from archrun.errors import (
     MetadataError,
     MissingTensor,
     ModelLoadError,
+    NumericalError,
     PluginError,
     ShapeMismatch,
     TokenizerError,
@@ -30,7 +31,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArchrunError", "ArchrunWarning", "ChatTemplateError", "ContextOverflow", "InvalidRequest",
-    "MetadataError", "MissingTensor", "ModelLoadError", "PluginError", "ShapeMismatch", "TokenizerError",
+    "MetadataError", "MissingTensor", "ModelLoadError", "NumericalError", "PluginError", "ShapeMismatch",
+    "TokenizerError",
     "UnknownVocabulary", "UnsupportedArchitecture", "UnsupportedQuantType", "WrongBlockStyle",
     "load", "Descriptor", "Tokenizer", "generate", "chat",
 ]

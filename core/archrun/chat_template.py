@@ -168,6 +168,8 @@ def _precheck_binop(operator: str, left: Any, right: Any) -> None:
             raise _LimitExceeded(f"{left} ** {right} exceeds the size limit")
     elif operator == "%":
         _check_format(left)
+        if isinstance(left, str) and "*" in left:  # '%*d' % (10**9, 1): the width comes from the arguments
+            _check_args(right if isinstance(right, tuple) else (right,), {})
 
 
 def _is_int(x: Any) -> bool:
@@ -283,21 +285,32 @@ def _compile(template: str) -> jinja2.Template:
         raise ChatTemplateError(f"chat template does not parse (line {exc.lineno}): {exc.message}") from None
     except (RecursionError, MemoryError) as exc:
         raise ChatTemplateError(f"chat template is too deeply nested to compile ({type(exc).__name__})") from None
+    except SyntaxError as exc:  # jinja's generated Python does not compile: duplicate macro arguments,
+        # `break` outside a loop, too many nested blocks (IndentationError is a SyntaxError)
+        raise ChatTemplateError(f"chat template does not compile: {exc.msg}") from None
+    except Exception as exc:  # anything else jinja's parser or compiler raises on hostile input
+        raise ChatTemplateError(f"chat template does not compile: {type(exc).__name__}: {exc}") from None
 
 
 # --- messages ---
 
 
-def _plain(value: Any, where: str) -> Any:
-    """A copy of `value` made of JSON types only (str/int/float/bool/None/list/dict)."""
+MAX_MESSAGE_DEPTH = 32  # nesting of lists/dicts inside a message (tool calls need a few levels)
+
+
+def _plain(value: Any, where: str, depth: int = 0) -> Any:
+    """A copy of `value` made of JSON types only (str/int/float/bool/None/list/dict), at most
+    MAX_MESSAGE_DEPTH levels deep (which also refuses structures that contain themselves)."""
     if value is None or type(value) in (str, int, float, bool):
         return value
+    if depth >= MAX_MESSAGE_DEPTH and isinstance(value, dict | list | tuple):
+        raise InvalidRequest(f"{where} nests deeper than {MAX_MESSAGE_DEPTH} levels (or contains itself)")
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             raise InvalidRequest(f"{where} has a non-string key")
-        return {k: _plain(v, f"{where}.{k}") for k, v in value.items()}
+        return {k: _plain(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_plain(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     raise InvalidRequest(f"{where} must be JSON data, got {type(value).__name__}")
 
 

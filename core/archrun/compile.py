@@ -15,7 +15,6 @@ is reported; a required key that is missing fails loudly, naming it.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -116,6 +115,8 @@ class _Meta:
 
 def _typed(key: str, value: Any, kind: type) -> Any:
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):  # an Inf scale or NaN epsilon would reach the kernels
+            raise MetadataError(f"metadata key {key!r} = {value} is not a finite number")
         return float(value)
     if kind is int and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return int(value)
@@ -182,7 +183,7 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
     hints: conventions (archrun.family.FamilyHints fields) given by the caller, on top of the
     family's; for an architecture no plugin describes they are the only source.
     """
-    if isinstance(source, (str, os.PathLike)):
+    if not isinstance(source, GGUFFile):  # a path (open_gguf refuses anything else with InvalidRequest)
         with open_gguf(source) as gguf:
             return compile_gguf(gguf, plugins, block_style, hints)
     gguf: GGUFFile = source

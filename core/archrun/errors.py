@@ -67,5 +67,9 @@ class PluginError(ArchrunError):
     """A plugin registered something inconsistent (duplicate vocabulary entry, bad op)."""
 
 
+class NumericalError(ArchrunError):
+    """The model computed NaN logits (weights that overflow float32 activations): nothing to sample."""
+
+
 class ArchrunWarning(UserWarning):
     """Warnings about assumptions archrun made (generic architecture, unused keys)."""

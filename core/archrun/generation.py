@@ -98,6 +98,10 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
     """
     if isinstance(prompt, bytes | bytearray):
         raise InvalidRequest("prompt must be text or a sequence of token ids, not bytes")
+    if not isinstance(prompt, str | list | tuple | range | np.ndarray):
+        raise InvalidRequest(f"prompt must be text or a sequence of token ids, got {type(prompt).__name__}")
+    if cache is not None and not isinstance(cache, PrefixCache):
+        raise InvalidRequest(f"cache must be an archrun.cache.PrefixCache, got {type(cache).__name__}")
     tok = model.tokenizer
     ids = list(prompt) if not isinstance(prompt, str) else tok.encode(prompt, add_special, parse_special)
     capacity = cache.capacity if cache is not None else None
@@ -121,7 +125,7 @@ def chat_prompt(model: Any, messages: Sequence[dict], template: str | None = Non
     from archrun.chat_template import chat_tokens
 
     template = template or model.chat_template
-    return chat_tokens(model.tokenizer, list(messages), template=template, add_generation_prompt=True)
+    return chat_tokens(model.tokenizer, messages, template=template, add_generation_prompt=True)
 
 
 def make_request(model: Any, ids: Sequence[int], *, max_tokens: int | None = 256, stop: Any = None,

@@ -22,6 +22,7 @@ import math
 import mmap
 import os
 import pathlib
+import stat
 import struct
 from typing import Any
 
@@ -30,7 +31,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from archrun import quant
-from archrun.errors import MissingTensor, ModelLoadError
+from archrun.errors import InvalidRequest, MissingTensor, ModelLoadError
 
 __all__ = ["GGUFFile", "TensorInfo", "open_gguf", "release_view"]
 
@@ -438,9 +439,13 @@ class GGUFFile:
     tensors: dict[str, TensorInfo]  # in file order
 
     def __init__(self, path: str | os.PathLike) -> None:
+        if not isinstance(path, str | os.PathLike):
+            raise InvalidRequest(f"a model path must be a str or os.PathLike, got {type(path).__name__}")
         self.path = pathlib.Path(path)
         self._u8: np.ndarray | None = None
-        self._mm = _map_file(self.path)
+        self._fd = -1
+        self._checked: set[str] = set()  # tensors whose values passed the finiteness check
+        self._mm, self._fd = _map_file(self.path)
         try:
             self._parse(self._mm, len(self._mm))
         except ModelLoadError as e:
@@ -471,15 +476,53 @@ class GGUFFile:
         return self._u8[info.offset : info.offset + info.nbytes]
 
     def raw_rows(self, name: str) -> np.ndarray:
-        """uint8 view (n_rows, row_bytes), n_rows = prod(np_shape[:-1]): one ggml row per line."""
+        """uint8 view (n_rows, row_bytes), n_rows = prod(np_shape[:-1]): one ggml row per line.
+
+        The weights a model binds come through here or ``dequantize``: both refuse a tensor holding
+        an Inf or NaN (a float element, or a block's scale) with ModelLoadError, before any kernel
+        sees it (see ``check_finite``)."""
         info = self._info(name)
+        self.check_finite(name)
         rb = quant.row_bytes(info.ggml_type, info.shape[0])
         return self.raw(name).reshape(info.nbytes // rb, rb)
 
     def dequantize(self, name: str) -> np.ndarray:
-        """The tensor as a new float32 array of shape ``np_shape``; UnsupportedQuantType if impossible."""
+        """The tensor as a new float32 array of shape ``np_shape``; UnsupportedQuantType if impossible,
+        ModelLoadError if it holds Inf or NaN."""
         info = self._info(name)
+        self.check_finite(name)
         return quant.dequantize(self.raw(name), info.ggml_type, info.np_shape)
+
+    def check_finite(self, name: str) -> None:
+        """ModelLoadError naming the tensor and the place when its data holds an Inf or NaN (checked
+        once per tensor). archrun refuses such weights at load rather than compute NaN logits."""
+        if name in self._checked:
+            return
+        info = self._info(name)
+        bad = quant.first_non_finite(self.raw(name), info.ggml_type)
+        if bad is not None:
+            what, index = bad
+            raise ModelLoadError(f"{self.path.name}: tensor {name!r} ({info.type_name}) holds a non-finite value "
+                                 f"(Inf or NaN) in its {what} {index}; archrun refuses such weights")
+        self._checked.add(name)
+
+    def check_intact(self) -> None:
+        """ModelLoadError when the file shrank since it was opened.
+
+        Weights are memory-mapped: reading a page past a truncated file's new end kills the process
+        with SIGBUS. The model calls this before each step, so a file truncated (or rewritten in
+        place) after load fails with a typed error instead; a truncation racing a running step is
+        not caught (as with llama.cpp's mmap loading: do not modify a model file while it is in use).
+        """
+        if self._fd < 0:
+            return
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError as e:
+            raise ModelLoadError(f"{self.path.name}: cannot check the model file: {e.strerror or e}") from None
+        if size < len(self._mm):
+            raise ModelLoadError(f"{self.path.name} shrank from {len(self._mm)} to {size} bytes after it was loaded: "
+                                 "its memory-mapped weights are gone; load the model again")
 
     def release_pages(self) -> None:
         """Let the kernel drop this file's resident pages (they are re-read on demand).
@@ -493,6 +536,9 @@ class GGUFFile:
     def close(self) -> None:
         """Drop the map; views handed out by ``raw`` stay valid and keep it alive until freed."""
         self._u8 = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         # with outstanding views the mapping is released together with the last of them
         with contextlib.suppress(BufferError):
             self._mm.close()
@@ -507,16 +553,37 @@ class GGUFFile:
         return f"GGUFFile({str(self.path)!r}, v{self.version}, {len(self.tensors)} tensors)"
 
 
-def _map_file(path: pathlib.Path) -> mmap.mmap:
-    """Read-only map of the whole file; short or unreadable files are ModelLoadErrors."""
+def _map_file(path: pathlib.Path) -> tuple[mmap.mmap, int]:
+    """(read-only map of the whole file, an open descriptor of it); a path that is not a regular
+    file (a FIFO, a device, a directory), or is empty or unreadable, is a ModelLoadError.
+
+    The kind is checked before opening (opening a FIFO blocks until a writer appears) and again on
+    the descriptor, opened non-blocking, in case the path was swapped in between.
+    """
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise ModelLoadError(f"{path.name}: empty file, not a GGUF model")
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        _check_regular(os.stat(path), path)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise ModelLoadError(f"cannot open {path!r}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        st = os.fstat(fd)
+        _check_regular(st, path)
+        if st.st_size == 0:
+            raise ModelLoadError(f"{path.name}: empty file, not a GGUF model")
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), fd
     except OSError as e:
-        raise ModelLoadError(f"cannot open {path}: {e.strerror or e}") from None
+        os.close(fd)
+        raise ModelLoadError(f"cannot map {path}: {e.strerror or e}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_regular(st: os.stat_result, path: pathlib.Path) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a special file")
+        raise ModelLoadError(f"cannot open {path}: it is {kind}, not a GGUF file")
 
 
 def release_view(view: np.ndarray) -> None:

@@ -354,6 +354,8 @@ class Interpreter:
                      all_logits: bool = False) -> np.ndarray:
         """Append token_ids to cache; float32 logits of the last position [vocab] or of all [n, vocab]."""
         ids = self._check_ids(token_ids)
+        if not isinstance(cache, KvCache):
+            raise InvalidRequest(f"cache must be a KvCache from init_cache(), got {type(cache).__name__}")
         cache.check_room(len(ids))
         logits, _ = self._forward(ids, cache, all_logits)
         return logits if all_logits else logits[-1]
@@ -369,7 +371,10 @@ class Interpreter:
     # -- the interpreter ---------------------------------------------------------------------
 
     def _check_ids(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        arr = np.asarray(token_ids)
+        try:
+            arr = np.asarray(token_ids)
+        except (ValueError, TypeError, RecursionError):  # ragged, self-referencing, ...
+            raise InvalidRequest("token_ids must be a non-empty 1-D sequence of integers") from None
         if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
             raise InvalidRequest("token_ids must be a non-empty 1-D sequence of integers")
         if arr.min() < 0 or arr.max() >= self.descriptor.n_vocab:
@@ -424,6 +429,7 @@ class Interpreter:
     def embed(self, ids: np.ndarray, start: int | None = None) -> np.ndarray:
         """Token embeddings [n, d], scaled by the descriptor's embed_scale; a model with a learned
         position table adds its rows start..start+n-1 (start is required then)."""
+        self.gguf.check_intact()  # every step starts here: a truncated file is an error, not SIGBUS
         x = self.plan.embed.rows(ids)
         if self.descriptor.embed_scale != 1.0:
             x *= F32(self.descriptor.embed_scale)

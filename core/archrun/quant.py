@@ -17,7 +17,8 @@ from gguf.constants import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
 
 from archrun.errors import UnsupportedQuantType
 
-__all__ = ["SUPPORTED_TYPES", "block_info", "dequantize", "row_bytes", "type_name"]
+__all__ = ["SCALE_FIELDS", "SUPPORTED_TYPES", "block_info", "dequantize", "first_non_finite", "row_bytes",
+           "type_name"]
 
 _T = GGMLQuantizationType
 _F16 = np.dtype("<f2")
@@ -281,3 +282,54 @@ def dequantize(raw: np.ndarray, ggml_type: int, np_shape: tuple[int, ...]) -> np
         for start in range(0, len(blocks), step):
             fn(blocks[start : start + step], out[start : start + step])
     return out.reshape(np_shape)
+
+
+# ---- non-finite values --------------------------------------------------------------------------
+
+# byte ranges of each block type's float16 scale fields (d, and dmin / m where the type has one)
+SCALE_FIELDS: dict[int, tuple[tuple[int, int], ...]] = {
+    _T.Q4_0: ((0, 2),),
+    _T.Q4_1: ((0, 2), (2, 4)),
+    _T.Q5_0: ((0, 2),),
+    _T.Q5_1: ((0, 2), (2, 4)),
+    _T.Q8_0: ((0, 2),),
+    _T.Q2_K: ((80, 82), (82, 84)),
+    _T.Q3_K: ((108, 110),),
+    _T.Q4_K: ((0, 2), (2, 4)),
+    _T.Q5_K: ((0, 2), (2, 4)),
+    _T.Q6_K: ((208, 210),),
+}
+# float element types: (unsigned view, mask of the exponent bits; all set = Inf or NaN)
+_FLOAT_BITS = {_T.F32: ("<u4", 0x7F800000), _T.F16: ("<u2", 0x7C00), _T.BF16: ("<u2", 0x7F80)}
+_F16_EXP = np.uint16(0x7C00)
+_SCAN_ELEMENTS = 1 << 20  # elements per pass over float data: bounds the temporaries
+
+
+def first_non_finite(raw: np.ndarray, ggml_type: int) -> tuple[str, int] | None:
+    """Where the first Inf or NaN of a tensor's bytes is, else None: ("element", i) for float
+    types, ("scale of block", i) for block types (their integer quants are always finite).
+
+    Reads the bit patterns only (no float conversion, no warnings); memory stays bounded by one
+    pass's temporaries whatever the tensor size. Types without a table entry report None.
+    """
+    if ggml_type in _FLOAT_BITS:
+        dtype, mask = _FLOAT_BITS[ggml_type]
+        bits = np.ascontiguousarray(raw).reshape(-1).view(dtype)
+        m = bits.dtype.type(mask)
+        for start in range(0, len(bits), _SCAN_ELEMENTS):
+            bad = np.flatnonzero((bits[start:start + _SCAN_ELEMENTS] & m) == m)
+            if len(bad):
+                return "element", start + int(bad[0])
+        return None
+    fields = SCALE_FIELDS.get(ggml_type)
+    if not fields:
+        return None
+    type_size = block_info(ggml_type)[1]
+    blocks = np.ascontiguousarray(raw).reshape(-1, type_size)
+    first = None
+    for lo, _hi in fields:
+        scale = blocks[:, lo].astype(np.uint16) | (blocks[:, lo + 1].astype(np.uint16) << np.uint16(8))
+        bad = np.flatnonzero((scale & _F16_EXP) == _F16_EXP)
+        if len(bad) and (first is None or bad[0] < first):
+            first = int(bad[0])
+    return None if first is None else ("scale of block", first)

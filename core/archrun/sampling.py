@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import numpy as np
 
-from archrun.errors import InvalidRequest
+from archrun.errors import InvalidRequest, NumericalError
 
 F32 = np.float32
 
@@ -50,7 +50,7 @@ class SamplingParams:
     presence_penalty: float = attrs.field(default=0.0, validator=_finite("presence_penalty"))
     frequency_penalty: float = attrs.field(default=0.0, validator=_finite("frequency_penalty"))
     penalty_last_n: int = attrs.field(default=64, validator=_int_ge0("penalty_last_n"))
-    logit_bias: Mapping[int, float] = attrs.field(factory=dict, converter=dict)
+    logit_bias: Mapping[int, float] = attrs.field(factory=dict, converter=lambda v: _bias_dict(v))
     seed: int | None = attrs.field(default=None)
 
     @seed.validator
@@ -74,10 +74,12 @@ class Sampler:
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """Pick the next token id from float logits [vocab] given the ids so far."""
         p = self.params
-        x = np.array(logits, dtype=np.float64)
-        if len(self.bias_ids):
-            x[self.bias_ids] += self.bias_values
-        _apply_penalties(x, history, p)
+        x = _checked_logits(logits)
+        with np.errstate(over="ignore", invalid="ignore"):  # extreme options: Inf, Inf - Inf = NaN (below)
+            if len(self.bias_ids):
+                x[self.bias_ids] += self.bias_values
+            _apply_penalties(x, history, p)
+        x = _candidates(x)
         if p.greedy:
             return int(np.argmax(x))
         ids = np.argsort(-x, kind="stable")
@@ -86,7 +88,7 @@ class Sampler:
         probs = _softmax(x[ids])
         ids, probs = _top_p(ids, probs, p.top_p)
         ids, probs = _min_p(ids, probs, p.min_p)
-        probs = _softmax(np.log(probs) / p.temperature)
+        probs = _tempered(probs, p.temperature)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
     def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
@@ -113,13 +115,27 @@ class Sampler:
         return out
 
 
+def _bias_dict(value: object) -> dict:
+    """logit_bias as a plain dict (a mapping of token id -> bias); anything else is InvalidRequest."""
+    if not isinstance(value, Mapping):
+        raise InvalidRequest(f"logit_bias must be a mapping of token id -> bias, got {type(value).__name__}")
+    return dict(value)
+
+
+def _bias_key(k: object) -> int:
+    """A logit_bias key as a token id: an int (numpy ints too) or a decimal string (JSON keys);
+    floats are refused rather than truncated."""
+    if isinstance(k, int | np.integer) and not isinstance(k, bool | np.bool_):
+        return int(k)
+    if isinstance(k, str) and k.strip().lstrip("+-").isdecimal() and k.isascii():
+        return int(k)
+    raise InvalidRequest(f"logit_bias key {k!r} is not a token id")
+
+
 def _check_bias(bias: Mapping[int, float], n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
     ids, values = [], []
     for k, val in bias.items():
-        try:
-            tok = int(k)
-        except (TypeError, ValueError):
-            raise InvalidRequest(f"logit_bias key {k!r} is not a token id") from None
+        tok = _bias_key(k)
         if not 0 <= tok < n_vocab:
             raise InvalidRequest(f"logit_bias token id {tok} is outside the vocabulary [0, {n_vocab})")
         if isinstance(val, bool) or not isinstance(val, (int, float)) or math.isnan(val):
@@ -140,6 +156,43 @@ def _apply_penalties(x: np.ndarray, history: Sequence[int], p: SamplingParams) -
     vals = x[toks]
     vals = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
     x[toks] = vals - counts * p.frequency_penalty - p.presence_penalty
+
+
+def _checked_logits(logits: np.ndarray) -> np.ndarray:
+    """A float64 copy of the model's logits [vocab]; NumericalError when any is NaN.
+
+    Infinite logits are kept: +Inf means "certainly this token", -Inf "never" (see _candidates).
+    """
+    x = np.array(logits, dtype=np.float64)
+    if x.ndim != 1 or not len(x):
+        raise InvalidRequest(f"logits must be a non-empty 1-D array, got shape {x.shape}")
+    if np.isnan(x).any():
+        raise NumericalError(f"the model computed NaN logits ({int(np.isnan(x).sum())} of {len(x)}): its "
+                             "activations overflowed float32; there is nothing to sample")
+    return x
+
+
+def _candidates(x: np.ndarray) -> np.ndarray:
+    """Logits after bias and penalties, made safe to sample: NaN (Inf - Inf from extreme options)
+    becomes -Inf; if any logit is +Inf only those tokens stay (equally likely); all -Inf is an
+    InvalidRequest (the options exclude every token)."""
+    x[np.isnan(x)] = -np.inf
+    top = np.isposinf(x)
+    if top.any():
+        return np.where(top, 0.0, -np.inf)
+    if np.isneginf(x).all():
+        raise InvalidRequest("logit_bias and penalties leave no token with a finite logit")
+    return x
+
+
+def _tempered(probs: np.ndarray, temperature: float) -> np.ndarray:
+    """probs ** (1 / temperature), renormalised; the most likely token stays at exponent 0, so a
+    tiny temperature is greedy rather than 0 / 0."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        logp = np.log(probs)
+        z = (logp - logp.max()) / temperature
+    z[np.isnan(z)] = -np.inf
+    return _softmax(z)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -420,7 +420,8 @@ class _BpeEngine:
         pairs = _parse_merges(merges)
         try:
             model = models.BPE(vocab=index, merges=pairs, ignore_merges=pre.ignore_merges)
-        except Exception as exc:  # tokenizers raises a bare Exception naming the token
+        except BaseException as exc:  # a bare Exception naming the token, or a Rust panic (below)
+            _reraise_interrupts(exc)
             raise TokenizerError(f"{Keys.Tokenizer.MERGES}: {_bad_merge(pairs, index)} ({exc})") from None
         hf = HfTokenizer(model)
         splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in pre.regexes]
@@ -431,7 +432,19 @@ class _BpeEngine:
 
     def encode(self, fragments: list[str]) -> list[list[int]]:
         """ids for each fragment."""
-        return [self._hf.encode(text, add_special_tokens=False).ids for text in fragments]
+        try:
+            return [self._hf.encode(text, add_special_tokens=False).ids for text in fragments]
+        except BaseException as exc:
+            _reraise_interrupts(exc)
+            raise TokenizerError(f"the BPE vocabulary cannot encode this text: {type(exc).__name__}: {exc}") from None
+
+
+def _reraise_interrupts(exc: BaseException) -> None:
+    """Re-raise what must not become a TokenizerError. Everything else HF tokenizers raises is
+    the vocabulary's fault, including a Rust panic: pyo3's PanicException derives from
+    BaseException, so `except Exception` would let it through."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit | MemoryError):
+        raise exc
 
 
 def _parse_merges(merges: list[str]) -> list[tuple[str, str]]:
@@ -738,6 +751,8 @@ class Tokenizer:
 
     def decode_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:
         """Raw bytes of `ids`: llama_detokenize(remove_special=skip_special, unparse_special=not skip_special)."""
+        if isinstance(ids, str | bytes | bytearray) or not isinstance(ids, Iterable):
+            raise TokenizerError(f"decode expects a sequence of token ids, got {type(ids).__name__}")
         ids = [self._check_id(t) for t in ids]
         remove_space = self.add_space_prefix
         if skip_special and self.add_bos and ids and ids[0] == self._ids["bos"]:

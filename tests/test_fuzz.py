@@ -1,0 +1,41 @@
+"""The bounded fuzz run of CI: 600 seeded cases of the harness in tests/fuzzing, zero findings.
+
+Each case runs in a worker process under a time limit and an address-space limit (see
+tests/fuzzing/runner.py); a crash, a hang or an exception that is not an archrun.ArchrunError
+fails this test and the case is saved under the pytest tmp folder (replay it with
+`.venv/bin/python tests/fuzzing --replay FILE`). The long run is documented in docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("hypothesis")
+
+from fuzzing.runner import Runner, draw_cases, fuzz  # noqa: E402
+
+CI_CASES = 600
+CI_SEED = 20261201
+
+
+def test_cases_are_seeded() -> None:
+    """The same seed draws the same cases: a CI failure reproduces from its seed and index."""
+    assert json.dumps(draw_cases(40, CI_SEED)) == json.dumps(draw_cases(40, CI_SEED))
+    assert json.dumps(draw_cases(40, CI_SEED)) != json.dumps(draw_cases(40, CI_SEED + 1))
+
+
+@pytest.mark.fuzz
+def test_bounded_fuzz_run_has_no_findings(tmp_path) -> None:
+    runner = Runner(timeout=60.0, memory=2048)
+    try:
+        summary = fuzz(CI_CASES, CI_SEED, runner, findings_dir=tmp_path / "findings")
+    finally:
+        runner.close()
+    assert summary["cases"] == CI_CASES
+    kinds = summary["by_kind"]
+    assert {"gguf", "template", "api", "cli", "special"} <= kinds.keys()
+    assert sum(kinds["gguf"].values()) > CI_CASES // 5
+    assert not summary["findings"], json.dumps({"findings": summary["findings"],
+                                                "examples": summary["examples"]}, indent=1)[:6000]
