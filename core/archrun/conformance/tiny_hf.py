@@ -21,6 +21,8 @@ The battery (each test parametrized over the fixtures, and the backends where it
 - ``test_fixture_is_sensitive``: each convention the family states for the fixture's arch,
   flipped to another vocabulary entry, moves archrun's logits by far more than the tolerance
   (or fails the load): a fixture that cannot see a convention cannot prove it;
+- ``test_fixture_sees_edit``: the same for structure the file states: every bias zeroed, and the
+  rotary width halved (``rope.dimension_count``), each must move the logits far beyond the tolerance;
 - ``test_goldens_match_live_hf`` (marker ``live``; needs torch, transformers and llama.cpp's
   converter source): rebuilding a fixture reproduces its config, HF logits and GGUF file.
 """
@@ -59,6 +61,53 @@ def _spec(here: Path):
     return hf.load_module(here / "hf_arch.py")
 
 
+def _zero_biases(path: Path, out: Path) -> Path | None:
+    """A copy of the fixture with every bias tensor zeroed (None: the file has no biases)."""
+    import gguf
+
+    from archrun.conformance.gguf_edit import rewrite_gguf
+
+    biases = {t.name: np.zeros(np.asarray(t.data).shape, np.float32)
+              for t in gguf.GGUFReader(str(path)).tensors if t.name.endswith(".bias")}
+    return rewrite_gguf(path, out, drop_tensors=tuple(biases), add_tensors=biases) if biases else None
+
+
+def _halve_rope(path: Path, out: Path) -> Path | None:
+    """A copy with half the rotary dims (None: the model has no rope, or too few dims to halve)."""
+    from archrun.compile import describe
+    from archrun.conformance.gguf_edit import rewrite_gguf
+    from archrun.descriptor import NO_ROPE
+
+    d = describe(path)
+    n_rot = max((t.n_rot for t in d.rope_tables if t.pairing != NO_ROPE), default=0)
+    if n_rot < 4 or n_rot % 4:
+        return None
+    return rewrite_gguf(path, out, add_keys={f"{d.architecture}.rope.dimension_count": n_rot // 2})
+
+
+#: Structural edits of a fixture file that archrun must see (name -> edit(path, out) -> path | None).
+EDITS = {"biases_zeroed": _zero_biases, "rope_dims_halved": _halve_rope}
+
+
+def check_sees_edit(gguf_path: Path, edit: str, tmp_path: Path) -> None:
+    """Apply ``EDITS[edit]`` to a copy of the fixture; assert its logits move far beyond the tolerance
+    (or the copy fails to load with a typed archrun error). Skips when the edit does not apply."""
+    import archrun
+    from archrun.errors import ArchrunError
+
+    edited = EDITS[edit](gguf_path, tmp_path / gguf_path.name)
+    if edited is None:
+        pytest.skip(f"{gguf_path.stem}: {edit} does not apply")
+    golden = hf.load_golden(gguf_path.with_suffix(".npz"))
+    try:
+        model = archrun.load(edited, backend="reference")
+    except ArchrunError:
+        return
+    err = hf.rel_err(model.logits(golden["ids"].astype(np.int64)), golden["logits"])
+    assert err > SENSITIVITY * hf.TOLERANCE, (
+        f"{gguf_path.name}: {edit} moves the logits by only {err:.1e} of max |logit|: the fixture cannot see it")
+
+
 class TinyHfBattery:
     """Subclass in a family package's tests (set ``entry_point``); see the module docstring."""
 
@@ -73,6 +122,8 @@ class TinyHfBattery:
             metafunc.parametrize("backend", hf.BACKENDS)
         if "convention" in metafunc.fixturenames:
             metafunc.parametrize("convention", sorted(_FLIPS))
+        if "edit" in metafunc.fixturenames:
+            metafunc.parametrize("edit", sorted(EDITS))
 
     @pytest.fixture
     def goldens(self, request) -> Path:
@@ -94,10 +145,15 @@ class TinyHfBattery:
         check_matches_hf(goldens / f"{fixture.name}.gguf", backend)
 
     def test_llama_cpp_agrees(self, goldens, fixture) -> None:
+        if fixture.llama_cpp:
+            pytest.skip(f"llama.cpp cannot run {fixture.name}: {fixture.llama_cpp}")
         check_llama_cpp_report(goldens, fixture.name)
 
     def test_fixture_is_sensitive(self, goldens, fixture, convention) -> None:
         check_sensitive(goldens / f"{fixture.name}.gguf", convention)
+
+    def test_fixture_sees_edit(self, goldens, fixture, edit, tmp_path) -> None:
+        check_sees_edit(goldens / f"{fixture.name}.gguf", edit, tmp_path)
 
     @pytest.mark.live
     def test_goldens_match_live_hf(self, goldens, spec, fixture, tmp_path) -> None:

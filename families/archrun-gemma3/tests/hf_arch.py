@@ -53,4 +53,7 @@ FIXTURES = (
                 {"num_hidden_layers": 8, "sliding_window": 4, "layer_types": [_S, _S, _F, _S, _S, _F, _S, _F],
                  "final_logit_softcapping": 3.0, "tie_word_embeddings": False, "num_key_value_heads": 1,
                  "rope_theta": 20000.0, "rope_local_base_freq": 1000.0}),
+    # every bias transformers offers (attention_bias: q/k/v and o): HF is the only reference
+    TinyFixture("gemma3_attention_bias", "gemma3", 3, {"attention_bias": True},
+                llama_cpp="llama.cpp's gemma3 loader takes no attention biases (wrong tensor count)"),
 )

@@ -35,6 +35,9 @@ FIXTURES = (
     TinyFixture("qwen3moe_tied_top3", "qwen3moe", 2,
                 {"tie_word_embeddings": True, "num_experts_per_tok": 3, "num_key_value_heads": 1,
                  "moe_intermediate_size": 16, "num_hidden_layers": 3}),
+    # qwen3 with every bias transformers offers (attention_bias: q/k/v and o): HF is the only reference
+    TinyFixture("qwen3_attention_bias", "qwen3", 4, {"attention_bias": True, "num_hidden_layers": 2},
+                llama_cpp="llama.cpp's qwen3 loader takes no attention biases (wrong tensor count)"),
     # qwen2: q/k/v biases (llama.cpp's qwen3 loads no attention biases, so attention_bias stays
     # False there)
     TinyFixture("qwen2_gqa", "qwen2", 1),
