@@ -28,7 +28,7 @@ def test_cases_are_seeded() -> None:
 
 @pytest.mark.fuzz
 def test_bounded_fuzz_run_has_no_findings(tmp_path) -> None:
-    runner = Runner(timeout=60.0, memory=2048)
+    runner = Runner(timeout=60.0, memory=1024)
     try:
         summary = fuzz(CI_CASES, CI_SEED, runner, findings_dir=tmp_path / "findings")
     finally:

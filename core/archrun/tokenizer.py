@@ -422,7 +422,8 @@ class _BpeEngine:
             model = models.BPE(vocab=index, merges=pairs, ignore_merges=pre.ignore_merges)
         except BaseException as exc:  # a bare Exception naming the token, or a Rust panic (below)
             _reraise_interrupts(exc)
-            raise TokenizerError(f"{Keys.Tokenizer.MERGES}: {_bad_merge(pairs, index)} ({exc})") from None
+            bad = _bad_merge(pairs, index) or "merges rejected"  # (HF panics when a merge's result is no token)
+            raise TokenizerError(f"{Keys.Tokenizer.MERGES}: {bad} ({type(exc).__name__}: {exc})") from None
         hf = HfTokenizer(model)
         splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in pre.regexes]
         hf.pre_tokenizer = pre_tokenizers.Sequence(
@@ -462,13 +463,14 @@ def _parse_merges(merges: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _bad_merge(pairs: list[tuple[str, str]], index: dict[str, int]) -> str:
-    """Describe the first merge whose halves or result are not tokens (slow; only after a failure)."""
+def _bad_merge(pairs: list[tuple[str, str]], index: dict[str, int]) -> str | None:
+    """Describe the first merge whose halves or result are not tokens, None when every one is
+    (slow; only after a failure)."""
     for i, (left, right) in enumerate(pairs):
         for part in (left, right, left + right):
             if part not in index:
                 return f"merge {i} {left + ' ' + right:.40}: {part[:40]!r} is not a token"
-    return "merges rejected"
+    return None
 
 
 class _SpmEngine:

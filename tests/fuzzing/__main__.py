@@ -1,6 +1,6 @@
 """Command line of the fuzzing harness (see the package docstring and docs/testing.md).
 
-    .venv/bin/python tests/fuzzing --cases 20000 --seed 1 [--timeout 30] [--memory 2048] [--nice 19]
+    .venv/bin/python tests/fuzzing --cases 20000 --seed 1 [--timeout 30] [--memory 1024] [--nice 19]
     .venv/bin/python tests/fuzzing --replay findings/seed1-case17.json
 """
 
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per case before it counts as a hang")
-    p.add_argument("--memory", type=int, default=2048, help="MiB of address space the worker may add")
+    p.add_argument("--memory", type=int, default=1024, help="MiB of address space the worker may add")
     p.add_argument("--nice", type=int, default=0, help="niceness of the worker")
     p.add_argument("--findings", type=Path, default=Path("fuzz-findings"), help="folder for failing cases")
     p.add_argument("--report", type=Path, default=None, help="write the summary JSON here")

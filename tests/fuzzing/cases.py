@@ -187,6 +187,7 @@ def tokenizer_edits() -> st.SearchStrategy[dict]:
                   merge_texts, st.sampled_from([1, 2, 100])),
         st.builds(lambda i, v: {"op": "array_set", "key": "tokenizer.ggml.token_type", "index": i, "value": v},
                   ints(), st.one_of(st.integers(-3, 9), ints())),
+        st.builds(lambda a, b: {"op": "merge_pair", "a": a, "b": b}, st.integers(0, 300), st.integers(0, 300)),
         st.builds(lambda v: {"op": "spm", "scores": v}, st.sampled_from(["finite", "nan", "inf", "missing", "short"])),
         st.builds(lambda r, i: {"op": "special_id", "role": r, "value": i},
                   st.sampled_from(["bos", "eos", "eot", "padding", "unknown", "eom", "sep"]), ints()),

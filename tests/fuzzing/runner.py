@@ -28,7 +28,7 @@ FINDINGS = ("untyped", "crash", "hang")
 class Runner:
     """One worker process at a time; `timeout` seconds per case, `memory` MiB of address space."""
 
-    def __init__(self, timeout: float = 30.0, memory: int = 2048, nice: int = 0, startup: float = 900.0):
+    def __init__(self, timeout: float = 30.0, memory: int = 1024, nice: int = 0, startup: float = 900.0):
         self.timeout, self.memory, self.nice, self.startup = timeout, memory, nice, startup
         self.proc: subprocess.Popen | None = None
         self.restarts = 0

@@ -1,0 +1,391 @@
+"""Regression tests of the root causes the fuzzing harness (tests/fuzzing) found.
+
+Every hostile input ends in success or a typed archrun.ArchrunError naming what was wrong:
+non-finite weights and metadata, chat template compile errors and C-level builders, Rust panics
+of the BPE engine, the sampler on non-finite logits and extreme options, rope scaling kinds,
+API argument types, self-referencing messages, a FIFO as the model path, a file truncated after
+load, and the loader's and tokenizer's memory under an address-space limit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf_fixtures import RawGGUF, T, V
+
+import archrun
+from archrun.chat_template import render_chat
+from archrun.errors import (
+    ChatTemplateError,
+    InvalidRequest,
+    MetadataError,
+    ModelLoadError,
+    NumericalError,
+    TokenizerError,
+)
+from archrun.sampling import Sampler, SamplingParams
+from archrun.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from fuzzing.gguf_model import KV, parse, serialize  # noqa: E402
+
+LLAMA = ROOT / "families/archrun-llama/tests/goldens/llama_gqa.gguf"
+LONGROPE = ROOT / "families/archrun-phi/tests/goldens/phi_3_longrope.gguf"
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _variant(tmp_path: Path, edit, src: Path = LLAMA, name: str = "v.gguf") -> Path:
+    """A copy of a tiny fixture with `edit(model)` applied to its parsed form."""
+    m = parse(src.read_bytes())
+    edit(m)
+    path = tmp_path / name
+    path.write_bytes(serialize(m))
+    return path
+
+
+def _set(m, key: str, vtype: int, value) -> None:
+    m.kvs = [kv for kv in m.kvs if kv.key != key] + [KV(key, vtype, value)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return archrun.load(LLAMA, backend="reference")
+
+
+# ---- 1. non-finite weights, scales and metadata ----------------------------------------------------
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_f32_weight_is_refused_at_load(tmp_path, value) -> None:
+    def poison(m):
+        t = m.tensor("blk.1.ffn_down.weight")
+        arr = np.frombuffer(t.data, np.float32).copy()
+        arr[77] = value
+        t.data = arr.tobytes()
+
+    path = _variant(tmp_path, poison)
+    for backend in ("fast", "reference"):
+        with pytest.raises(ModelLoadError, match=r"'blk.1.ffn_down.weight' \(F32\).*non-finite.*element 77"):
+            archrun.load(path, backend=backend)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K, T.Q6_K, T.F16, T.BF16])
+def test_non_finite_block_scale_is_refused_at_load(tmp_path, ggml_type) -> None:
+    from gguf_fixtures import SCALE_FIELDS, random_blocks
+
+    def poison(m):
+        t = m.tensor("blk.0.ffn_up.weight")
+        n_blocks = 64 * 64 // (32 if ggml_type in (T.Q8_0, T.F16, T.BF16) else 256)
+        if ggml_type in (T.F16, T.BF16):
+            n_blocks = 64 * 64
+        blocks = random_blocks(np.random.default_rng(0), ggml_type, n_blocks)
+        if ggml_type == T.F16:
+            blocks.reshape(-1).view(np.float16)[5] = np.inf
+        elif ggml_type == T.BF16:
+            blocks.reshape(-1).view(np.uint16)[5] = 0x7FC0  # NaN
+        else:
+            lo, hi = SCALE_FIELDS[ggml_type][0]
+            blocks[3, lo:hi] = np.array([np.nan], np.float16).view(np.uint8)
+        t.ggml_type, t.data = int(ggml_type), blocks.tobytes()
+
+    if ggml_type in (T.Q4_K, T.Q6_K):
+        pytest.skip("the tiny fixture's rows (64) are shorter than a k-quant block (256)")
+    path = _variant(tmp_path, poison)
+    with pytest.raises(ModelLoadError, match=r"'blk.0.ffn_up.weight'.*non-finite.*(element 5|scale of block 3)"):
+        archrun.load(path, backend="reference")
+
+
+def test_first_non_finite_finds_k_quant_scales() -> None:
+    from gguf_fixtures import SCALE_FIELDS, random_blocks
+
+    from archrun.quant import first_non_finite
+
+    for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
+        blocks = random_blocks(np.random.default_rng(1), t, 16)
+        assert first_non_finite(blocks.reshape(-1), int(t)) is None
+        for lo, hi in SCALE_FIELDS[t]:
+            bad = blocks.copy()
+            bad[9, lo:hi] = np.array([-np.inf], np.float16).view(np.uint8)
+            assert first_non_finite(bad.reshape(-1), int(t)) == ("scale of block", 9)
+
+
+@pytest.mark.parametrize("key", ["attention.scale", "attention.layer_norm_rms_epsilon", "rope.freq_base"])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_non_finite_float_metadata_is_refused_at_compile(tmp_path, key, value) -> None:
+    path = _variant(tmp_path, lambda m: _set(m, f"llama.{key}", V.FLOAT32, value))
+    with pytest.raises(MetadataError, match=f"llama.{key}.*not a finite number"):
+        archrun.load(path, backend="reference")
+
+
+def test_overflowing_finite_weights_give_nan_logits_as_a_typed_error(tmp_path) -> None:
+    """Weights near float32's max are finite (accepted) but overflow the activations: the reference
+    backend's logits say NaN honestly and generation stops with NumericalError."""
+    def huge(m):
+        t = m.tensor("blk.0.attn_q.weight")
+        t.data = np.full(len(t.data) // 4, 3e38, np.float32).tobytes()
+
+    m = archrun.load(_variant(tmp_path, huge), backend="reference")
+    assert np.isnan(m.forward_step([1, 2], m.init_cache(4))).all()
+    with pytest.raises(NumericalError, match="NaN logits"):
+        archrun.generate(m, [1, 2], max_tokens=2).complete()
+
+
+# ---- 2. chat templates: compile errors and C-level builders ---------------------------------------
+
+@pytest.mark.parametrize("template", [
+    "{% break %}", "{% continue %}", "{% macro f(a, a) %}{% endmacro %}{{ f(1, 2) }}",
+    "{% if true %}" * 120 + "x" + "{% endif %}" * 120, "{% for i in [1] %}" * 200 + "x" + "{% endfor %}" * 200,
+    "{{ (" * 5000 + "1" + ") }}" * 5000,
+])
+def test_template_compile_errors_are_typed(template) -> None:
+    with pytest.raises(ChatTemplateError):
+        render_chat(template, USER)
+
+
+@pytest.mark.parametrize("expr", [
+    "'%*d' % (1000000000, 1)", "'%.*f' % (1000000000, 1.0)", "'x' * 1000000000", "[1, 2] * 1000000000",
+    "'abc'|batch(1000000000)|list", "'x'|center(1000000000)", "'{:>{}}'.format(1, 1000000000)",
+])
+def test_template_builders_are_refused_before_they_allocate(expr) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="budget"):
+        render_chat("{{ " + expr + " }}", USER)
+    assert time.monotonic() - t0 < 1.0  # refused up front, not after building a gigabyte
+
+
+# ---- 3. the BPE engine's Rust panics ---------------------------------------------------------------
+
+def test_merge_whose_result_is_no_token_is_a_tokenizer_error() -> None:
+    """HF tokenizers panics (pyo3 PanicException, a BaseException) on such a merge."""
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+            "tokenizer.ggml.tokens": ["a", "b", "ab", "c"], "tokenizer.ggml.merges": ["a b", "ab c"]}
+    with pytest.raises(TokenizerError, match=r"merge 1 ab c: 'abc' is not a token"):
+        Tokenizer.from_metadata(meta)
+
+
+# ---- 4. the sampler --------------------------------------------------------------------------------
+
+def _logits(n: int = 50) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(n).astype(np.float32)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_sampler_nan_logits_are_a_numerical_error(temperature) -> None:
+    x = _logits()
+    x[7] = np.nan
+    with pytest.raises(NumericalError, match="NaN logits"):
+        Sampler(SamplingParams(temperature=temperature, seed=0), 50)(x)
+
+
+def test_sampler_infinite_logits() -> None:
+    x = _logits()
+    x[[3, 9]] = np.inf
+    x[[1, 2]] = -np.inf
+    for params in (SamplingParams(seed=1), SamplingParams(temperature=0.0), SamplingParams(top_k=0, min_p=0)):
+        assert Sampler(params, 50)(x) in (3, 9)
+    x = np.full(50, -np.inf, np.float32)
+    x[4] = 0.0
+    assert Sampler(SamplingParams(seed=0), 50)(x) == 4
+
+
+@pytest.mark.parametrize("params", [
+    {"temperature": 1e-300}, {"temperature": 5e-324}, {"temperature": 1e308}, {"top_p": 1e-300},
+    {"min_p": 1.0}, {"repetition_penalty": 1e-308}, {"repetition_penalty": 1e308}, {"frequency_penalty": -1e308},
+    {"frequency_penalty": 1e308}, {"presence_penalty": -1e308}, {"top_k": 10**18}, {"penalty_last_n": 10**18},
+    {"seed": 2**200}, {"logit_bias": {3: math.inf}}, {"logit_bias": {3: -math.inf, 4: math.inf}},
+])
+def test_sampler_extreme_but_valid_options(params) -> None:
+    tok = Sampler(SamplingParams(**{"seed": 0, **params}), 50)(_logits(), [1, 1, 2, 3])
+    assert 0 <= tok < 50
+
+
+def test_sampler_options_that_exclude_every_token() -> None:
+    with pytest.raises(InvalidRequest, match="no token"):
+        Sampler(SamplingParams(logit_bias={i: -math.inf for i in range(5)}), 5)(_logits(5))
+
+
+@pytest.mark.parametrize("bias", [{1.5: 1.0}, {2.0: 1.0}, 1, "x", [(1, 2.0)], {b"1": 1.0}, {True: 1.0}])
+def test_logit_bias_keys_and_types_are_checked(bias) -> None:
+    with pytest.raises(InvalidRequest, match="logit_bias"):
+        Sampler(SamplingParams(logit_bias=bias), 50)
+
+
+def test_logit_bias_accepts_numpy_and_json_string_ids() -> None:
+    s = Sampler(SamplingParams(logit_bias={np.int64(3): 100.0, "4": -100.0}, temperature=0.0), 50)
+    assert s(np.zeros(50, np.float32)) == 3
+
+
+# ---- 5. rope scaling kinds: compiled means runnable ------------------------------------------------
+
+@pytest.mark.parametrize("scaling", ["yarn", "linear", "none"])
+@pytest.mark.parametrize("backend", ["fast", "reference"])
+def test_rope_scaling_that_compiles_also_runs(tmp_path, scaling, backend) -> None:
+    def edit(m):
+        _set(m, "llama.rope.scaling.type", V.STRING, scaling)
+        _set(m, "llama.rope.scaling.factor", V.FLOAT32, 4.0)
+
+    m = archrun.load(_variant(tmp_path, edit), backend=backend)
+    assert np.isfinite(m.forward_step([1, 2, 3], m.init_cache(4))).all()
+
+
+def test_longrope_runs_and_unknown_scaling_is_refused_at_compile(tmp_path) -> None:
+    m = archrun.load(LONGROPE, backend="reference")
+    assert np.isfinite(m.forward_step([1, 2, 3], m.init_cache(4))).all()
+    path = _variant(tmp_path, lambda m: _set(m, "llama.rope.scaling.type", V.STRING, "dynamic"))
+    with pytest.raises(MetadataError, match="rope scaling must be one of"):
+        archrun.load(path, backend="reference")
+    path = _variant(tmp_path, lambda m: _set(m, "llama.rope.scaling.type", V.STRING, "longrope"), name="l.gguf")
+    with pytest.raises(ModelLoadError, match="rope_factors_long"):
+        archrun.load(path, backend="reference")
+
+
+# ---- 6. API argument types -------------------------------------------------------------------------
+
+def _selfref_message() -> list:
+    message: dict = {"role": "user", "content": "hi"}
+    message["tool_calls"] = [message]
+    return [message]
+
+
+def _deep_message() -> list:
+    value: object = "x"
+    for _ in range(10_000):
+        value = [value]
+    return [{"role": "user", "content": "hi", "extra": value}]
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: archrun.generate(m, None), lambda m: archrun.generate(m, 5), lambda m: archrun.generate(m, b"hi"),
+    lambda m: archrun.generate(m, [1.5, 2]), lambda m: archrun.generate(m, [1], cache=b"x"),
+    lambda m: archrun.generate(m, [1], logit_bias=[1, 2]), lambda m: archrun.generate(m, [1], max_tokens="3"),
+    lambda m: archrun.chat(m, None), lambda m: archrun.chat(m, 5), lambda m: archrun.chat(m, _selfref_message()),
+    lambda m: archrun.chat(m, _deep_message()), lambda m: archrun.chat(m, [{"role": b"user", "content": "x"}]),
+    lambda m: m.forward_step([[1, 2], [3]], m.init_cache(4)), lambda m: m.forward_step([1], "cache"),
+    lambda m: m.forward_step(_selfref_message(), m.init_cache(4)), lambda m: m.init_cache(2.5),
+    lambda m: m.tokenizer.decode(256), lambda m: m.tokenizer.decode(b"abc"), lambda m: m.tokenizer.encode(b"abc"),
+    lambda m: archrun.load(None), lambda m: archrun.load(b"/x.gguf"), lambda m: archrun.load("a\x00b"),
+    lambda m: archrun.load(LLAMA, threads=1.5), lambda m: archrun.load(LLAMA, backend="gpu"),
+])
+def test_wrong_argument_types_are_typed_errors(model, call) -> None:
+    with pytest.raises(archrun.ArchrunError):
+        gen = call(model)
+        if hasattr(gen, "complete"):
+            gen.complete()
+
+
+def test_numpy_integers_are_accepted(model) -> None:
+    ids = np.array([1, 2, 3], np.int32)
+    r = archrun.generate(model, ids, max_tokens=np.int64(2), temperature=0.0).complete()
+    assert r.completion_tokens <= 2
+    assert model.tokenizer.decode([np.int64(5), np.uint8(6)]) == model.tokenizer.decode([5, 6])
+
+
+# ---- 7/8. the model file: FIFO, devices, truncation after load -------------------------------------
+
+def _python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=dict(os.environ, NUMBA_NUM_THREADS="1"))
+
+
+def test_load_of_a_fifo_or_device_does_not_block(tmp_path) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    out = _python(f"""
+        import archrun
+        for path in ({str(fifo)!r}, "/dev/zero", "/dev/null", {str(tmp_path)!r}):
+            try:
+                archrun.load(path)
+            except archrun.ModelLoadError as e:
+                print(e)
+    """, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "it is a FIFO" in out.stdout and "it is a device" in out.stdout and "it is a directory" in out.stdout
+
+
+@pytest.mark.parametrize("backend", ["fast", "reference"])
+def test_file_truncated_after_load_is_a_typed_error_not_sigbus(tmp_path, backend) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(LLAMA.read_bytes())
+    out = _python(f"""
+        import os, archrun
+        m = archrun.load({str(path)!r}, backend={backend!r})
+        m.forward_step([1, 2], m.init_cache(8))
+        os.truncate({str(path)!r}, 4096)
+        try:
+            m.forward_step([1, 2], m.init_cache(8))
+        except archrun.ModelLoadError as e:
+            print("typed:", e)
+    """)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])  # -7 would be SIGBUS
+    assert "typed:" in out.stdout and "shrank" in out.stdout
+
+
+# ---- memory: the loader and the tokenizer under an address-space limit -----------------------------
+
+def _hostile_files(tmp: Path) -> dict[str, Path]:
+    """Files whose headers ask for far more memory than they hold."""
+    files = {}
+    files["token count 2^40"] = RawGGUF().kv_str("general.architecture", "llama").kv_raw(
+        "tokenizer.ggml.tokens", V.ARRAY, (int(V.STRING)).to_bytes(4, "little") + (1 << 40).to_bytes(8, "little")
+    ).write(tmp / "a.gguf", data=bytes(4096))
+    files["u64 array 2^37"] = RawGGUF().kv_raw(
+        "x", V.ARRAY, (int(V.UINT64)).to_bytes(4, "little") + (1 << 37).to_bytes(8, "little")
+    ).write(tmp / "b.gguf", data=bytes(4096))
+    files["string length 2^62"] = RawGGUF().kv_raw("x", V.STRING, (1 << 62).to_bytes(8, "little") + b"ab").write(
+        tmp / "c.gguf")
+    files["tensor 2^40 elements"] = RawGGUF().tensor("w", (1 << 20, 1 << 20), T.F32, 0).write(
+        tmp / "d.gguf", data=bytes(4096))
+    files["n_kv 2^60"] = RawGGUF().write(tmp / "e.gguf", n_kv=1 << 60, data=bytes(64))
+    many = [f"t{i}" for i in range(20000)]
+    files["20000 merges of unknown tokens"] = _variant(
+        tmp, lambda m: _set_array(m, "tokenizer.ggml.merges", many), name="f.gguf")
+    return files
+
+
+def _set_array(m, key: str, items: list) -> None:
+    m.kvs = [kv for kv in m.kvs if kv.key != key] + [KV(key, V.ARRAY, items, V.STRING)]
+
+
+def test_loader_and_tokenizer_memory_is_bounded_by_the_file_size(tmp_path) -> None:
+    """Each file is opened, compiled and its tokenizer built in a process whose address space may
+    grow by at most 64 MiB + 8 x the file size beyond what it had after importing archrun and
+    loading a model once (so the kernels and libraries are in)."""
+    files = {**_hostile_files(tmp_path), "valid": LLAMA}
+    out = _python(f"""
+        import json, os, resource, archrun
+        from archrun.compile import compile_gguf
+        from archrun.ggufio import open_gguf
+        archrun.load({str(LLAMA)!r}, backend="reference").tokenizer.encode("warm up")
+        def vm():
+            return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+        results = {{}}
+        for name, path in {json.dumps({k: str(v) for k, v in files.items()})}.items():
+            limit = vm() + 64 * 2**20 + 8 * os.path.getsize(path)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+            try:
+                with open_gguf(path) as g:
+                    compile_gguf(g)
+                    archrun.Tokenizer.from_metadata(g.metadata).encode("hello world " * 100)
+                results[name] = "ok"
+            except archrun.ArchrunError as e:
+                results[name] = "typed: " + str(e)[:80]
+            except MemoryError:
+                results[name] = "MemoryError"
+            finally:
+                resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        print(json.dumps(results))
+    """, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results["valid"] == "ok"
+    bad = {k: v for k, v in results.items() if k != "valid" and not v.startswith("typed")}
+    assert not bad, results
