@@ -570,12 +570,13 @@ class _Geometry:
             t.expect("attn_q_norm", i, (n_head * hd if full else hd,))
             t.expect("attn_k_norm", i, (n_kv * hd if full else hd,))
         sliding = self.sliding[i]
+        sinks = _vector_if_present(t, "attn_sinks", i, n_head)
         return AttentionSpec(
             kind=self.attention_kind or "", n_head=n_head, n_head_kv=n_kv, head_dim=hd, v_head_dim=vd,
             scale=self.scale, rope=self._rope_table(i), window=self.window if sliding else 0, qk_norm=qk_norm,
             qk_norm_full=full, qk_norm_after_rope=qk_norm and self.fam.qk_norm_after_rope, clamp_kqv=self.clamp_kqv,
             qkv_bias=bias, output_bias=t.has("attn_output.bias", i), softcap=self.softcap, qkv_packed=packed,
-            alibi_max_bias=self.alibi_max_bias,
+            alibi_max_bias=self.alibi_max_bias, sinks=sinks,
         )
 
     def _layout_attention(self, i: int) -> AttentionSpec:
@@ -625,7 +626,17 @@ class _Geometry:
             n_group_used=meta.get("expert_group_used_count", int, 1) or 1,
             n_shared=n_shared, n_ff_shared=n_ff_shared,
             shared_gate=bool(n_shared) and _vector_if_present(t, "ffn_gate_inp_shexp", i, d),
+            **self._expert_biases(i, n_ff, n_expert),
         )
+
+    def _expert_biases(self, i: int, n_ff: int, n_expert: int) -> dict[str, bool]:
+        """Which expert projections carry biases ({n_out, E} tensors, by presence)."""
+        found = {}
+        for role, n_out in (("gate", n_ff), ("up", n_ff), ("down", self.n_embd)):
+            found[f"{role}_bias"] = self.t.has(f"ffn_{role}_exps.bias", i)
+            if found[f"{role}_bias"]:
+                self.t.expect(f"ffn_{role}_exps.bias", i, (n_out, n_expert))
+        return found
 
     def _shared(self, i: int) -> tuple[int, int]:
         t, d = self.t, self.n_embd

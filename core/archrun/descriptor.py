@@ -58,6 +58,8 @@ _ROLES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "exp_probs_b": (_T.FFN_EXP_PROBS_B, "bias"),
     "ffn_gate_exps": (_T.FFN_GATE_EXP, "weight"), "ffn_up_exps": (_T.FFN_UP_EXP, "weight"),
     "ffn_down_exps": (_T.FFN_DOWN_EXP, "weight"),
+    "ffn_gate_exps.bias": (_T.FFN_GATE_EXP, "bias"), "ffn_up_exps.bias": (_T.FFN_UP_EXP, "bias"),
+    "ffn_down_exps.bias": (_T.FFN_DOWN_EXP, "bias"), "attn_sinks": (_T.ATTN_SINKS, "weight"),
     "ffn_gate_inp_shexp": (_T.FFN_GATE_INP_SHEXP, "weight"),
     "ffn_gate_shexp": (_T.FFN_GATE_SHEXP, "weight"), "ffn_up_shexp": (_T.FFN_UP_SHEXP, "weight"),
     "ffn_down_shexp": (_T.FFN_DOWN_SHEXP, "weight"),
@@ -152,7 +154,9 @@ class AttentionSpec:
     scale multiplies the q.k scores (an attention multiplier is just another scale);
     softcap > 0 caps scores to softcap * tanh(s / softcap); qkv_packed: q|k|v come from one
     fused attn_qkv tensor. alibi_max_bias: the ALiBi maximum bias (llama.cpp's f_max_alibi_bias),
-    read by attention ops that add per-head linear position biases (e.g. "alibi").
+    read by attention ops that add per-head linear position biases (e.g. "alibi"). sinks: each
+    head's softmax also counts a learned logit (`attn_sinks` [H], gpt-oss) that takes probability
+    mass and contributes no value; the attention op binds the tensor.
     An attention op with its own projection layout (archrun.vocab.AttentionLayout, e.g. MLA's
     compressed latents) states head_dim / v_head_dim / n_head_kv as its attention and cache see
     them, and the numbers its projections need in `params`.
@@ -175,6 +179,7 @@ class AttentionSpec:
     softcap: float = field(default=0.0, converter=float, validator=v.ge(0.0))
     qkv_packed: bool = field(default=False, validator=v.instance_of(bool))
     alibi_max_bias: float = field(default=0.0, converter=float, validator=v.ge(0.0))
+    sinks: bool = field(default=False, validator=v.instance_of(bool))  # learned per-head sink logits (attn_sinks)
     # numbers an attention op with its own projection layout (archrun.vocab.AttentionLayout) needs, by name
     params: tuple[tuple[str, float], ...] = field(default=(), converter=_params)
 
@@ -224,6 +229,8 @@ class MoeSpec:
     weights_norm renormalises the selected weights; weights_scale multiplies them.
     n_shared experts of width n_ff_shared run on the same input and are added; with shared_gate
     their output is scaled by sigmoid(x . w) first (w: `ffn_gate_inp_shexp`, Qwen2-MoE).
+    gate_bias/up_bias/down_bias: each expert's projection adds its row of `ffn_*_exps.bias`
+    ({n_ff or d, E}, by presence; gpt-oss).
     """
 
     kind: str = field(validator=v.instance_of(str))  # vocabulary slot "moe"
@@ -241,6 +248,9 @@ class MoeSpec:
     n_shared: int = field(default=0, validator=_nonneg_int)
     n_ff_shared: int = field(default=0, validator=_nonneg_int)
     shared_gate: bool = field(default=False, validator=v.instance_of(bool))
+    gate_bias: bool = field(default=False, validator=v.instance_of(bool))
+    up_bias: bool = field(default=False, validator=v.instance_of(bool))
+    down_bias: bool = field(default=False, validator=v.instance_of(bool))
 
     @n_expert_used.validator
     def _used(self, _attr, value: int) -> None:

@@ -113,14 +113,16 @@ class _Binder:
         ends = np.cumsum([t.shape[1] for t in infos]).tolist()
         return Projections([stacked], list(zip([0, *ends[:-1]], ends, strict=True)))
 
-    def experts(self, role: str, layer: int) -> list[Matrix]:
-        """Split a stacked expert tensor {n_in, n_out, E} into E matrices (views, no copy)."""
+    def experts(self, role: str, layer: int, bias_role: str | None = None) -> list[Matrix]:
+        """Split a stacked expert tensor {n_in, n_out, E} into E matrices (views, no copy); with
+        bias_role, expert e adds row e of that {n_out, E} tensor."""
         info = self._checked(role, layer)
         name = info.name
         n_in, n_out, n_exp = info.shape
         rows = self.gguf.raw_rows(name)  # [E * n_out, row_bytes]
+        biases = self.table(bias_role, layer).reshape(n_exp, n_out) if bias_role else [None] * n_exp
         return [
-            Matrix(rows[e * n_out : (e + 1) * n_out], info.ggml_type, n_in, self.backend, None, f"{name}[{e}]")
+            Matrix(rows[e * n_out : (e + 1) * n_out], info.ggml_type, n_in, self.backend, biases[e], f"{name}[{e}]")
             for e in range(n_exp)
         ]
 
@@ -239,6 +241,9 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     if spec.norm_bias:
         lp.attn_norm_b = b.vector("attn_norm.bias", i)
         lp.ffn_norm_b = b.vector("ffn_norm.bias", i) if spec.ffn_norm else None
+    bind = getattr(lp.attention, "bind", None)
+    if bind is not None:  # the op reads per-layer tensors of its own (e.g. attention sinks)
+        bind(b, i)
     if a.qk_norm:
         lp.q_norm, lp.k_norm = b.vector("attn_q_norm", i), b.vector("attn_k_norm", i)
     if spec.post_attn_norm:
@@ -290,9 +295,9 @@ def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> MoeFfn:
     weights = MoeWeights(
         gate_inp=b.matrix("ffn_gate_inp", i, "ffn_gate_inp.bias" if spec.router_input_bias else None),
         probs_bias=b.vector("exp_probs_b", i) if spec.router_bias else None,
-        gate=b.experts("ffn_gate_exps", i),
-        up=b.experts("ffn_up_exps", i),
-        down=b.experts("ffn_down_exps", i),
+        gate=b.experts("ffn_gate_exps", i, "ffn_gate_exps.bias" if spec.gate_bias else None),
+        up=b.experts("ffn_up_exps", i, "ffn_up_exps.bias" if spec.up_bias else None),
+        down=b.experts("ffn_down_exps", i, "ffn_down_exps.bias" if spec.down_bias else None),
         shared=shared,
         shared_gate=b.vector("ffn_gate_inp_shexp", i) if spec.shared_gate else None,
     )

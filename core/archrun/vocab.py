@@ -12,8 +12,11 @@ hd head width, f FFN width, E experts, k experts used):
                 -> obj: obj.cos_sin(pos[n]) -> (cos, sin) each [n, n_rot/2];
                         obj(x[n, H, hd], cos, sin) -> [n, H, hd]
   attention   factory(spec: AttentionSpec) -> obj: obj.new_slot(capacity, max_rewind) -> slot;
-                        obj(q[n, H, hd], k[n, KV, hd], v[n, KV, vd], slot, start: int) -> [n, H, vd]
+                        obj(q[n, H, hd], k[n, KV, hd], v[n, KV, vd], slot, start: int) -> [n, H, vd];
+                        optional obj.bind(binder, layer): binds per-layer tensors the op reads
+                        (e.g. `attn_sinks` when spec.sinks), called once at load
   activation  factory() -> act(x[n, f], up[n, f] | None = None) -> act(x) (* up when given) [n, f]
+              (a gated kind may also transform up, e.g. swiglu_oai's clamp(up) + 1)
   residual    factory(scale: float) -> obj: obj.ffn_input(x[n, d], a[n, d]) -> [n, d] (what the FFN reads
                         before its norm); obj.combine(x, a, f) -> [n, d] (the stream after the block)
   gating      factory() -> f(logits[n, E]) -> probs[n, E]

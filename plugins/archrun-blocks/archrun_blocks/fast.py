@@ -100,6 +100,8 @@ def _slot_arrays(slot) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
 
 def causal_attention(spec: AttentionSpec) -> reference.CausalAttention:
     op = reference.CausalAttention(spec)
+    if spec.sinks:  # the kernel has no sinks: the reference attention, op by op
+        return op
     op.attend = _attend
     op.fused = part(parts.causal_attention, spec.scale, spec.window, spec.softcap)
     op.slot_arrays = _slot_arrays  # the fused block reads and writes the cache through these
@@ -182,8 +184,8 @@ def _moe_arrays(w) -> tuple | None:
     prepared for the fast kernels."""
     shared = tuple(w.shared) if w.shared is not None else ()
     mats = [w.gate_inp, *w.gate, *w.up, *w.down, *shared]
-    if any(m.prepared is None for m in mats):
-        return None
+    if any(m.prepared is None for m in mats) or any(m.bias is not None for m in mats[1:]):
+        return None  # the kernels read no expert biases: the reference mixture (fast products) runs
     return mk.moe_arrays(w.gate_inp.prepared, w.gate_inp.bias, w.probs_bias,
                          [m.prepared for m in w.gate], [m.prepared for m in w.up], [m.prepared for m in w.down],
                          tuple(m.prepared for m in shared) if shared else None, w.shared_gate)

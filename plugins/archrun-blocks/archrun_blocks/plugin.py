@@ -27,6 +27,8 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("activation", "gelu_tanh", reference.gelu_tanh, fast.gelu_tanh, "tanh-approximated GELU"))
     register(Op("activation", "gelu", reference.gelu, fast.gelu, "exact (erf) GELU"))
     register(Op("activation", "relu2", reference.relu2, fast.relu2, "squared ReLU"))
+    register(Op("activation", "swiglu_oai", reference.swiglu_oai, None,
+                "gpt-oss's clamped SwiGLU: min(x, 7) sigmoid(1.702 min(x, 7)) (clip(up, -7, 7) + 1)"))
     register(Op("residual", "sequential", reference.Sequential, fast.sequential,
                 "x + attn(norm x), then + ffn(norm of that), optional residual scale"))
     register(Op("residual", "parallel", reference.Parallel, fast.parallel,

@@ -126,13 +126,15 @@ class KvSlot:
 
 
 def attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0.0,
-           slopes: np.ndarray | None = None) -> np.ndarray:
+           slopes: np.ndarray | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal grouped-query attention.
 
     q [n, H, hd], k [T, KV, hd], v [T, KV, vd]; key j is visible to query i iff
     k_pos[j] <= q_pos[i] and (window == 0 or k_pos[j] > q_pos[i] - window). Scores are
     scaled, then capped to softcap * tanh(s / softcap) when softcap > 0, then (ALiBi, when
-    slopes [H] are given) biased by slopes[h] * (k_pos[j] - q_pos[i]). Returns [n, H, vd].
+    slopes [H] are given) biased by slopes[h] * (k_pos[j] - q_pos[i]). With sinks [H], head h's
+    softmax also counts the logit sinks[h], which takes probability mass and adds no value
+    (gpt-oss; HF appends it as one more column and drops it after the softmax). Returns [n, H, vd].
     """
     n, n_head, hd = q.shape
     n_kv = k.shape[1]
@@ -147,9 +149,16 @@ def attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0.
     if window:
         visible &= k_pos[None, :] > (q_pos[:, None] - window)
     scores = np.where(visible, scores, F32(-np.inf))
-    scores -= scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
+    top = scores.max(axis=-1, keepdims=True)                              # [KV, G, n, 1]
+    sink = None
+    if sinks is not None:  # query head h = kv * G + g
+        sink = sinks.astype(F32).reshape(n_kv, n_head // n_kv, 1, 1)
+        top = np.maximum(top, sink)
+    p = np.exp(scores - top)
+    total = p.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + np.exp(sink - top)
+    p /= total
     out = np.einsum("kgnt,tkd->nkgd", p, v, dtype=F32)  # [n, KV, G, vd]
     return out.reshape(n, n_head, v.shape[-1])
 
@@ -196,9 +205,17 @@ class CausalAttention:
                                 f"{spec.alibi_max_bias} (an ALiBi model needs an ALiBi attention op, e.g. 'alibi')")
         self.spec = spec
         self.attend = attend  # [n,H,hd] x [T,KV,hd] x [T,KV,vd] -> [n,H,vd]; fast twins swap in a kernel
+        self.sinks: np.ndarray | None = None  # [H] (spec.sinks), bound at load
+
+    def bind(self, binder, layer: int) -> None:
+        """Bind the layer's `attn_sinks` [H] when the spec has sinks."""
+        if self.spec.sinks:
+            self.sinks = binder.vector("attn_sinks", layer)
 
     def _attend(self, q, k, v, q_pos, k_pos) -> np.ndarray:
         s = self.spec
+        if self.sinks is not None:
+            return attend(q, k, v, q_pos, k_pos, s.scale, s.window, s.softcap, sinks=self.sinks)
         return self.attend(q, k, v, q_pos, k_pos, s.scale, s.window, s.softcap)
 
     def new_slot(self, capacity: int, max_rewind: int = 64) -> KvSlot | RingKvSlot:
@@ -239,8 +256,11 @@ class AlibiAttention(CausalAttention):
     alibi_max_bias), i.e. a penalty growing linearly with distance. Windows and softcap as causal."""
 
     def __init__(self, spec: AttentionSpec):
+        if spec.sinks:
+            raise MetadataError("attention 'alibi' has no attention sinks; the model has attn_sinks")
         self.spec = spec
         self.attend = attend
+        self.sinks = None
         self.slopes = alibi_slopes(spec.n_head, spec.alibi_max_bias)
 
     def _attend(self, q, k, v, q_pos, k_pos) -> np.ndarray:
@@ -283,6 +303,20 @@ def gelu():
 def relu2():
     """Squared ReLU: max(x, 0)^2."""
     return _activation(lambda g: np.square(np.maximum(g, F32(0.0))))
+
+
+def swiglu_oai(alpha: float = 1.702, limit: float = 7.0):
+    """gpt-oss's clamped SwiGLU: g = min(x, limit), u = clip(up, -limit, limit);
+    g * sigmoid(alpha g) * (u + 1) (llama.cpp ggml_swiglu_oai; alpha and limit are fixed there)."""
+
+    def act(x: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
+        if up is None:
+            raise ValueError("swiglu_oai is a gated activation: it needs the up projection")
+        g = np.minimum(x, F32(limit))
+        u = np.clip(up, F32(-limit), F32(limit))
+        return g / (F32(1.0) + np.exp(-F32(alpha) * g)) * (u + F32(1.0))
+
+    return act
 
 
 # -- residual topologies -------------------------------------------------------------------------

@@ -1,0 +1,22 @@
+"""archrun family plugin for gpt-oss (descriptions only, no math).
+
+What gpt-oss files do not say (llama.cpp src/models/openai-moe.cpp, HF modeling_gpt_oss.py): rope
+NEOX pairing; layers alternate sliding (even) and full attention (period 2); the norm before the
+MoE is stored as `post_attention_norm`; experts use the clamped SwiGLU ("swiglu_oai": alpha
+1.702, limit 7, up + 1); routing is top-k on the router logits then a softmax over the selected
+ones, which equals softmax gating with the selected weights renormalised. Attention sinks, the
+Q/K/V/O, router and expert biases are found by tensor presence.
+"""
+
+from __future__ import annotations
+
+from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
+
+HINTS = {
+    "gpt-oss": FamilyHints(name="gpt-oss", rope_pairing="neox", activation="swiglu_oai", embed_scale=1.0,
+                           gating="softmax", moe_weights_norm=True, swa_period=2,
+                           tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight", "post_attn_norm": None},
+                           **TRANSFORMER),
+}
+
+plugin = FamilyPlugin(HINTS)
