@@ -289,3 +289,64 @@ def test_a_drafter_proposing_bad_ids_is_a_plugin_error(draft_model):
 
     with pytest.raises(PluginError, match="proposed"):
         speculative.generate(draft_model, prompt_of(DRAFT), Bad(), **GREEDY).complete()
+
+
+# -- the server's engine: speculation inside batched steps ---------------------------------------------
+
+
+@pytest.mark.parametrize("style", ["fused", "host_reference"])
+def test_the_engine_speculates_in_its_batched_steps(style, draft_model):
+    import queue
+
+    from archrun.generation import make_request
+    from archrun.serve.engine import Engine
+
+    name = "gemma3_period6_tied"
+    model = load(name, block_style=style)
+    prompts = [prompt_of(name), prompt_of(name)[3:] + [5, 9]]
+    no_end = {t: -100.0 for t in model.tokenizer.eog_ids}
+    want = [archrun.generate(model, p, max_tokens=20, temperature=0.0, logit_bias=no_end).complete().token_ids
+            for p in prompts]
+    for drafter in (LookupDrafter(ngram_min=1), speculative.ModelDrafter(draft_model, model)):
+        engine = Engine(model, parallel=2, ctx=96, queue=2, prefill_chunk=8, drafter=drafter, draft_max=4)
+        engine.start()
+        try:
+            done = [queue.Queue() for _ in prompts]
+            for p, q in zip(prompts, done, strict=True):
+                req = make_request(model, p, max_tokens=20, temperature=0.0, context=96, logit_bias=no_end)
+                engine.submit(req, lambda e, q=q: q.put(e) if e.result or e.error else None)
+            results = [q.get(timeout=60) for q in done]
+        finally:
+            engine.stop()
+        assert all(e.error is None for e in results), [e.error for e in results]
+        assert [e.result.token_ids for e in results] == want
+        assert all(e.result.timings["spec_tokens_per_step"] >= 1.0 for e in results)
+    assert max(e.result.timings["spec_drafted"] for e in results) > 0
+
+
+def test_the_engine_refuses_a_drafter_that_follows_the_trunk():
+    from archrun.serve.engine import Engine
+
+    model = load(MTP)
+    with pytest.raises(InvalidRequest, match="batched steps"):
+        Engine(model, parallel=1, ctx=64, queue=1, prefill_chunk=8, drafter=speculative.make_drafter(model, "mtp"))
+
+
+# -- the command line --------------------------------------------------------------------------------
+
+
+def test_cli_run_speculative_prints_the_same_text_and_its_rates(capsys):
+    from archrun.cli import main
+
+    path = str(TINY[DRAFT])
+    assert main(["run", path, "-p", "a b a b a b", "-n", "12", "--temp", "0"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["run", path, "-p", "a b a b a b", "-n", "12", "--temp", "0", "--speculative", "lookup",
+                 "--draft-max", "3"]) == 0
+    out = capsys.readouterr()
+    assert out.out == plain
+    assert "acceptance" in out.err and "tokens per verify step" in out.err
+    assert main(["run", path, "-p", "x", "--speculative", "nope"]) == 1
+    assert "unknown drafter 'nope'" in capsys.readouterr().err
+    assert main(["run", path, "-p", "x", "--speculative", "lookup", "--draft-max", "0"]) == 1
+    assert "draft length" in capsys.readouterr().err

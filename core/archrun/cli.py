@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     run.add_argument("--system", help="system message (with --chat)")
     _sampling_args(run)
+    _speculative_args(run)
     run.set_defaults(func=_cmd_run)
     chat = sub.add_parser("chat", help="interactive chat (keeps history; Ctrl-D or /exit quits)")
     _model_args(chat)
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
     _model_args(serve)
     _serve_args(serve)
+    _speculative_args(serve)
     serve.set_defaults(func=_cmd_serve)
     ins = sub.add_parser("inspect", help="print a model's descriptor and which plugin provides each op")
     ins.add_argument("model", help="path to a .gguf file")
@@ -91,6 +93,13 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", dest="repetition_penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def _speculative_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculative", metavar="DRAFTER", default=None,
+                   help="decode speculatively: lookup (n-gram match in prompt and output), draft:PATH (a smaller "
+                        "model with the same vocabulary), mtp (the model's next-n head), or a plugin's drafter")
+    p.add_argument("--draft-max", type=int, default=5, help="most tokens drafted per verify step (5)")
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -136,14 +145,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import archrun
 
     model = _load(args)
+    options, chat, generate = _sampling(args), archrun.chat, archrun.generate
+    if args.speculative is not None:
+        from archrun import speculative
+
+        chat, generate = speculative.chat, speculative.generate
+        options.update(drafter=args.speculative, draft_max=args.draft_max)
     if args.chat:
         msgs = ([{"role": "system", "content": args.system}] if args.system else [])
         msgs.append({"role": "user", "content": args.prompt})
-        gen = archrun.chat(model, msgs, **_sampling(args))
+        gen = chat(model, msgs, **options)
     else:
-        gen = archrun.generate(model, args.prompt, **_sampling(args))
+        gen = generate(model, args.prompt, **options)
     _stream(gen)
+    if args.speculative is not None:
+        _print_speculation(gen.result.timings)
     return 0
+
+
+def _print_speculation(t: dict[str, float]) -> None:
+    """One line on stderr: decode speed and how well the drafts did."""
+    print(f"speculative: {t['generate_tok_s']:.1f} tok/s, acceptance {t['spec_acceptance']:.0%}, "
+          f"{t['spec_tokens_per_step']:.2f} tokens per verify step", file=sys.stderr)
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
@@ -185,7 +208,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key if args.api_key is not None else os.environ.get("ARCHRUN_API_KEY")
     config = ServeConfig(host=args.host, port=args.port, api_key=key,
                          parallel=args.parallel, ctx=args.ctx, queue=args.queue, prefill_chunk=args.prefill_chunk,
-                         max_body=args.max_body, model_name=args.model_name)  # validated before the model loads
+                         max_body=args.max_body, model_name=args.model_name,
+                         speculative=args.speculative, draft_max=args.draft_max)  # validated before the model loads
     from archrun.serve import serve
 
     serve(_load(args), config, model_path=args.model)

@@ -91,6 +91,14 @@ class Sampler:
         probs = _tempered(probs, p.temperature)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
+    def adjusted(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """float64 logits [vocab] after the logit bias and the penalties (what greedy takes the argmax of)."""
+        x = np.array(logits, dtype=np.float64)
+        if len(self.bias_ids):
+            x[self.bias_ids] += self.bias_values
+        _apply_penalties(x, history, self.params)
+        return x
+
     def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
         """The distribution `self(logits, history)` draws from, float64 [vocab] (one-hot when greedy).
 
@@ -98,10 +106,7 @@ class Sampler:
         runs the same chain as `__call__` without drawing.
         """
         p = self.params
-        x = np.array(logits, dtype=np.float64)
-        if len(self.bias_ids):
-            x[self.bias_ids] += self.bias_values
-        _apply_penalties(x, history, p)
+        x = self.adjusted(logits, history)
         out = np.zeros(len(x))
         if p.greedy:
             out[int(np.argmax(x))] = 1.0

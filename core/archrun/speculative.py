@@ -91,6 +91,11 @@ class Drafter:
     def reset(self) -> None:
         """The target's cache was cleared."""
 
+    def fork(self) -> Drafter:
+        """A drafter for another sequence decoded alongside (the server's slots), sharing what can be
+        shared. The default returns self: right for drafters that keep no per-sequence state."""
+        return self
+
 
 # -- entries ------------------------------------------------------------------------------------
 
@@ -102,7 +107,10 @@ def generate(model: Any, prompt: str | Sequence[int], drafter: str | Drafter, *,
     """archrun.generate, decoding speculatively with `drafter` (a spec such as "lookup",
     "draft:PATH", "mtp", or a Drafter), drafting at most draft_max tokens a round.
 
-    Greedy output equals archrun.generate's; sampled output follows the same distribution.
+    Greedy output equals archrun.generate's wherever the verify step's logits agree with the
+    one-token step's (exactly on float32 models; on quantized ones the multi-token products round
+    differently, so a near-tie may resolve the other way: docs/speculative.md). Sampled output
+    follows the same distribution.
     result.timings adds spec_acceptance (accepted / drafted), spec_tokens_per_step (tokens per
     target step after the prompt), spec_mean_accepted (drafts kept per step), spec_drafted and
     spec_draft_s (time spent drafting).
@@ -162,6 +170,7 @@ class Stats:
     accepted: int = 0
     tokens: int = 0          # tokens decided by those steps
     draft_s: float = 0.0     # time spent drafting
+    last_rejected: int = 0   # drafts the last round rejected (its cache holds them until rewound)
 
     def timings(self) -> dict[str, float]:
         return {
@@ -241,33 +250,52 @@ def _round(model: Any, cache: PrefixCache, drafter: Drafter, dec: Decoding, draw
     """One round: draft, verify [last, *drafts] in one target step, keep the agreeing prefix, rewind the rest."""
     k = _draft_room(length.k, dec, cache)
     t = time.perf_counter()
-    draft = _checked(drafter.propose(dec.history, k, draw), k, model.descriptor.n_vocab) if k else Draft()
+    draft = propose(drafter, dec, k, draw, model.descriptor.n_vocab)
     stats.draft_s += time.perf_counter() - t
-    ids = [*dec.next_ids, *draft.tokens]
-    logits = _step(model, cache, drafter, ids, all_logits=True)          # [1 + k, vocab]
-    kept = 0
-    for i in range(len(ids)):
-        tok, ok = decide(dec.sampler, logits[i], dec.history, draft, i)
-        piece = dec.push(tok, logits[i])
-        stats.tokens += 1
+    logits = _step(model, cache, drafter, [*dec.next_ids, *draft.tokens], all_logits=True)   # [1 + k, vocab]
+    for piece in settle(dec, logits, draft, length, stats):
         if piece:
             yield piece
+    if not dec.done and stats.last_rejected:
+        rewind(model, cache, drafter, stats.last_rejected)
+
+
+def settle(dec: Decoding, logits: np.ndarray, draft: Draft, length: AdaptiveLength, stats: Stats) -> Iterator[str]:
+    """Decide the tokens of a verify step (logits [1 + k, vocab] of [last, *draft.tokens]) into `dec`.
+
+    Yields the text each decided token makes streamable; keeps drafts while the rule accepts them,
+    then the target's own token. Afterwards stats.last_rejected drafts are to be rewound.
+    """
+    kept = 0
+    for i in range(len(draft.tokens) + 1):
+        tok, ok = decide(dec.sampler, logits[i], dec.history, draft, i)
+        stats.tokens += 1
+        yield dec.push(tok, logits[i])
         if dec.done or not ok:
             break
         kept += 1
     stats.rounds += 1
     stats.drafted += len(draft.tokens)
     stats.accepted += kept
+    stats.last_rejected = len(draft.tokens) - kept
     length.update(len(draft.tokens), kept)
-    if not dec.done and kept < len(draft.tokens):
-        _rewind(model, cache, drafter, len(draft.tokens) - kept)
 
 
 def _draft_room(k: int, dec: Decoding, cache: PrefixCache) -> int:
     """k capped so the verify step fits the cache and drafts no token past the budget."""
+    return draft_room(k, dec, cache.capacity - len(cache.cache))
+
+
+def draft_room(k: int, dec: Decoding, free: int) -> int:
+    """k capped so a verify step of 1 + k tokens fits `free` cache rows and drafts no token past
+    the generation's budget (the step decides up to k + 1 tokens)."""
     left = dec.request.budget - len(dec.out_ids)        # tokens still to generate, >= 1
-    room = cache.capacity - len(cache.cache) - 1        # cache rows after the last token
-    return max(0, min(k, left - 1, room))
+    return max(0, min(k, left - 1, free - 1))
+
+
+def propose(drafter: Drafter, dec: Decoding, k: int, draw: DraftSampler, n_vocab: int) -> Draft:
+    """The drafter's guess of up to k tokens after dec's history (nothing when k is 0)."""
+    return _checked(drafter.propose(dec.history, k, draw), k, n_vocab) if k else Draft()
 
 
 def _checked(draft: Draft, k: int, n_vocab: int) -> Draft:
@@ -292,7 +320,7 @@ def _step(model: Any, cache: PrefixCache, drafter: Drafter, ids: Sequence[int], 
     return logits
 
 
-def _rewind(model: Any, cache: PrefixCache, drafter: Drafter, n: int) -> None:
+def rewind(model: Any, cache: PrefixCache, drafter: Drafter, n: int) -> None:
     """Forget the last n tokens; where a sliding-window ring cannot go back that far, recompute."""
     if n <= cache.cache.max_rewind:
         cache.cache.rewind(n)
@@ -303,6 +331,36 @@ def _rewind(model: Any, cache: PrefixCache, drafter: Drafter, n: int) -> None:
     cache.reset()
     drafter.reset()
     _step(model, cache, drafter, keep, all_logits=False)
+
+
+class Speculation:
+    """One sequence's speculative state inside a batch engine (the server): its drafter, draft
+    length, draft sampler and counters. The engine appends `next_ids(...)` to the sequence's
+    cache in its batched step, hands the step's logits of those ids to `settle`, then calls
+    `rewind` for the rejected drafts."""
+
+    def __init__(self, model: Any, drafter: Drafter, dec: Decoding, draft_max: int, capacity: int):
+        self.model, self.drafter, self.dec = model, drafter.fork(), dec
+        self.length, self.stats, self.draft = AdaptiveLength(draft_max), Stats(), Draft()
+        seed = dec.request.params.seed
+        self.draw = DraftSampler(dec.sampler, None if seed is None else seed + 1)
+        self.drafter.start(model, capacity)
+
+    def next_ids(self, cache: PrefixCache) -> list[int]:
+        """[last token, *drafts] to verify this step."""
+        k = _draft_room(self.length.k, self.dec, cache)
+        self.draft = propose(self.drafter, self.dec, k, self.draw, self.model.descriptor.n_vocab)
+        return [*self.dec.next_ids, *self.draft.tokens]
+
+    def settle(self, logits: np.ndarray) -> str:
+        """Decide this step's tokens from logits [1 + k, vocab]; the text they make streamable."""
+        return "".join(settle(self.dec, logits, self.draft, self.length, self.stats))
+
+    def rewind(self, cache: PrefixCache) -> None:
+        """Forget the drafts the step rejected (unless the sequence is done)."""
+        if not self.dec.done and self.stats.last_rejected:
+            rewind(self.model, cache, self.drafter, self.stats.last_rejected)
+        self.stats.last_rejected = 0
 
 
 # -- built-in drafters ----------------------------------------------------------------------------
@@ -353,6 +411,11 @@ class ModelDrafter(Drafter):
         cap = min(capacity + 1, self.model.descriptor.n_ctx)
         if self.cache is None or self.cache.capacity < cap:
             self.cache = PrefixCache(self.model.init_cache(cap, max_rewind=max(64, 2 * MAX_DRAFT + 2)))
+
+    def fork(self) -> ModelDrafter:
+        twin = ModelDrafter.__new__(ModelDrafter)
+        twin.model, twin.cache = self.model, None   # the same draft model, a cache of its own
+        return twin
 
     def propose(self, history: Sequence[int], k: int, sampler: DraftSampler) -> Draft:
         assert self.cache is not None, "start() first"

@@ -53,6 +53,16 @@ def _api_error(exc: BaseException) -> ApiError:
     return ApiError(500, f"internal error ({type(exc).__name__})", "server_error")
 
 
+def _drafter(model: Any, spec: str | None) -> Any:
+    """The drafter of `archrun serve --speculative SPEC`, or None."""
+    if spec is None:
+        return None
+    from archrun import speculative
+
+    speculative.check_target(model)
+    return speculative.make_drafter(model, spec)
+
+
 class Server:
     """The routes' shared state: model, engine, options, metrics."""
 
@@ -61,7 +71,8 @@ class Server:
         self.ctx = config.context_for(model.descriptor.n_ctx)
         self.metrics = Metrics()
         self.engine = Engine(model, parallel=config.parallel, ctx=self.ctx, queue=config.queue,
-                             prefill_chunk=config.prefill_chunk, metrics=self.metrics)
+                             prefill_chunk=config.prefill_chunk, metrics=self.metrics,
+                             drafter=_drafter(model, config.speculative), draft_max=config.draft_max)
         self.logprobs = protocol.LogprobFormatter(model.tokenizer)
         self.created = int(time.time())
 

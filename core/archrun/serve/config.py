@@ -31,6 +31,8 @@ class ServeConfig:
     prefill_chunk: int = attrs.field(default=16, validator=_int_in(1))   # prompt tokens per step
     max_body: int = attrs.field(default=4 << 20, validator=_int_in(1))   # request body bytes (413 beyond)
     model_name: str | None = None           # the model id clients see (None: the file's name)
+    speculative: str | None = None          # a drafter spec ("lookup", "draft:PATH"): decode speculatively
+    draft_max: int = attrs.field(default=5, validator=_int_in(1, 16))  # most drafts per verify step
 
     @api_key.validator
     def _key(self, _attr, value) -> None:

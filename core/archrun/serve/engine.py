@@ -6,7 +6,9 @@ reused, see archrun.cache.PrefixCache). A prompt is computed in chunks of `prefi
 tokens per step, alongside the other sequences' next tokens, so running streams keep flowing.
 Each step is one call of the model's batch entry (`forward_step_batch`, where `caps.batch`
 says it exists; else one forward_step per sequence). A cancelled request leaves at the next
-boundary and its slot is free at once.
+boundary and its slot is free at once. With a drafter (archrun.speculative), each decoding
+sequence appends [last token, *drafts] instead of one token; the step's logits of every
+position verify the drafts, and the rejected ones are rewound from that sequence's cache.
 
 Results go back through a sink: a callable the engine thread calls with each Event (the
 server's sink hands them to its event loop).
@@ -24,7 +26,7 @@ import attrs
 import numpy as np
 
 from archrun.cache import PrefixCache, common_prefix
-from archrun.errors import ArchrunError
+from archrun.errors import ArchrunError, InvalidRequest
 from archrun.generation import Decoding, GenerationRequest, GenerationResult, TokenLogprob
 from archrun.serve.metrics import Metrics
 
@@ -68,24 +70,31 @@ class _Slot:
 class _Running:
     """A request in the batch: its slot, the prompt ids still to compute, its Decoding."""
 
-    def __init__(self, ticket: Ticket, slot: _Slot, feed: list[int], decoding: Decoding):
+    def __init__(self, ticket: Ticket, slot: _Slot, feed: list[int], decoding: Decoding, spec: Any = None):
         self.ticket, self.slot, self.feed, self.decoding = ticket, slot, feed, decoding
+        self.spec = spec              # an archrun.speculative.Speculation, or None
         self.cached = len(ticket.request.ids) - len(feed)
         self.t_start = time.perf_counter()
         self.t_first: float | None = None
         self.n_logprobs = 0           # logprob entries already sent
 
     def next_ids(self, prefill_room: int) -> list[int]:
-        """Ids to append this step: a chunk of the prompt, or the token just sampled."""
-        return self.feed[:prefill_room] if self.feed else self.decoding.next_ids
+        """Ids to append this step: a chunk of the prompt, or the token just sampled (and drafts)."""
+        if self.feed:
+            return self.feed[:prefill_room]
+        return self.spec.next_ids(self.slot.cache) if self.spec is not None else self.decoding.next_ids
 
 
 class Engine:
     """The inference thread and its batch (see the module docstring)."""
 
     def __init__(self, model: Any, *, parallel: int, ctx: int, queue: int, prefill_chunk: int,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, drafter: Any = None, draft_max: int = 5):
         self.model, self.ctx, self.queue_bound, self.prefill_chunk = model, ctx, queue, prefill_chunk
+        self.drafter, self.draft_max = drafter, draft_max   # an archrun.speculative.Drafter, or None
+        if drafter is not None and drafter.follows_trunk:
+            raise InvalidRequest(f"drafter {drafter.name!r} must see every target step itself; the server's "
+                                 "batched steps cannot host it (use it with archrun run)")
         self.metrics = metrics or Metrics()
         self._free = [_Slot() for _ in range(parallel)]
         self._waiting: deque[Ticket] = deque()
@@ -178,7 +187,12 @@ class Engine:
                 slot.cache.reset()
             feed = slot.cache.prepare(ticket.request.ids)
             decoding = Decoding(self.model.tokenizer, ticket.request, self.model.descriptor.n_vocab)
-            self._running.append(_Running(ticket, slot, feed, decoding))
+            spec = None
+            if self.drafter is not None:
+                from archrun.speculative import Speculation
+
+                spec = Speculation(self.model, self.drafter, decoding, self.draft_max, self.ctx)
+            self._running.append(_Running(ticket, slot, feed, decoding, spec))
         self.metrics.queue_depth = len(self._waiting)
 
     @staticmethod
@@ -215,19 +229,26 @@ class Engine:
         generated = prefilled = 0
         for (run, ids), lg in zip(batch, logits, strict=True):
             run.slot.cache.fed(ids)
+            verifying = run.spec is not None and not run.feed   # lg: [len(ids), vocab] to settle
             if run.feed:
                 run.feed = run.feed[len(ids):]
                 prefilled += len(ids)
                 if run.feed:
                     continue
             try:
-                generated += self._accept(run, lg)
+                generated += self._accept(run, lg if verifying or self.drafter is None else lg[-1])
             except Exception as exc:  # e.g. logits the sampler refuses: this sequence ends, not the engine
+                if run.spec is not None:
+                    run.slot.cache.reset()  # it may still hold drafts
                 self._end(run, Event(error=exc))
         self.metrics.step(len(batch), prefilled, generated)
 
     def _forward(self, ids: list[list[int]], caches: list[Any]) -> list[np.ndarray]:
         arrays = [np.asarray(x, dtype=np.int64) for x in ids]
+        if self.drafter is not None:  # every position's logits: drafts are verified
+            if self.model.caps.batch:
+                return self.model.forward_step_batch_spans(arrays, caches, all_logits=True)
+            return [self.model.forward_step(a, c, all_logits=True) for a, c in zip(arrays, caches, strict=True)]
         if self._batch is not None:
             return self._batch(arrays, caches)
         return [self.model.forward_step(a, c) for a, c in zip(arrays, caches, strict=True)]
@@ -240,7 +261,11 @@ class Engine:
         before = len(dec.out_ids)
         if run.t_first is None:
             run.t_first = time.perf_counter()
-        piece = dec.accept(logits)
+        if run.spec is not None and logits.ndim == 2:
+            piece = run.spec.settle(logits)
+            run.spec.rewind(run.slot.cache)
+        else:
+            piece = dec.accept(logits)
         new = tuple(dec.logprobs[run.n_logprobs:]) if dec.logprobs is not None else ()
         run.n_logprobs += len(new)
         if piece or new:
@@ -248,6 +273,8 @@ class Engine:
         if dec.done:
             now = time.perf_counter()
             result = dec.result(run.t_first - run.t_start, now - run.t_first, cached_tokens=run.cached)
+            if run.spec is not None:
+                result = attrs.evolve(result, timings={**result.timings, **run.spec.stats.timings()})
             self.metrics.finished(result.prompt_tokens)
             self._end(run, Event(result=result))
         return len(dec.out_ids) - before
