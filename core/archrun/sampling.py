@@ -73,31 +73,32 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """Pick the next token id from float logits [vocab] given the ids so far."""
-        p = self.params
+        x = self.adjusted(logits, history)
+        if self.params.greedy:
+            return int(np.argmax(x))
+        ids, probs = self._kept(x)
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def adjusted(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """float64 logits [vocab] after the logit bias and the penalties, made safe to sample
+        (what greedy takes the argmax of; NumericalError for NaN logits)."""
         x = _checked_logits(logits)
         with np.errstate(over="ignore", invalid="ignore"):  # extreme options: Inf, Inf - Inf = NaN (below)
             if len(self.bias_ids):
                 x[self.bias_ids] += self.bias_values
-            _apply_penalties(x, history, p)
-        x = _candidates(x)
-        if p.greedy:
-            return int(np.argmax(x))
+            _apply_penalties(x, history, self.params)
+        return _candidates(x)
+
+    def _kept(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, probs) a draw chooses among: adjusted logits through top-k, top-p, min-p, temperature."""
+        p = self.params
         ids = np.argsort(-x, kind="stable")
         if p.top_k:
             ids = ids[: p.top_k]
         probs = _softmax(x[ids])
         ids, probs = _top_p(ids, probs, p.top_p)
         ids, probs = _min_p(ids, probs, p.min_p)
-        probs = _tempered(probs, p.temperature)
-        return int(ids[self.rng.choice(len(ids), p=probs)])
-
-    def adjusted(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
-        """float64 logits [vocab] after the logit bias and the penalties (what greedy takes the argmax of)."""
-        x = np.array(logits, dtype=np.float64)
-        if len(self.bias_ids):
-            x[self.bias_ids] += self.bias_values
-        _apply_penalties(x, history, self.params)
-        return x
+        return ids, _tempered(probs, p.temperature)
 
     def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
         """The distribution `self(logits, history)` draws from, float64 [vocab] (one-hot when greedy).
@@ -105,18 +106,13 @@ class Sampler:
         Speculative decoding's rejection rule compares it with a drafter's distribution; it
         runs the same chain as `__call__` without drawing.
         """
-        p = self.params
         x = self.adjusted(logits, history)
         out = np.zeros(len(x))
-        if p.greedy:
+        if self.params.greedy:
             out[int(np.argmax(x))] = 1.0
             return out
-        ids = np.argsort(-x, kind="stable")
-        if p.top_k:
-            ids = ids[: p.top_k]
-        ids, probs = _top_p(ids, _softmax(x[ids]), p.top_p)
-        ids, probs = _min_p(ids, probs, p.min_p)
-        out[ids] = _softmax(np.log(probs) / p.temperature)
+        ids, probs = self._kept(x)
+        out[ids] = probs
         return out
 
 
