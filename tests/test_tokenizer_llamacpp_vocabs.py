@@ -65,10 +65,7 @@ def _tokenizer(vocab: Path) -> Tokenizer:
 VOCABS = _vocab_files()
 
 # vocabularies archrun cannot tokenize yet -> reason (strict xfail: a fix must remove the entry)
-KNOWN_GAPS: dict[str, str] = {
-    "bert-bge": "WPM (tokenizer.ggml.model = 'bert') is not implemented",
-    "gemma-4": "tokenizer.ggml.model = 'gemma4' is not implemented",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def _name(vocab: Path) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import codecs
 import heapq
 import re
+import unicodedata
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -133,6 +134,7 @@ _REGEXES: dict[str, tuple[str, ...]] = {
         _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+"
         "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     ),
+    "gemma4": ("[^\\n]+|[\\n]+",),  # SPM-style BPE: lines and newline runs, merged whole
 }
 
 
@@ -145,6 +147,8 @@ class PreTokenizer:
     ignore_merges: bool = False  # a piece that is itself a token is not merged from characters
     add_bos: bool = False  # default for tokenizer.ggml.add_bos_token
     bos_default: int | None = 11  # llama.cpp's default BOS/EOS id for BPE vocabularies
+    spm_style: bool = False  # gemma4: spaces -> ▁, raw UTF-8 with <0xNN> byte fallback (no byte-level
+    #                         alphabet), a newline run that is a token stays whole, BOS always added
 
 
 def _pre_table() -> dict[str, PreTokenizer]:
@@ -177,11 +181,16 @@ def _pre_table() -> dict[str, PreTokenizer]:
         (("gpt-4o", "llama4", "kanana2", "minimax-m2"), PreTokenizer(r["gpt-4o"], clean_spaces=False)),
         (("bailingmoe", "bailingmoe2", "llada-moe"), PreTokenizer(r["bailingmoe"], clean_spaces=False)),
         (("seed-coder",), PreTokenizer(r["seed-coder"], clean_spaces=False)),
+        (("gemma4", "granite-embed-multi-311m"), PreTokenizer(r["gemma4"], add_bos=True, spm_style=True)),
     ]
     return {name: pre for names, pre in groups for name in names}
 
 
 PRE_TOKENIZERS: dict[str, PreTokenizer] = _pre_table()
+
+# BertNormalizer options of WPM vocabularies (llama.cpp's keys; gguf-py's constants lack them)
+_KEY_LOWERCASE = "tokenizer.ggml.normalizer.lowercase"
+_KEY_STRIP_ACCENTS = "tokenizer.ggml.normalizer.strip_accents"
 
 # --- special ids: GGUF key per role; text lists llama.cpp uses to find EOT/EOM/FIM/EOG tokens ---
 
@@ -410,7 +419,12 @@ def _read_flag(meta: Mapping[str, Any], key: str, default: bool) -> bool:
 
 
 class _BpeEngine:
-    """Byte-level BPE through HF tokenizers: Split(regex) per llama.cpp regex, ByteLevel, BPE by rank."""
+    """Byte-level BPE through HF tokenizers: Split(regex) per llama.cpp regex, ByteLevel, BPE by rank.
+
+    With an SPM-style pre-tokenizer (gemma4) spaces become ▁, pieces stay raw UTF-8 and a character
+    the vocabulary lacks is spelled with <0xNN> byte tokens; a newline run that is itself a token
+    is taken whole (llama.cpp's llm_tokenizer_bpe_session, GEMMA4 branch).
+    """
 
     def __init__(self, index: dict[str, int], merges: list[str], pre: PreTokenizer) -> None:
         from tokenizers import Regex, models, pre_tokenizers
@@ -419,25 +433,46 @@ class _BpeEngine:
         # bytes the vocabulary cannot spell are dropped, as llama.cpp drops them (SmolLM2 lacks 21)
         pairs = _parse_merges(merges)
         try:
-            model = models.BPE(vocab=index, merges=pairs, ignore_merges=pre.ignore_merges)
+            model = models.BPE(vocab=index, merges=pairs, ignore_merges=pre.ignore_merges,
+                               byte_fallback=pre.spm_style)
         except BaseException as exc:  # a bare Exception naming the token, or a Rust panic (below)
             _reraise_interrupts(exc)
             bad = _bad_merge(pairs, index) or "merges rejected"  # (HF panics when a merge's result is no token)
             raise TokenizerError(f"{Keys.Tokenizer.MERGES}: {bad} ({type(exc).__name__}: {exc})") from None
         hf = HfTokenizer(model)
         splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in pre.regexes]
-        hf.pre_tokenizer = pre_tokenizers.Sequence(
-            [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )
+        if not pre.spm_style:
+            splits.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+        hf.pre_tokenizer = pre_tokenizers.Sequence(splits)
         self._hf = hf
+        self._index = index if pre.spm_style else None
+
+    def bind(self, ids: dict[str, int | None]) -> None:
+        """Special ids are known (nothing to do for BPE)."""
 
     def encode(self, fragments: list[str]) -> list[list[int]]:
         """ids for each fragment."""
         try:
+            if self._index is not None:
+                return [self._encode_spm_style(text) for text in fragments]
             return [self._hf.encode(text, add_special_tokens=False).ids for text in fragments]
         except BaseException as exc:
             _reraise_interrupts(exc)
             raise TokenizerError(f"the BPE vocabulary cannot encode this text: {type(exc).__name__}: {exc}") from None
+
+    def _encode_spm_style(self, text: str) -> list[int]:
+        """gemma4: spaces -> ▁; a newline run that is a token is emitted whole, the rest is merged."""
+        text = text.replace(" ", "\u2581")
+        if "\n" not in text:
+            return self._hf.encode(text, add_special_tokens=False).ids
+        out: list[int] = []
+        for piece in _LINES.findall(text):
+            tid = self._index.get(piece) if piece[0] == "\n" else None
+            out.extend((tid,) if tid is not None else self._hf.encode(piece, add_special_tokens=False).ids)
+        return out
+
+
+_LINES = re.compile(r"[^\n]+|\n+")
 
 
 def _reraise_interrupts(exc: BaseException) -> None:
@@ -480,6 +515,9 @@ class _SpmEngine:
         self._index = index
         self._scores = scores
         self._byte_ids = [_spm_byte_id(index, b) for b in range(256)]
+
+    def bind(self, ids: dict[str, int | None]) -> None:
+        """Special ids are known (nothing to do for SPM: unknown text is spelled in bytes)."""
 
     def encode(self, fragments: list[str]) -> list[list[int]]:
         """ids for each fragment (spaces must already be escaped to ▁)."""
@@ -534,6 +572,93 @@ class _SpmEngine:
         return tid
 
 
+class _WpmEngine:
+    """llama.cpp's llm_tokenizer_wpm: BERT-style word split (_wpm_words), then each word, prefixed
+    with ▁, is spelled greedily by the longest matching token; a word that cannot be spelled
+    completely becomes one unknown token."""
+
+    def __init__(self, index: dict[str, int], tokens: list[str], lowercase: bool, strip_accents: bool) -> None:
+        self._index = index
+        self._lengths = sorted({len(t) for t in tokens}, reverse=True)  # candidate match lengths
+        self._lowercase = lowercase
+        self._strip_accents = strip_accents
+        self._unk: int | None = None
+
+    def bind(self, ids: dict[str, int | None]) -> None:
+        """Remember the unknown-token id (llama.cpp default 100, or the file's)."""
+        self._unk = ids["unk"]
+
+    def encode(self, fragments: list[str]) -> list[list[int]]:
+        """ids for each fragment."""
+        return [[t for word in _wpm_words(text, self._lowercase, self._strip_accents)
+                 for t in self._spell("\u2581" + word)] for text in fragments]
+
+    def _spell(self, word: str) -> list[int]:
+        ids: list[int] = []
+        i, n = 0, len(word)
+        while i < n:
+            match = next(((k, t) for k in self._lengths if k <= n - i
+                          if (t := self._index.get(word[i:i + k])) is not None), None)
+            if match is None:
+                if self._unk is None:
+                    raise TokenizerError("the WPM vocabulary has no unknown token to stand for an unspellable word")
+                return [self._unk]
+            ids.append(match[1])
+            i += match[0]
+        return ids
+
+
+_WPM_SPACES = frozenset(map(chr, [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+                                  0x2028, 0x2029, 0x202F, 0x205F, 0x3000]))
+_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+               (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # llama.cpp's (and HF's) list
+
+
+def _wpm_words(text: str, lowercase: bool, strip_accents: bool) -> list[str]:
+    """llama.cpp's llm_tokenizer_wpm_session::preprocess: whitespace separates words; NUL, U+FFFD and
+    control/format characters vanish; accents go (first character of the NFD form, marks dropped)
+    when strip_accents; punctuation, ASCII symbols and CJK ideographs are words of their own."""
+    words: list[str] = []
+    word: list[str] = []
+    for ch in text:
+        if strip_accents:
+            ch = _nfd_first(ch)
+        if ch in _WPM_SPACES:
+            if word:
+                words.append("".join(word))
+                word = []
+            continue
+        cat = unicodedata.category(ch)
+        if ch in "\0\ufffd" or cat in ("Cc", "Cf", "Co", "Cs") or (strip_accents and cat[0] == "M"):
+            continue
+        out = _simple_lower(ch) if lowercase else ch
+        if cat[0] == "P" or (cat[0] == "S" and ord(ch) < 0x7F) or _is_cjk(ord(ch)):
+            if word:
+                words.append("".join(word))
+                word = []
+            words.append(out)
+        else:
+            word.append(out)
+    if word:
+        words.append("".join(word))
+    return words
+
+
+def _nfd_first(ch: str) -> str:
+    """First code point of the NFD form (llama.cpp's unicode_cpts_normalize_nfd table)."""
+    return unicodedata.normalize("NFD", ch)[0] if ord(ch) >= 0xC0 else ch
+
+
+def _simple_lower(ch: str) -> str:
+    """UnicodeData's simple lowercase mapping (one code point; U+0130 -> 'i')."""
+    low = ch.lower()
+    return low[0] if low else ch
+
+
+def _is_cjk(cpt: int) -> bool:
+    return any(a <= cpt <= b for a, b in _CJK_RANGES)
+
+
 def _spm_byte_id(index: dict[str, int], b: int) -> int:
     """llama.cpp byte_to_token for SPM: <0xNN>, else the one-character token for ASCII, else -1."""
     tid = index.get(f"<0x{b:02X}>")
@@ -565,6 +690,8 @@ class Tokenizer:
         self.add_eos: bool = flags["add_eos"]
         self.add_space_prefix: bool = flags["add_space_prefix"]
         self._clean_spaces = flags["clean_spaces"]
+        self._unescape_spaces = flags["unescape_spaces"]  # normal tokens spell spaces as ▁
+        self._add_sep = flags.get("add_sep", False)  # WPM: add_special ends the ids with SEP
         self.chat_template = chat_template
         self._pieces: list[bytes | None] = [None] * len(tokens)
         # (id, text, first _PREFIX characters) of special tokens, longest text first
@@ -594,23 +721,26 @@ class Tokenizer:
         model = _get(metadata, Keys.Tokenizer.MODEL, str)
         if model is None:
             raise TokenizerError(f"{Keys.Tokenizer.MODEL} is missing")
-        if model not in ("gpt2", "llama"):
-            raise TokenizerError(f"unsupported tokenizer model {model!r} (supported: 'gpt2', 'llama')")
+        build = _BUILDERS.get(model)
+        if build is None:
+            raise TokenizerError(f"unsupported tokenizer model {model!r} "
+                                 f"(supported: {', '.join(map(repr, _BUILDERS))})")
         tokens = _read_tokens(metadata)
         index = _token_index(tokens)
         attrs = _read_attrs(metadata, tokens)
-        if model == "gpt2":
-            pre_name, engine, defaults, flags = _build_bpe(metadata, tokens, index)
-        else:
-            pre_name, engine, defaults, flags = _build_spm(metadata, tokens, index)
+        pre_name, engine, defaults, flags = build(metadata, tokens, index)
         ids = _read_special_ids(metadata, defaults, len(tokens))
         _find_role_tokens(ids, index, attrs)
         eog = _eog_set(ids, index, attrs, tokens)
-        flags["add_bos"] = _read_flag(metadata, Keys.Tokenizer.ADD_BOS, flags["add_bos"])
-        flags["add_eos"] = _read_flag(metadata, Keys.Tokenizer.ADD_EOS, False)
+        engine.bind(ids)
+        # llama.cpp always adds BOS for gemma4 and CLS ... SEP for WPM, whatever the file says
+        flags["add_bos"] = _read_flag(metadata, Keys.Tokenizer.ADD_BOS, flags["add_bos"]) or flags["force_bos"]
+        flags["add_eos"] = _read_flag(metadata, Keys.Tokenizer.ADD_EOS, flags.get("add_eos", False))
         for role in ("bos", "eos"):
             if flags[f"add_{role}"] and ids[role] is None:
                 raise TokenizerError(f"tokenizer.ggml.add_{role}_token is true but there is no {role} id")
+        if flags.get("add_sep") and ids["sep"] is None:
+            raise TokenizerError(f"a {model!r} vocabulary needs a separator id ({Keys.Tokenizer.SEP_ID})")
         template = _get(metadata, Keys.Tokenizer.CHAT_TEMPLATE, str)
         return cls(model=model, pre=pre_name, tokens=tokens, attrs=attrs, engine=engine,
                    specials=_Specials(ids, eog), flags=flags, chat_template=template)
@@ -683,6 +813,8 @@ class Tokenizer:
         encoded = iter(self._engine.encode(raw) if raw else [])
         for part in parts:
             out.extend(next(encoded) if isinstance(part, str) else (part,))
+        if add_special and self._add_sep:
+            out.append(self._ids["sep"])
         if add_special and self.add_eos:
             out.append(self._ids["eos"])
         return out
@@ -735,7 +867,7 @@ class Tokenizer:
         if attr & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED):
             return text.encode("utf-8")
         if attr & ATTR_NORMAL:
-            if self.model == "llama":
+            if self._unescape_spaces:
                 return text.replace("\u2581", " ").encode("utf-8")
             # byte-level alphabet back to bytes; a character outside it stands for itself
             return b"".join(bytes((_CHAR_TO_BYTE[c],)) if c in _CHAR_TO_BYTE else c.encode("utf-8")
@@ -804,10 +936,17 @@ class IncrementalDecoder:
 # --- builders per vocabulary kind ---
 
 
-def _build_bpe(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]) -> tuple:
-    pre_name = _get(meta, Keys.Tokenizer.PRE, str)
+def _build_bpe(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int],
+               pre_name: str | None = None) -> tuple:
+    """tokenizer.ggml.model = gpt2: byte-level BPE with the pre-tokenizer the file names; without a
+    `tokenizer.ggml.pre` key llama.cpp falls back to its `default` regexes and warns, so do we."""
     if pre_name is None:
-        raise TokenizerError(f"{Keys.Tokenizer.PRE} is missing; the pre-tokenizer cannot be guessed")
+        pre_name = _get(meta, Keys.Tokenizer.PRE, str)
+    if pre_name is None:
+        warnings.warn(f"{Keys.Tokenizer.PRE} is missing: using llama.cpp's 'default' pre-tokenizer "
+                      "(generation quality may be degraded; consider regenerating the file)",
+                      ArchrunWarning, stacklevel=4)
+        pre_name = "default"
     pre = PRE_TOKENIZERS.get(pre_name)
     if pre is None:
         raise TokenizerError(f"unknown pre-tokenizer {Keys.Tokenizer.PRE} = {pre_name!r} "
@@ -817,9 +956,29 @@ def _build_bpe(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]
         raise TokenizerError(f"{Keys.Tokenizer.MERGES} is missing")
     engine = _BpeEngine(index, merges, pre)
     defaults = {"bos": pre.bos_default, "eos": 11}
-    flags = {"add_bos": pre.add_bos, "clean_spaces": pre.clean_spaces,
+    flags = {"add_bos": pre.add_bos, "force_bos": pre.spm_style, "clean_spaces": pre.clean_spaces,
+             "unescape_spaces": pre.spm_style,
              "add_space_prefix": _read_flag(meta, Keys.Tokenizer.ADD_PREFIX, False)}
     return pre_name, engine, defaults, flags
+
+
+def _build_gemma4(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]) -> tuple:
+    """tokenizer.ggml.model = gemma4: BPE with the gemma4 pre-tokenizer whatever `pre` says, and no
+    default special ids (llama.cpp reads them all from the file)."""
+    pre_name, engine, _, flags = _build_bpe(meta, tokens, index, pre_name="gemma4")
+    return pre_name, engine, {}, flags
+
+
+def _build_wpm(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]) -> tuple:
+    """tokenizer.ggml.model = bert: WordPiece (llama.cpp's llm_tokenizer_wpm); encode wraps the
+    text in CLS (the BOS id) ... SEP when add_special."""
+    lowercase = _read_flag(meta, _KEY_LOWERCASE, True)
+    strip_accents = _read_flag(meta, _KEY_STRIP_ACCENTS, lowercase)
+    engine = _WpmEngine(index, tokens, lowercase=lowercase, strip_accents=strip_accents)
+    defaults = {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
+    flags = {"add_bos": True, "force_bos": True, "add_sep": True, "clean_spaces": True,
+             "unescape_spaces": True, "add_space_prefix": _read_flag(meta, Keys.Tokenizer.ADD_PREFIX, False)}
+    return _get(meta, Keys.Tokenizer.PRE, str), engine, defaults, flags
 
 
 def _build_spm(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]) -> tuple:
@@ -828,10 +987,14 @@ def _build_spm(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]
         raise TokenizerError(f"{Keys.Tokenizer.SCORES} is missing (required by the 'llama' tokenizer)")
     engine = _SpmEngine(index, scores.astype(np.float32).tolist())
     defaults = {"bos": 1, "eos": 2, "unk": 0}
-    flags = {"add_bos": True, "clean_spaces": False,
+    flags = {"add_bos": True, "force_bos": False, "clean_spaces": False, "unescape_spaces": True,
              "add_space_prefix": _read_flag(meta, Keys.Tokenizer.ADD_PREFIX, True)}
     pre = _get(meta, Keys.Tokenizer.PRE, str)
     return pre, engine, defaults, flags
+
+
+# tokenizer.ggml.model -> builder(meta, tokens, index) -> (pre name, engine, default ids, flags)
+_BUILDERS = {"gpt2": _build_bpe, "llama": _build_spm, "bert": _build_wpm, "gemma4": _build_gemma4}
 
 
 # --- helpers ---

@@ -1,0 +1,140 @@
+"""Tokenizer model types beyond gpt2/llama: the `default` pre-tokenizer fallback, gemma4 (SPM-style
+BPE), bert (WPM). Small hand-made vocabularies; parity with llama.cpp on real vocabularies is in
+tests/test_tokenizer_llamacpp_vocabs.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from test_tokenizer import bpe_meta
+
+from archrun.errors import ArchrunWarning, TokenizerError
+from archrun.tokenizer import Tokenizer
+
+# --- missing tokenizer.ggml.pre: llama.cpp's 'default' regexes, with a warning ---
+
+
+def test_missing_pre_warns_and_uses_default():
+    with pytest.warns(ArchrunWarning, match="tokenizer.ggml.pre is missing"):
+        tok = Tokenizer.from_metadata(bpe_meta(**{"tokenizer.ggml.pre": None}))
+    assert tok.pre == "default"
+    explicit = Tokenizer.from_metadata(bpe_meta(**{"tokenizer.ggml.pre": "default"}))
+    text = "Hello, world!! 12345 it's <=> x"
+    assert tok.encode(text, add_special=False) == explicit.encode(text, add_special=False)
+    # the default regexes isolate punctuation runs and 3-digit groups: "12345" -> "123" "45"
+    ids = tok.encode("12345", add_special=False)
+    assert tok.decode(ids) == "12345" and len(ids) == 5  # no merges for digits in this vocabulary
+
+
+# --- gemma4: BPE over raw UTF-8 with ▁ for spaces and <0xNN> byte fallback ---
+
+
+def gemma4_meta(**override) -> dict:
+    """A tiny gemma4 vocabulary: control tokens, 256 byte tokens, ▁-words, newline runs."""
+    words = ["▁", "a", "b", "▁a", "ab", "▁ab", "\n", "\n\n", "\n\n\n"]
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", *(f"<0x{b:02X}>" for b in range(256)), *words]
+    types = [3, 3, 3, 3] + [6] * 256 + [1] * len(words)
+    meta = {
+        "tokenizer.ggml.model": "gemma4",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array(types, dtype=np.int32),
+        "tokenizer.ggml.merges": ["▁ a", "a b", "▁a b", "\n \n"],  # no merge builds "\n\n\n"
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.add_bos_token": False,
+    }
+    meta.update(override)
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def test_gemma4_spaces_bytes_and_newline_runs():
+    tok = Tokenizer.from_metadata(gemma4_meta())
+    texts = lambda ids: [tok.token_text(i) for i in ids]  # noqa: E731
+    assert texts(tok.encode("ab ab", add_special=False)) == ["ab", "▁ab"]
+    assert texts(tok.encode("a€", add_special=False)) == ["a", "<0xE2>", "<0x82>", "<0xAC>"]
+    # a newline run that is itself a token is taken whole, even when no merge could build it
+    assert texts(tok.encode("a\n\n\nb", add_special=False)) == ["a", "\n\n\n", "b"]
+    assert tok.decode(tok.encode("ab ab\n\n\na€", add_special=False)) == "ab ab\n\n\na€"
+    # llama.cpp adds BOS for gemma4 even when the file says add_bos_token = false
+    assert tok.add_bos and tok.encode("a")[0] == 2
+
+
+def test_gemma4_reads_no_default_ids():
+    tok = Tokenizer.from_metadata(gemma4_meta(**{"tokenizer.ggml.eos_token_id": None}))
+    assert tok.eos_id is None  # a gpt2 vocabulary would default to id 11
+    with pytest.raises(TokenizerError, match="no bos id"):  # BOS forced on, but there is none
+        Tokenizer.from_metadata(gemma4_meta(**{"tokenizer.ggml.bos_token_id": None}))
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"tokenizer.ggml.merges": None}, "merges is missing"),
+    ({"tokenizer.ggml.merges": ["a c"]}, "is not a token"),
+    ({"tokenizer.ggml.merges": ["ab"]}, "not of the form"),
+])
+def test_gemma4_bad_metadata(override, message):
+    with pytest.raises(TokenizerError, match=message):
+        Tokenizer.from_metadata(gemma4_meta(**override))
+
+
+# --- bert: WordPiece ---
+
+
+def wpm_meta(**override) -> dict:
+    """A tiny BERT vocabulary in llama.cpp's form: word starts carry ▁, continuations do not."""
+    words = ["▁hello", "▁world", "▁un", "aff", "able", "▁!", "▁,", "▁你", "▁好", "▁cafe", "s"]
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    meta = {
+        "tokenizer.ggml.model": "bert",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array([3] * 5 + [1] * len(words), dtype=np.int32),
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.seperator_token_id": 3,
+        "tokenizer.ggml.unknown_token_id": 1,
+        "tokenizer.ggml.padding_token_id": 0,
+    }
+    meta.update(override)
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def test_wpm_words_and_pieces():
+    tok = Tokenizer.from_metadata(wpm_meta())
+    texts = lambda ids: [tok.token_text(i) for i in ids]  # noqa: E731
+    assert texts(tok.encode("Hello, WORLD!", add_special=False)) == ["▁hello", "▁,", "▁world", "▁!"]
+    assert texts(tok.encode("unaffable", add_special=False)) == ["▁un", "aff", "able"]
+    assert texts(tok.encode("Cafés", add_special=False)) == ["▁cafe", "s"]  # accents stripped
+    assert texts(tok.encode("你好", add_special=False)) == ["▁你", "▁好"]  # CJK: one word each
+    assert texts(tok.encode("hello xyz\u200b", add_special=False)) == ["▁hello", "[UNK]"]
+    assert texts(tok.encode("hello")) == ["[CLS]", "▁hello", "[SEP]"]
+    assert tok.decode(tok.encode("hello world", add_special=False)) == " hello world"
+
+
+def test_wpm_normalizer_keys():
+    tok = Tokenizer.from_metadata(wpm_meta(**{"tokenizer.ggml.normalizer.lowercase": False}))
+    assert tok.encode("Hello", add_special=False) == [tok.unk_id]
+    with pytest.raises(TokenizerError, match="must be bool"):
+        Tokenizer.from_metadata(wpm_meta(**{"tokenizer.ggml.normalizer.lowercase": 1}))
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"tokenizer.ggml.seperator_token_id": 99}, "outside the vocabulary"),
+    ({"tokenizer.ggml.tokens": ["a"], "tokenizer.ggml.token_type": None,
+      "tokenizer.ggml.bos_token_id": None, "tokenizer.ggml.seperator_token_id": None,
+      "tokenizer.ggml.unknown_token_id": None, "tokenizer.ggml.padding_token_id": None}, "bos id"),
+])
+def test_wpm_bad_metadata(override, message):
+    with pytest.raises(TokenizerError, match=message):
+        Tokenizer.from_metadata(wpm_meta(**override))
+
+
+def test_wpm_without_unknown_token():
+    meta = wpm_meta(**{"tokenizer.ggml.tokens": ["▁a", "[CLS]", "[SEP]"], "tokenizer.ggml.token_type": None,
+                       "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.seperator_token_id": 2,
+                       "tokenizer.ggml.unknown_token_id": None, "tokenizer.ggml.padding_token_id": None})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tok = Tokenizer.from_metadata(meta)
+    assert tok.encode("a", add_special=False) == [0]
+    with pytest.raises(TokenizerError, match="unknown token"):
+        tok.encode("b")
