@@ -110,9 +110,7 @@ if not VOCABS:  # pragma: no cover - only without the fetched source
 # --- every ggml-vocab file (also those without .inp/.out) vs llama.cpp's recorded output ---
 
 # vocabularies archrun cannot tokenize yet -> reason (strict xfail)
-RECORDED_GAPS: dict[str, str] = {
-    "nomic-bert-moe": "UGM (tokenizer.ggml.model = 't5') is not implemented",
-}
+RECORDED_GAPS: dict[str, str] = {}
 
 
 def _recorded() -> dict:

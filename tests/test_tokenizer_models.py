@@ -138,3 +138,75 @@ def test_wpm_without_unknown_token():
     assert tok.encode("a", add_special=False) == [0]
     with pytest.raises(TokenizerError, match="unknown token"):
         tok.encode("b")
+
+
+# --- t5: unigram (UGM) with a precompiled charsmap ---
+
+
+def charsmap(mapping: dict[bytes, bytes]) -> np.ndarray:
+    """A precompiled charsmap (XCDA + NUL-terminated replacements) mapping one-byte keys: the root's
+    BASE is 256, so key byte c is the node 256 ^ c (LCHECK c, LEAF, BASE 1024), whose value entry
+    at (256 ^ c) ^ 1024 holds the offset of the replacement string."""
+    replacements = b""
+    offsets = {}
+    for key, value in mapping.items():
+        offsets[key] = len(replacements)
+        replacements += value + b"\0"
+    size = 4096
+    array = [0] * size
+    array[0] = 256 << 10
+    for key in mapping:
+        (c,) = key
+        child = 256 ^ c
+        array[child] = (1024 << 10) | (1 << 8) | c  # BASE 1024, leaf, LCHECK c
+        array[child ^ 1024] = offsets[key]  # value: index of the replacement string
+    blob = np.array(array, dtype="<u4").tobytes()
+    return np.frombuffer(len(blob).to_bytes(4, "little") + blob + replacements, dtype=np.uint8)
+
+
+def ugm_meta(**override) -> dict:
+    pieces = {"▁": -2.0, "a": -3.0, "b": -3.0, "▁a": -1.0, "ab": -1.5, "▁ab": -4.0, "<u>": -9.0}
+    tokens = ["<pad>", "</s>", "<unk>", *pieces]
+    meta = {
+        "tokenizer.ggml.model": "t5",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array([3, 3, 2, 1, 1, 1, 1, 1, 1, 4], dtype=np.int32),
+        "tokenizer.ggml.scores": np.array([0, 0, 0, *pieces.values()], dtype=np.float32),
+        "tokenizer.ggml.add_space_prefix": True,
+        "tokenizer.ggml.remove_extra_whitespaces": True,
+        "tokenizer.ggml.precompiled_charsmap": charsmap({b"A": b"a", b"\t": b" "}),
+    }
+    meta.update(override)
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def test_ugm_viterbi_and_normalization():
+    tok = Tokenizer.from_metadata(ugm_meta())
+    texts = lambda ids: [tok.token_text(i) for i in ids]  # noqa: E731
+    # best summed score: "▁"+"ab" (-3.5) beats "▁a"+"b" (-4), "▁ab" (-4) and "▁"+"a"+"b" (-8)
+    assert texts(tok.encode("ab", add_special=False)) == ["▁", "ab"]
+    assert texts(tok.encode("A", add_special=False)) == ["▁a"]  # the charsmap maps A -> a
+    assert texts(tok.encode("a \t  a", add_special=False)) == ["▁a", "▁a"]  # spaces merged, tab mapped
+    assert texts(tok.encode("axyb", add_special=False)) == ["▁a", "<unk>", "b"]  # unknown run -> one
+    assert texts(tok.encode("<u>a", add_special=False)) == ["<u>", "▁a"]  # user-defined: cut out first
+    assert tok.encode("a") == [tok.encode("a", add_special=False)[0], 1]  # t5 adds EOS, no BOS
+    assert tok.decode(tok.encode("ab a", add_special=False)) == "ab a"
+
+
+def test_ugm_without_charsmap_or_scores():
+    tok = Tokenizer.from_metadata(ugm_meta(**{"tokenizer.ggml.precompiled_charsmap": None,
+                                              "tokenizer.ggml.scores": None}))
+    assert tok.decode(tok.encode("ab", add_special=False)) == "ab"
+
+
+@pytest.mark.parametrize("blob, message", [
+    (np.zeros(2, np.uint8), "too small"),
+    (np.frombuffer((1000).to_bytes(4, "little") + b"\0" * 8, np.uint8), "does not fit"),
+    (np.frombuffer((4).to_bytes(4, "little") + (7 << 10).to_bytes(4, "little") + b"x\0", np.uint8), "XCDA"),
+    (np.array([1.0, 2.0]), "int8/uint8"),
+    ("abc", "byte array"),
+])
+def test_ugm_bad_charsmap(blob, message):
+    with pytest.raises(TokenizerError, match=message):
+        tok = Tokenizer.from_metadata(ugm_meta(**{"tokenizer.ggml.precompiled_charsmap": blob}))
+        tok.encode("abc")

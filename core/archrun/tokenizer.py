@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import codecs
 import heapq
+import math
 import re
 import unicodedata
 import warnings
@@ -447,7 +448,7 @@ class _BpeEngine:
         self._hf = hf
         self._index = index if pre.spm_style else None
 
-    def bind(self, ids: dict[str, int | None]) -> None:
+    def bind(self, ids: dict[str, int | None], attrs: list[int]) -> None:
         """Special ids are known (nothing to do for BPE)."""
 
     def encode(self, fragments: list[str]) -> list[list[int]]:
@@ -516,7 +517,7 @@ class _SpmEngine:
         self._scores = scores
         self._byte_ids = [_spm_byte_id(index, b) for b in range(256)]
 
-    def bind(self, ids: dict[str, int | None]) -> None:
+    def bind(self, ids: dict[str, int | None], attrs: list[int]) -> None:
         """Special ids are known (nothing to do for SPM: unknown text is spelled in bytes)."""
 
     def encode(self, fragments: list[str]) -> list[list[int]]:
@@ -584,7 +585,7 @@ class _WpmEngine:
         self._strip_accents = strip_accents
         self._unk: int | None = None
 
-    def bind(self, ids: dict[str, int | None]) -> None:
+    def bind(self, ids: dict[str, int | None], attrs: list[int]) -> None:
         """Remember the unknown-token id (llama.cpp default 100, or the file's)."""
         self._unk = ids["unk"]
 
@@ -657,6 +658,183 @@ def _simple_lower(ch: str) -> str:
 
 def _is_cjk(cpt: int) -> bool:
     return any(a <= cpt <= b for a, b in _CJK_RANGES)
+
+
+class _UgmEngine:
+    """llama.cpp's llm_tokenizer_ugm (T5-style unigram): the precompiled charsmap normalizes the
+    text (spaces -> ▁, a prefix ▁, runs of spaces merged as the file asks), then Viterbi over the
+    UTF-8 bytes picks the tokenization with the highest sum of token scores (user-defined tokens
+    score 0); a character no token covers costs min(score) - 10 as the unknown token, and runs of
+    unknown tokens collapse into one."""
+
+    def __init__(self, tokens: list[str], scores: list[float], charsmap: bytes | None, add_space_prefix: bool,
+                 merge_spaces: bool) -> None:
+        self._texts = tokens
+        self._scores = scores
+        self._charsmap = _Charsmap(charsmap) if charsmap else None
+        self._prefix_space = add_space_prefix
+        self._merge_spaces = merge_spaces
+        self._tokens: dict[bytes, int] = {}
+        self._lengths: list[int] = []
+        self._user: set[int] = set()
+        self._user_prefixes: set[bytes] = set()
+        self._user_max = 0
+        self._unk: int | None = None
+        self._unk_score = 0.0
+
+    def bind(self, ids: dict[str, int | None], attrs: list[int]) -> None:
+        """Build the token matcher from the final token attributes (normal, user-defined, unused)."""
+        texts = self._texts
+        keep = ATTR_NORMAL | ATTR_USER_DEFINED | ATTR_UNUSED
+        self._tokens = {texts[i].encode("utf-8"): i for i, a in enumerate(attrs) if a & keep}
+        self._lengths = sorted({len(t) for t in self._tokens})
+        self._user = {i for i, a in enumerate(attrs) if a & ATTR_USER_DEFINED}
+        self._user_prefixes = {texts[i].encode("utf-8")[:k] for i in self._user
+                               for k in range(1, len(texts[i].encode("utf-8")) + 1)}
+        self._user_max = max(map(len, self._user_prefixes), default=0)
+        normal = [self._scores[i] for i, a in enumerate(attrs) if a & ATTR_NORMAL]
+        min_score = np.float32(min(normal)) if normal else np.float32(np.finfo(np.float32).max)
+        self._unk_score = float(min_score - np.float32(10.0))  # float arithmetic, as llama.cpp
+        self._unk = ids["unk"]
+
+    def encode(self, fragments: list[str]) -> list[list[int]]:
+        """ids for each fragment."""
+        return [self._viterbi(self._normalize(text.encode("utf-8"))) for text in fragments]
+
+    def _normalize(self, text: bytes) -> bytes:
+        """llm_tokenizer_ugm_session::normalize: charsmap replacements, then the space rules."""
+        out = bytearray()
+        non_ws = prepended = False
+        pos = 0
+        while pos < len(text):
+            piece, consumed = self._normalize_prefix(text, pos)
+            for c in piece:
+                if c != 0x20:
+                    if not non_ws:
+                        non_ws = True
+                        if (self._prefix_space and not prepended) or self._merge_spaces:
+                            out += _SPACE
+                            prepended = True
+                    out.append(c)
+                else:
+                    non_ws = False
+                    if not self._merge_spaces:
+                        out += _SPACE
+            pos += consumed
+        return bytes(out)
+
+    def _normalize_prefix(self, text: bytes, pos: int) -> tuple[bytes, int]:
+        """(replacement, bytes consumed) for the text at `pos`: a user-defined token prefix stays,
+        else the charsmap's longest match, else one UTF-8 character unchanged."""
+        if self._user_prefixes:
+            # llama.cpp's naive_trie::get_longest_prefix: the longest prefix of *some* user-defined token
+            top = min(self._user_max, len(text) - pos)
+            k = max((k for k in range(1, top + 1) if text[pos:pos + k] in self._user_prefixes), default=0)
+            if k:
+                return text[pos:pos + k], k
+        if self._charsmap is not None:
+            match = self._charsmap.longest(text, pos)
+            if match is not None:
+                return match
+        n = _utf8_len(text[pos])
+        return text[pos:pos + n], n
+
+    def _viterbi(self, text: bytes) -> list[int]:
+        n = len(text)
+        if n == 0:
+            return []
+        best: list[tuple[float, int, int]] = [(-math.inf, -1, 0)] * (n + 1)  # (score, token, start)
+        best[0] = (0.0, -1, 0)
+        pos = 0
+        while pos < n:
+            step = min(_utf8_len(text[pos]), n - pos)
+            base, covered = best[pos][0], False
+            for k in self._lengths:
+                if k > n - pos:
+                    break
+                tid = self._tokens.get(text[pos:pos + k])
+                if tid is None:
+                    continue
+                covered |= k == step
+                score = base + (0.0 if tid in self._user else self._scores[tid])
+                if score > best[pos + k][0]:
+                    best[pos + k] = (score, tid, pos)
+            if not covered and base + self._unk_score > best[pos + step][0]:
+                best[pos + step] = (base + self._unk_score, -1, pos)
+            pos += step
+        return self._backtrack(best, n)
+
+    def _backtrack(self, best: list[tuple[float, int, int]], end: int) -> list[int]:
+        out: list[int] = []
+        prev_unknown = False
+        while True:
+            _, tid, start = best[end]
+            if tid < 0:
+                if self._unk is None:
+                    raise TokenizerError("the UGM vocabulary has no unknown token to stand for this text")
+                tid = self._unk
+            unknown = tid == self._unk
+            if not (prev_unknown and unknown):
+                out.append(tid)
+            if start == 0:
+                break
+            prev_unknown, end = unknown, start
+        out.reverse()
+        return out
+
+
+_SPACE = "\u2581".encode()
+
+
+def _utf8_len(lead: int) -> int:
+    """Length of a UTF-8 sequence from its first byte (llama.cpp's unicode_len_utf8)."""
+    return (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)[lead >> 4]
+
+
+class _Charsmap:
+    """SentencePiece's precompiled charsmap: a XOR-compressed double array (XCDA) of UTF-8 prefixes
+    whose leaves index NUL-terminated replacement strings (llama.cpp's xcda_array_view)."""
+
+    def __init__(self, blob: bytes) -> None:
+        key = "tokenizer.ggml.precompiled_charsmap"
+        if len(blob) < 4:
+            raise TokenizerError(f"{key} is too small for its header")
+        size = int.from_bytes(blob[:4], "little")
+        if size + 4 >= len(blob):
+            raise TokenizerError(f"{key}: its XCDA blob ({size} bytes) does not fit in {len(blob)} bytes")
+        self._array = np.frombuffer(blob[4:4 + size - size % 4], dtype="<u4").tolist()
+        self._replacements = blob[4 + size:]
+
+    def _node(self, i: int) -> int:
+        if i >= len(self._array):
+            raise TokenizerError("tokenizer.ggml.precompiled_charsmap: index out of its XCDA array")
+        return self._array[i]
+
+    def _base(self, i: int) -> int:
+        node = self._node(i)
+        return (node >> 10) << ((node & (1 << 9)) >> 6)
+
+    def longest(self, text: bytes, pos: int) -> tuple[bytes, int] | None:
+        """(replacement, bytes consumed) of the longest prefix of text[pos:] the map knows, or None."""
+        length = value = 0
+        node = self._base(0)
+        for p in range(pos, len(text)):
+            c = text[p]
+            if c == 0:
+                break
+            node ^= c
+            packed = self._node(node)
+            if packed & ((1 << 31) | 0xFF) != c:
+                break
+            node ^= self._base(node)
+            if (packed >> 8) & 1:
+                length, value = p - pos + 1, self._node(node) & ((1 << 31) - 1)
+        if not length:
+            return None
+        end = self._replacements.find(b"\0", value)
+        if value >= len(self._replacements) or end < 0:
+            raise TokenizerError("tokenizer.ggml.precompiled_charsmap: replacement index out of bounds")
+        return self._replacements[value:end], length
 
 
 def _spm_byte_id(index: dict[str, int], b: int) -> int:
@@ -732,7 +910,7 @@ class Tokenizer:
         ids = _read_special_ids(metadata, defaults, len(tokens))
         _find_role_tokens(ids, index, attrs)
         eog = _eog_set(ids, index, attrs, tokens)
-        engine.bind(ids)
+        engine.bind(ids, attrs)  # after llama.cpp's attribute fix-ups, as its init_tokenizer
         # llama.cpp always adds BOS for gemma4 and CLS ... SEP for WPM, whatever the file says
         flags["add_bos"] = _read_flag(metadata, Keys.Tokenizer.ADD_BOS, flags["add_bos"]) or flags["force_bos"]
         flags["add_eos"] = _read_flag(metadata, Keys.Tokenizer.ADD_EOS, flags.get("add_eos", False))
@@ -993,8 +1171,39 @@ def _build_spm(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]
     return pre, engine, defaults, flags
 
 
+def _build_ugm(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]) -> tuple:
+    """tokenizer.ggml.model = t5: unigram (llama.cpp's llm_tokenizer_ugm) with the file's
+    precompiled charsmap; scores default to 0 like llama.cpp's."""
+    scores = _get_numbers(meta, Keys.Tokenizer.SCORES, len(tokens), integer=False)
+    scores = [0.0] * len(tokens) if scores is None else scores.astype(np.float32).tolist()
+    charsmap = _get_bytes(meta, Keys.Tokenizer.PRECOMPILED_CHARSMAP)
+    add_space_prefix = _read_flag(meta, Keys.Tokenizer.ADD_PREFIX, False)
+    merge_spaces = _read_flag(meta, Keys.Tokenizer.REMOVE_EXTRA_WS, False)
+    engine = _UgmEngine(tokens, scores, charsmap, add_space_prefix, merge_spaces)
+    defaults = {"eos": 1, "unk": 2, "pad": 0}
+    flags = {"add_bos": False, "force_bos": False, "add_eos": True, "clean_spaces": False,
+             "unescape_spaces": True, "add_space_prefix": add_space_prefix}
+    return _get(meta, Keys.Tokenizer.PRE, str), engine, defaults, flags
+
+
+def _get_bytes(meta: Mapping[str, Any], key: str) -> bytes | None:
+    """An int8/uint8 array as bytes, or None when absent."""
+    if key not in meta:
+        return None
+    value = meta[key]
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str) or not isinstance(value, np.ndarray | Sequence):
+        raise TokenizerError(f"{key} must be a byte array, got {type(value).__name__}")
+    arr = np.asarray(value)
+    if arr.ndim != 1 or (arr.dtype not in (np.int8, np.uint8) and
+                         not (arr.dtype.kind in "iu" and arr.size and arr.min() >= -128 and arr.max() <= 255)):
+        raise TokenizerError(f"{key} must be a 1-D int8/uint8 array, got dtype {arr.dtype} shape {arr.shape}")
+    return (arr.astype(np.int64) & 0xFF).astype(np.uint8).tobytes()
+
+
 # tokenizer.ggml.model -> builder(meta, tokens, index) -> (pre name, engine, default ids, flags)
-_BUILDERS = {"gpt2": _build_bpe, "llama": _build_spm, "bert": _build_wpm, "gemma4": _build_gemma4}
+_BUILDERS = {"gpt2": _build_bpe, "llama": _build_spm, "bert": _build_wpm, "gemma4": _build_gemma4, "t5": _build_ugm}
 
 
 # --- helpers ---
