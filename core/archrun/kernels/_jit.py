@@ -19,8 +19,11 @@ try:
 except ImportError:  # no advisory locks (Windows): unused cache folders are pruned by age alone
     fcntl = None
 
-# Every kernel: cached per CPU model, fast float math, releases the GIL.
-JIT = dict(cache=True, fastmath=True, nogil=True)
+# Every kernel: cached per CPU model, fast float math, releases the GIL. error_model="numpy": a
+# float division by zero gives Inf/NaN as IEEE says instead of raising ZeroDivisionError, so
+# activations that overflow (finite weights near float32's limit) end in NaN logits, which the
+# sampler reports (NumericalError), exactly as on the reference backend.
+JIT = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
 # Kernels that split output rows over numba's thread pool.
 JIT_PAR = dict(JIT, parallel=True)
 
