@@ -126,17 +126,31 @@ def test_non_finite_float_metadata_is_refused_at_compile(tmp_path, key, value) -
         archrun.load(path, backend="reference")
 
 
-def test_overflowing_finite_weights_give_nan_logits_as_a_typed_error(tmp_path) -> None:
-    """Weights near float32's max are finite (accepted) but overflow the activations: the reference
-    backend's logits say NaN honestly and generation stops with NumericalError."""
+@pytest.mark.parametrize("backend", ["fast", "reference"])
+@pytest.mark.parametrize("tensor", ["blk.0.attn_q.weight", "blk.1.ffn_down.weight", "blk.0.attn_norm.weight"])
+def test_overflowing_finite_weights_give_nan_logits_as_a_typed_error(tmp_path, backend, tensor) -> None:
+    """Weights near float32's max are finite (accepted) but overflow the activations: the kernels
+    divide by zero as IEEE says (never raising ZeroDivisionError), the logits say NaN where the
+    overflow reaches them (the reference backend's always do; the fast backend's 8-bit activations
+    may saturate instead), and sampling NaN logits stops generation with NumericalError."""
     def huge(m):
-        t = m.tensor("blk.0.attn_q.weight")
+        t = m.tensor(tensor)
         t.data = np.full(len(t.data) // 4, 3e38, np.float32).tobytes()
 
-    m = archrun.load(_variant(tmp_path, huge), backend="reference")
-    assert np.isnan(m.forward_step([1, 2], m.init_cache(4))).all()
-    with pytest.raises(NumericalError, match="NaN logits"):
-        archrun.generate(m, [1, 2], max_tokens=2).complete()
+    with np.errstate(all="ignore"):
+        m = archrun.load(_variant(tmp_path, huge), backend=backend)
+        steps = [m.forward_step([1, 2], m.init_cache(4))]
+        c = m.init_cache(4)
+        steps += [m.forward_step([3], c), m.forward_step([4], c)]  # one token at a time: the fused path
+        if backend == "reference":
+            assert all(np.isnan(x).all() for x in steps)
+        for options in ({"temperature": 0.0}, {"seed": 1}):
+            try:
+                archrun.generate(m, [1, 2], max_tokens=2, **options).complete()
+            except NumericalError as e:
+                assert "NaN logits" in str(e)
+            else:
+                assert not np.isnan(steps[0]).any()
 
 
 # ---- 2. chat templates: compile errors and C-level builders ---------------------------------------

@@ -543,6 +543,12 @@ class GGUFFile:
         with contextlib.suppress(BufferError):
             self._mm.close()
 
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", -1)  # the descriptor check_intact reads; the map frees itself
+        if fd >= 0:
+            os.close(fd)
+            self._fd = -1
+
     def __enter__(self) -> GGUFFile:
         return self
 

@@ -316,7 +316,8 @@ def values() -> st.SearchStrategy:
 
 SAMPLING = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
             "frequency_penalty", "penalty_last_n", "logit_bias", "seed", "max_tokens", "stop", "logprobs",
-            "add_special", "parse_special", "cache", "template", "bogus_option"]
+            "add_special", "parse_special", "cache", "template", "bogus_option", "hints", "threads", "backend",
+            "block_style"]
 
 
 @st.composite

@@ -374,7 +374,7 @@ class Steps:
             value = fn(*args, **kwargs)
         except ArchrunError as exc:
             # a typed error that wraps an exhausted address space still allocated too much: a finding
-            status = "untyped" if "MemoryError" in str(exc) else "typed"
+            status = "untyped" if "MemoryError" in str(exc) or not str(exc).strip() else "typed"
             self.results.append({"step": name, "status": status, "type": type(exc).__name__,
                                  "message": str(exc)[:300], "where": _where(exc)})
             return _FAILED
@@ -502,8 +502,7 @@ def scenario_api(case: dict, steps: Steps, tmp: Path) -> None:
         kwargs = {k: v for k, v in opts.items() if k in ("backend", "threads", "hints", "block_style")}
         steps.run(call, archrun.load, a, **kwargs)
     elif call == "sampler":
-        sampling = {k: v for k, v in opts.items() if k not in ("max_tokens", "stop", "logprobs", "add_special",
-                                                               "parse_special", "cache", "template", "bogus_option")}
+        sampling = {k: v for k, v in opts.items() if k in C.SAMPLING[:10]}
         sampler = steps.run("sampling_params", lambda: Sampler(SamplingParams(**sampling), model.descriptor.n_vocab))
         if sampler is not _FAILED:
             steps.run(call, sampler, _logits(case["logits"], model.descriptor.n_vocab), [1, 2, 2])
