@@ -27,6 +27,24 @@ def test_cases_are_seeded() -> None:
 
 
 @pytest.mark.fuzz
+def test_the_runner_detects_every_kind_of_finding() -> None:
+    """A crash (SIGSEGV), a hang, an untyped exception and an exhausted address space are findings;
+    the worker is restarted after each crash or hang and keeps serving."""
+    runner = Runner(timeout=5.0, memory=256)
+    try:
+        got = {what: runner.run({"kind": "selftest", "what": what})
+               for what in ("typed", "crash", "untyped", "hang", "memory", "typed")}
+    finally:
+        runner.close()
+    assert got["typed"]["status"] == "typed"
+    assert got["crash"] == {"status": "crash", "detail": "worker died: SIGSEGV"}
+    assert got["hang"]["status"] == "hang"
+    assert [s["type"] for s in got["untyped"]["steps"]] == ["KeyError"]
+    assert [s["type"] for s in got["memory"]["steps"]] == ["MemoryError"]
+    assert runner.restarts == 3  # the first start, then after the crash and after the hang
+
+
+@pytest.mark.fuzz
 def test_bounded_fuzz_run_has_no_findings(tmp_path) -> None:
     runner = Runner(timeout=60.0, memory=1024)
     try:

@@ -78,7 +78,7 @@ GLOBAL_KEYS = [
     "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix", "tokenizer.chat_template",
 ]
 STRING_VALUES = ["", "yarn", "longrope", "linear", "none", "llama3", "llama", "gpt2", "qwen2", "bert", "bogus",
-                 "x" * 5000, "\udcff", "gemma3", "qwen3", "mpt"]
+                 "x" * 5000, "\udcff", "gemma3", "qwen3", "mpt", "t5", "bert", "rwkv"]
 VALUE_TYPES = list(range(13))  # GGUFValueType codes 0..12
 BAD_TYPE_CODES = [13, 99, 255, 2**31, 2**32 - 1]
 GGML_TYPES = [0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30, 16, 17, 18, 19, 20, 21, 22, 23, 24, 4, 5, 39, 40,

@@ -595,7 +595,25 @@ def scenario_cli(case: dict, steps: Steps, tmp: Path) -> None:
         sys.stdin = old_stdin
 
 
-SCENARIOS = {"gguf": scenario_gguf, "template": scenario_template, "api": scenario_api,
+def scenario_selftest(case: dict, steps: Steps, tmp: Path) -> None:
+    """The harness's own check: each finding kind on demand (tests/test_fuzz.py)."""
+    import signal
+    import time
+
+    what = case["what"]
+    if what == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif what == "hang":
+        time.sleep(3600)
+    elif what == "untyped":
+        steps.run("selftest", lambda: {}["missing"])
+    elif what == "memory":
+        steps.run("selftest", lambda: bytearray(1 << 42))
+    elif what == "typed":
+        steps.run("selftest", archrun.load, tmp / "absent.gguf")
+
+
+SCENARIOS = {"selftest": scenario_selftest, "gguf": scenario_gguf, "template": scenario_template, "api": scenario_api,
              "special": scenario_special, "cli": scenario_cli}
 
 
