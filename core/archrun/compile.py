@@ -566,7 +566,11 @@ class _Geometry:
         t.expect("attn_output", i, (n_head * vd, d))
         qk_norm = t.has("attn_q_norm", i)
         full = qk_norm and t.shape("attn_q_norm", i)[0] != hd  # one norm over all heads (OLMo 2)
-        if qk_norm:
+        per_head = qk_norm and not full and len(t.shape("attn_q_norm", i)) == 2 and t.shape("attn_q_norm", i)[1] > 1
+        if per_head:  # each head its own weights (Command R+: {hd, H})
+            t.expect("attn_q_norm", i, (hd, n_head))
+            t.expect("attn_k_norm", i, (hd, n_kv))
+        elif qk_norm:
             t.expect("attn_q_norm", i, (n_head * hd if full else hd,))
             t.expect("attn_k_norm", i, (n_kv * hd if full else hd,))
         sliding = self.sliding[i]
@@ -574,7 +578,7 @@ class _Geometry:
         return AttentionSpec(
             kind=self.attention_kind or "", n_head=n_head, n_head_kv=n_kv, head_dim=hd, v_head_dim=vd,
             scale=self.scale, rope=self._rope_table(i), window=self.window if sliding else 0, qk_norm=qk_norm,
-            qk_norm_full=full, qk_norm_after_rope=qk_norm and self.fam.qk_norm_after_rope, clamp_kqv=self.clamp_kqv,
+            qk_norm_full=full, qk_norm_per_head=per_head, qk_norm_after_rope=qk_norm and self.fam.qk_norm_after_rope, clamp_kqv=self.clamp_kqv,
             qkv_bias=bias, output_bias=t.has("attn_output.bias", i), softcap=self.softcap, qkv_packed=packed,
             alibi_max_bias=self.alibi_max_bias, sinks=sinks,
         )

@@ -172,6 +172,7 @@ class AttentionSpec:
     window: int = field(default=0, validator=_nonneg_int)
     qk_norm: bool = field(default=False, validator=v.instance_of(bool))
     qk_norm_full: bool = field(default=False, validator=v.instance_of(bool))  # q/k norms span all heads
+    qk_norm_per_head: bool = field(default=False, validator=v.instance_of(bool))  # a weight row per head ({hd, H})
     qk_norm_after_rope: bool = field(default=False, validator=v.instance_of(bool))  # q/k norms follow rope
     clamp_kqv: float = field(default=0.0, converter=float, validator=v.ge(0.0))  # Q/K/V clipped to [-c, c]; 0 off
     qkv_bias: bool = field(default=False, validator=v.instance_of(bool))

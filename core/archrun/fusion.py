@@ -122,6 +122,8 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
     found = _parts(lp, norm, rope)
     if found is None or not isinstance(lp.qkv, Projections) or not isinstance(lp.o, Matrix):
         return None  # an op without a kernel part, or an attention op's own projection layout
+    if a.qk_norm_per_head:
+        return None  # the layer kernel's q/k norms share one weight vector across heads
     qkv, o = _uniforms(lp.qkv.matrices, 3), _uniforms([lp.o], 3)
     if qkv is None or o is None:
         return None

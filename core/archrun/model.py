@@ -244,7 +244,9 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     bind = getattr(lp.attention, "bind", None)
     if bind is not None:  # the op reads per-layer tensors of its own (e.g. attention sinks)
         bind(b, i)
-    if a.qk_norm:
+    if a.qk_norm_per_head:  # [H, hd] and [KV, hd]: a weight row per head
+        lp.q_norm, lp.k_norm = b.table("attn_q_norm", i), b.table("attn_k_norm", i)
+    elif a.qk_norm:
         lp.q_norm, lp.k_norm = b.vector("attn_q_norm", i), b.vector("attn_k_norm", i)
     if spec.post_attn_norm:
         lp.post_attn_norm = b.vector("post_attn_norm", i)
@@ -254,7 +256,11 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
 
 
 def _qk_norm(norm, lp: LayerPlan, a, q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q [n, H, hd] and K [n, KV, hd] through their norms: per head, or one norm over all heads."""
+    """Q [n, H, hd] and K [n, KV, hd] through their norms: per head (shared weights, or a weight row
+    per head), or one norm over all heads."""
+    if a.qk_norm_per_head:
+        return (np.stack([norm(q[:, h], lp.q_norm[h]) for h in range(q.shape[1])], axis=1),
+                np.stack([norm(k[:, h], lp.k_norm[h]) for h in range(k.shape[1])], axis=1))
     if a.qk_norm_full:
         n = q.shape[0]
         return (norm(q.reshape(n, -1), lp.q_norm).reshape(q.shape),

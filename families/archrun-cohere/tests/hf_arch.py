@@ -21,6 +21,11 @@ FIXTURES = (
     TinyFixture("command_r_gqa", "command-r", 1),
     TinyFixture("command_r_mha_3layer", "command-r", 2, {"num_key_value_heads": 4, "num_hidden_layers": 3,
                                                           "logit_scale": 2.0}),
+    # Command R+'s per-head Q/K LayerNorms ({hd, H} weights); 64 layers because llama.cpp loads them
+    # only in 64-layer models (narrow to stay small)
+    TinyFixture("command_r_qknorm_64layer", "command-r", 3, {
+        "use_qk_norm": True, "num_hidden_layers": 64, "hidden_size": 16, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "intermediate_size": 16}),
     TinyFixture("cohere2_sliding", "cohere2", 1),
     TinyFixture("cohere2_8layer", "cohere2", 2, {"num_hidden_layers": 8, "num_attention_heads": 8,
                                                   "num_key_value_heads": 2}),
