@@ -370,15 +370,16 @@ def _set_array(m, key: str, items: list) -> None:
 
 
 def test_loader_and_tokenizer_memory_is_bounded_by_the_file_size(tmp_path) -> None:
-    """Each file is opened, compiled and its tokenizer built in a process whose address space may
-    grow by at most 64 MiB + 8 x the file size beyond what it had after importing archrun and
-    loading a model once (so the kernels and libraries are in)."""
+    """Each file is opened, compiled, its tokenizer built and (if valid) loaded on both backends and
+    stepped, in a process whose address space may grow by at most 64 MiB + 8 x the file size beyond
+    what it had after importing archrun and loading a model once (so the kernels and libraries are in)."""
     files = {**_hostile_files(tmp_path), "valid": LLAMA}
     out = _python(f"""
         import json, os, resource, archrun
         from archrun.compile import compile_gguf
         from archrun.ggufio import open_gguf
-        archrun.load({str(LLAMA)!r}, backend="reference").tokenizer.encode("warm up")
+        for backend in ("fast", "reference"):
+            archrun.load({str(LLAMA)!r}, backend=backend).tokenizer.encode("warm up")
         def vm():
             return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
         results = {{}}
@@ -389,6 +390,10 @@ def test_loader_and_tokenizer_memory_is_bounded_by_the_file_size(tmp_path) -> No
                 with open_gguf(path) as g:
                     compile_gguf(g)
                     archrun.Tokenizer.from_metadata(g.metadata).encode("hello world " * 100)
+                for backend in ("fast", "reference"):
+                    m = archrun.load(path, backend=backend)
+                    m.forward_step([1, 2, 3], m.init_cache(8))
+                    del m
                 results[name] = "ok"
             except archrun.ArchrunError as e:
                 results[name] = "typed: " + str(e)[:80]
@@ -403,3 +408,22 @@ def test_loader_and_tokenizer_memory_is_bounded_by_the_file_size(tmp_path) -> No
     assert results["valid"] == "ok"
     bad = {k: v for k, v in results.items() if k != "valid" and not v.startswith("typed")}
     assert not bad, results
+
+
+def test_fast_load_of_a_real_model_stays_within_a_small_multiple_of_its_size() -> None:
+    """SmolLM2 Q4_1 (94 MiB): the map, the repacked weights and a 256-token cache fit in 4 x the
+    file size + 128 MiB of address space (measured: ~2.6 x)."""
+    from conftest import real_model
+
+    path = real_model("smollm2")
+    out = _python(f"""
+        import os, resource, archrun
+        archrun.load({str(LLAMA)!r})
+        vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+        limit = vm + 128 * 2**20 + 4 * os.path.getsize({str(path)!r})
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+        m = archrun.load({str(path)!r})
+        archrun.generate(m, "Hello", max_tokens=4, temperature=0.0).complete()
+        print("ok")
+    """, timeout=600)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
