@@ -107,27 +107,23 @@ if not VOCABS:  # pragma: no cover - only without the fetched source
                     "`python -m archrun.conformance.llamacpp` fetches it)")
 
 
-# --- every ggml-vocab file (also those without .inp/.out) vs llama.cpp's recorded output ---
-
-# vocabularies archrun cannot tokenize yet -> reason (strict xfail)
-RECORDED_GAPS: dict[str, str] = {}
+# --- the vocabularies without .inp/.out, and the newest kinds, vs llama.cpp's recorded output ---
 
 
 def _recorded() -> dict:
     return json.loads(RECORDED.read_text(encoding="utf-8"))
 
 
-def _recorded_params() -> list:
-    names = sorted(_recorded()["vocabs"]) if RECORDED.is_file() else []
-    return [pytest.param(n, id=n, marks=[pytest.mark.xfail(reason=RECORDED_GAPS[n], strict=True)]
-                         if n in RECORDED_GAPS else []) for n in names]
+def _detok(value: str | dict) -> bytes:
+    return bytes.fromhex(value["hex"]) if isinstance(value, dict) else value.encode("utf-8")
 
 
 @pytest.mark.skipif(not MODELS.is_dir(), reason=f"llama.cpp's source is not fetched ({MODELS} is absent)")
-@pytest.mark.parametrize("name", _recorded_params())
+@pytest.mark.parametrize("name", sorted(_recorded()["vocabs"]) if RECORDED.is_file() else [])
 def test_llamacpp_vocab_recorded(name: str):
-    """ids (add_special off and on) equal llama.cpp's, recorded by record_llamacpp_vocabs.py, on
-    the union of all .inp strings and record_llamacpp.py's edge cases."""
+    """ids with (add_special, parse_special) off/off, on/off, off/on and both detokenizations equal
+    llama.cpp's, recorded by goldens/tokenizer/record_llamacpp_vocabs.py on every .inp string plus
+    record_llamacpp.py's corpus (edge cases, seeded random multi-script strings)."""
     golden = _recorded()
     vocab = MODELS / f"ggml-vocab-{name}.gguf"
     want = golden["vocabs"][name]
@@ -136,8 +132,14 @@ def test_llamacpp_vocab_recorded(name: str):
     tok = _tokenizer(vocab)
     failures = []
     for i, text in enumerate(golden["texts"]):
-        for key, add in (("plain", False), ("add_special", True)):
-            got = tok.encode(text, add_special=add, parse_special=False)
+        for key, add, special in (("plain", False, False), ("add_special", True, False),
+                                  ("parse_special", False, True)):
+            got = tok.encode(text, add_special=add, parse_special=special)
             if got != want[key][i]:
                 failures.append(f"{key} {text[:50]!r}: got {got[:20]} want {want[key][i][:20]}")
+        ids = want["add_special"][i]
+        for key, skip in (("detok", False), ("detok_skip", True)):
+            got = tok.decode_bytes(ids, skip_special=skip)
+            if got != _detok(want[key][i]):
+                failures.append(f"{key} {text[:50]!r}: got {got[:60]!r} want {_detok(want[key][i])[:60]!r}")
     assert not failures, f"{len(failures)} differ:\n" + "\n".join(failures[:10])

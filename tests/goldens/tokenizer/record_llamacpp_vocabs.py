@@ -1,9 +1,12 @@
 """Record llama.cpp's tokenization of its own test vocabularies (``models/ggml-vocab-*.gguf``).
 
-Four of them (aquila, baichuan, gpt-neox, nomic-bert-moe) ship without ``.inp``/``.out`` pairs;
-this records llama.cpp's ids for every one of the 19 files on a shared corpus: all ``.inp`` test
-strings plus the edge cases of record_llamacpp.py, with add_special off and on. Run with a venv
-that has llama-cpp-python (vocab only -- nothing is evaluated):
+The files with ``.inp``/``.out`` pairs are checked against those (tests/test_tokenizer_llamacpp_vocabs.py);
+this covers the rest and the vocabulary kinds archrun added last: aquila and gpt-neox (gpt2 without
+``tokenizer.ggml.pre`` -> llama.cpp's 'default'), baichuan (SPM), bert-bge (WPM), gemma-4 (gemma4)
+and nomic-bert-moe (UGM). Corpus: every ``.inp`` test string plus record_llamacpp.py's corpus (edge
+cases and seeded random strings). Per text: ids with (add_special, parse_special) in {off/off,
+on/off, off/on} and llama_detokenize of the add_special ids, keeping and removing special tokens.
+Run with a venv that has llama-cpp-python (vocab only -- nothing is evaluated):
 
     /work/bench-venv/bin/python tests/goldens/tokenizer/record_llamacpp_vocabs.py
 
@@ -13,6 +16,7 @@ different file is noticed).
 
 from __future__ import annotations
 
+import ctypes
 import datetime as dt
 import hashlib
 import json
@@ -22,40 +26,70 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCE = Path.home() / ".cache" / "archrun" / "llama.cpp" / "0.3.36" / "models"
 SEPARATOR = "\n__ggml_vocab_test__\n"
+VOCABS = ("aquila", "baichuan", "bert-bge", "gemma-4", "gpt-neox", "nomic-bert-moe")
 
 
 def corpus() -> list[str]:
-    """Every .inp test string (file order, deduplicated), then record_llamacpp.py's edge cases."""
+    """Every .inp test string (file order, deduplicated), then record_llamacpp.py's corpus."""
     sys.path.insert(0, str(HERE))
-    from record_llamacpp import EDGE_CASES
+    from record_llamacpp import corpus as model_corpus
 
     texts: list[str] = []
     for inp in sorted(SOURCE.glob("ggml-vocab-*.gguf.inp")):
         raw = inp.read_bytes().decode("utf-8")
         parts = raw.split(SEPARATOR)
         texts.extend(parts[:-1] if raw.endswith(SEPARATOR) else parts)
-    texts.extend(EDGE_CASES)
+    texts.extend(model_corpus())
     return list(dict.fromkeys(texts))
 
 
+def detokenize(llama_cpp, vocab, ids: list[int], remove_special: bool, unparse_special: bool) -> str | dict:
+    """llama_detokenize -> the text, or {"hex": ...} when the bytes are not valid UTF-8."""
+    arr = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
+    size = 64 + 64 * len(ids)
+    buf = ctypes.create_string_buffer(size)
+    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, size, remove_special, unparse_special)
+    if n < 0:
+        raise RuntimeError(f"llama_detokenize needs {-n} bytes")
+    try:
+        return buf.raw[:n].decode("utf-8")
+    except UnicodeDecodeError:
+        return {"hex": buf.raw[:n].hex()}
+
+
 def record(path: Path, texts: list[str]) -> dict:
-    """ids of every text with add_special off and on (parse_special off, as test-tokenizer-0)."""
+    """Per text: ids for three (add_special, parse_special) settings and two detokenizations."""
+    import llama_cpp
     from llama_cpp import Llama
 
     llm = Llama(str(path), vocab_only=True, verbose=False)
-    plain = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in texts]
-    special = [llm.tokenize(t.encode("utf-8"), add_bos=True, special=False) for t in texts]
-    return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "plain": plain, "add_special": special}
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    out: dict[str, list] = {"plain": [], "add_special": [], "parse_special": [], "detok": [], "detok_skip": []}
+    for text in texts:
+        data = text.encode("utf-8")
+        out["plain"].append(llm.tokenize(data, add_bos=False, special=False))
+        out["add_special"].append(ids := llm.tokenize(data, add_bos=True, special=False))
+        out["parse_special"].append(llm.tokenize(data, add_bos=False, special=True))
+        out["detok"].append(detokenize(llama_cpp, vocab, ids, False, True))
+        out["detok_skip"].append(detokenize(llama_cpp, vocab, ids, True, False))
+    return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), **out}
 
 
 def main() -> None:
     import llama_cpp
 
     texts = corpus()
-    vocabs = {p.name.removeprefix("ggml-vocab-").removesuffix(".gguf"): record(p, texts)
-              for p in sorted(SOURCE.glob("ggml-vocab-*.gguf"))}
-    out = {"llama_cpp_python": llama_cpp.__version__, "recorded": dt.date.today().isoformat(),
-           "texts": texts, "vocabs": vocabs}
+    vocabs = {name: record(SOURCE / f"ggml-vocab-{name}.gguf", texts) for name in VOCABS}
+    out = {
+        "llama_cpp_python": llama_cpp.__version__, "recorded": dt.date.today().isoformat(),
+        "calls": {"plain": "Llama.tokenize(text, add_bos=False, special=False)",
+                  "add_special": "Llama.tokenize(text, add_bos=True, special=False)",
+                  "parse_special": "Llama.tokenize(text, add_bos=False, special=True)",
+                  "detok": "llama_detokenize(add_special ids, remove_special=False, unparse_special=True)",
+                  "detok_skip": "llama_detokenize(add_special ids, remove_special=True, unparse_special=False)",
+                  "note": "detokenized bytes that are not valid UTF-8 are stored as {\"hex\": ...}"},
+        "texts": texts, "vocabs": vocabs,
+    }
     (HERE / "llamacpp_vocabs.json").write_text(json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n",
                                                encoding="utf-8")
     print(f"{len(vocabs)} vocabularies x {len(texts)} texts")
