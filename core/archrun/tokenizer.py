@@ -1,12 +1,16 @@
 """Tokenizer built from a GGUF file's own `tokenizer.*` metadata, matching llama.cpp token for token.
 
-Two vocabulary kinds are supported, named by `tokenizer.ggml.model`:
+The vocabulary kinds, named by `tokenizer.ggml.model` (llama.cpp's llama-vocab.cpp vocabulary):
 
-- ``gpt2``  byte-level BPE. Text is split by the regexes llama.cpp uses for `tokenizer.ggml.pre`,
-  each piece is mapped to GPT-2's byte alphabet and merged by rank. HF `tokenizers` is the engine.
+- ``gpt2``  byte-level BPE. Text is split by the regexes llama.cpp uses for `tokenizer.ggml.pre`
+  (its `default` ones, with a warning, when the key is absent), each piece is mapped to GPT-2's
+  byte alphabet and merged by rank. HF `tokenizers` is the engine.
+- ``gemma4`` BPE over raw UTF-8 with ``▁`` for spaces and ``<0xNN>`` byte fallback.
 - ``llama`` SentencePiece-style vocabulary (scores + ``<0xNN>`` byte tokens): spaces become ``▁``
   and adjacent symbols are merged greedily by the score of the merged token (llama.cpp's
   llm_tokenizer_spm), with byte fallback for anything the vocabulary cannot spell.
+- ``bert``  WordPiece (llm_tokenizer_wpm): BERT word split, greedy longest-match pieces.
+- ``t5``    Unigram (llm_tokenizer_ugm): precompiled-charsmap normalization, Viterbi by score.
 
 Special tokens (control, user-defined, unknown) are cut out of the text before either engine
 runs, exactly as llama.cpp's tokenizer_st_partition does: longest token text first, every
@@ -657,6 +661,7 @@ def _simple_lower(ch: str) -> str:
 
 
 def _is_cjk(cpt: int) -> bool:
+    """CJK ideographs, which WPM makes words of their own."""
     return any(a <= cpt <= b for a, b in _CJK_RANGES)
 
 
