@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 WORKER = Path(__file__).with_name("worker.py")
-FINDINGS = ("untyped", "crash", "hang")
+FINDINGS = ("untyped", "crash", "hang", "harness")  # "harness": a case the harness failed to build
 
 
 class Runner:
@@ -98,8 +98,8 @@ def root_cause(outcome: dict) -> str:
     """A short key grouping findings: status + exception type + innermost archrun frame."""
     if outcome["status"] in ("crash", "hang"):
         return f"{outcome['status']}: {outcome.get('detail', '')}"
-    bad = next(s for s in outcome["steps"] if s["status"] == "untyped")
-    return f"untyped {bad['type']} in {bad['step']} at {bad.get('where', '?')}"
+    bad = next(s for s in outcome["steps"] if s["status"] == outcome["status"])
+    return f"{outcome['status']} {bad['type']} in {bad['step']} at {bad.get('where', '?')}"
 
 
 def draw_cases(n: int, seed: int) -> list[dict]:

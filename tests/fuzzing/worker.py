@@ -52,18 +52,24 @@ def seed_bytes(i: int) -> bytes:
     return _SEED_BYTES[i]
 
 
+def _index(ref: str) -> int | None:
+    """'#12' -> 12 (the i-th key or tensor of the file), anything else -> None."""
+    digits = ref[1:]
+    return int(digits) if ref.startswith("#") and digits.isascii() and digits.isdigit() else None
+
+
 def _key(m: GGUFModel, ref: str) -> str:
-    if ref.startswith("#") and ref[1:].isdigit():
-        return m.kvs[int(ref[1:]) % len(m.kvs)].key if m.kvs else "general.architecture"
+    i = _index(ref)
+    if i is not None:
+        return m.kvs[i % len(m.kvs)].key if m.kvs else "general.architecture"
     return ref.replace("{arch}", m.arch)
 
 
 def _tensor(m: GGUFModel, ref: str) -> Tensor | None:
     if not m.tensors:
         return None
-    if ref.startswith("#") and ref[1:].isdigit():
-        return m.tensors[int(ref[1:]) % len(m.tensors)]
-    return m.tensor(ref)
+    i = _index(ref)
+    return m.tensors[i % len(m.tensors)] if i is not None else m.tensor(ref)
 
 
 def _float(v: Any) -> float:
@@ -211,7 +217,7 @@ def _edit_tensor(m: GGUFModel, e: dict) -> None:
     elif op == "tensor_offset":
         t.offset = e["offset"]
     elif op == "tensor_rename":
-        other = _tensor(m, e["name"]) if e["name"].startswith("#") else None
+        other = _tensor(m, e["name"]) if _index(e["name"]) is not None else None
         t.name = other.name if other is not None else e["name"]
     elif op == "tensor_drop":
         m.tensors.remove(t)
@@ -632,6 +638,9 @@ def run_case(case: dict) -> dict:
             except (MemoryError, RecursionError) as exc:
                 steps.results.append({"step": "setup", "status": "untyped", "type": type(exc).__name__,
                                       "message": str(exc)[:300], "where": _where(exc)})
+            except Exception as exc:  # noqa: BLE001 - a bug of the harness itself (building the case)
+                steps.results.append({"step": "setup", "status": "harness", "type": type(exc).__name__,
+                                      "message": str(exc)[:300], "where": _where(exc)})
     finally:
         with contextlib.suppress(OSError):
             for p in tmp.iterdir():
@@ -639,7 +648,7 @@ def run_case(case: dict) -> dict:
                     p.chmod(stat.S_IRUSR | stat.S_IWUSR)
         shutil.rmtree(tmp, ignore_errors=True)
     statuses = [r["status"] for r in steps.results]
-    status = "untyped" if "untyped" in statuses else "typed" if "typed" in statuses else "ok"
+    status = next((s for s in ("untyped", "harness", "typed") if s in statuses), "ok")
     return {"status": status, "steps": steps.results}
 
 
