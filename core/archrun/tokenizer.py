@@ -22,6 +22,7 @@ Malformed metadata never degrades into a guess: it raises `TokenizerError` namin
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import heapq
 import math
@@ -680,7 +681,7 @@ class _UgmEngine:
         self._prefix_space = add_space_prefix
         self._merge_spaces = merge_spaces
         self._tokens: dict[bytes, int] = {}
-        self._lengths: list[int] = []
+        self._lengths: dict[bytes, list[int]] = {}  # first two bytes (one for 1-byte tokens) -> lengths
         self._user: set[int] = set()
         self._user_prefixes: set[bytes] = set()
         self._user_max = 0
@@ -692,7 +693,10 @@ class _UgmEngine:
         texts = self._texts
         keep = ATTR_NORMAL | ATTR_USER_DEFINED | ATTR_UNUSED
         self._tokens = {texts[i].encode("utf-8"): i for i, a in enumerate(attrs) if a & keep}
-        self._lengths = sorted({len(t) for t in self._tokens})
+        heads: dict[bytes, set[int]] = {}
+        for text in self._tokens:
+            heads.setdefault(text[:2], set()).add(len(text))
+        self._lengths = {head: sorted(lengths) for head, lengths in heads.items()}
         self._user = {i for i, a in enumerate(attrs) if a & ATTR_USER_DEFINED}
         self._user_prefixes = {texts[i].encode("utf-8")[:k] for i in self._user
                                for k in range(1, len(texts[i].encode("utf-8")) + 1)}
@@ -754,9 +758,7 @@ class _UgmEngine:
         while pos < n:
             step = min(_utf8_len(text[pos]), n - pos)
             base, covered = best[pos][0], False
-            for k in self._lengths:
-                if k > n - pos:
-                    break
+            for k in self._candidate_lengths(text, pos):
                 tid = self._tokens.get(text[pos:pos + k])
                 if tid is None:
                     continue
@@ -768,6 +770,15 @@ class _UgmEngine:
                 best[pos + step] = (base + self._unk_score, -1, pos)
             pos += step
         return self._backtrack(best, n)
+
+    def _candidate_lengths(self, text: bytes, pos: int) -> list[int]:
+        """Lengths of the tokens that could start at `pos` (by their first one or two bytes)."""
+        room = len(text) - pos
+        short = self._lengths.get(text[pos:pos + 1], [])
+        if room == 1:
+            return short
+        longer = self._lengths.get(text[pos:pos + 2])
+        return short + longer[:bisect.bisect_right(longer, room)] if longer else short
 
     def _backtrack(self, best: list[tuple[float, int, int]], end: int) -> list[int]:
         out: list[int] = []
