@@ -301,6 +301,15 @@ def test_numpy_integers_are_accepted(model) -> None:
     r = archrun.generate(model, ids, max_tokens=np.int64(2), temperature=0.0).complete()
     assert r.completion_tokens <= 2
     assert model.tokenizer.decode([np.int64(5), np.uint8(6)]) == model.tokenizer.decode([5, 6])
+    cache = model.init_cache(np.int64(8))
+    model.forward_step(np.array([1, 2], np.uint16), cache)
+    options = {"temperature": np.float32(0.5), "top_k": np.int64(5), "top_p": np.float32(0.9),
+               "min_p": np.float64(0.01), "repetition_penalty": np.float32(1.1), "penalty_last_n": np.uint8(8),
+               "seed": np.int64(3), "logit_bias": {np.int32(3): np.float32(1.0)}}
+    r = archrun.generate(model, [1, 2], max_tokens=2, **options).complete()
+    assert r.completion_tokens <= 2
+    with pytest.raises(InvalidRequest):
+        SamplingParams(top_k=np.bool_(True))
 
 
 # ---- 7/8. the model file: FIFO, devices, truncation after load -------------------------------------

@@ -353,6 +353,7 @@ class Interpreter:
         """
         n_ctx = self.descriptor.n_ctx
         max_tokens = n_ctx if max_tokens is None else max_tokens
+        max_tokens = int(max_tokens) if isinstance(max_tokens, np.integer) else max_tokens  # numpy ints too
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise InvalidRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
         if max_tokens > n_ctx:
