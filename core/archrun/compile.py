@@ -578,7 +578,8 @@ class _Geometry:
         return AttentionSpec(
             kind=self.attention_kind or "", n_head=n_head, n_head_kv=n_kv, head_dim=hd, v_head_dim=vd,
             scale=self.scale, rope=self._rope_table(i), window=self.window if sliding else 0, qk_norm=qk_norm,
-            qk_norm_full=full, qk_norm_per_head=per_head, qk_norm_after_rope=qk_norm and self.fam.qk_norm_after_rope, clamp_kqv=self.clamp_kqv,
+            qk_norm_full=full, qk_norm_per_head=per_head, qk_norm_after_rope=qk_norm and self.fam.qk_norm_after_rope,
+            clamp_kqv=self.clamp_kqv,
             qkv_bias=bias, output_bias=t.has("attn_output.bias", i), softcap=self.softcap, qkv_packed=packed,
             alibi_max_bias=self.alibi_max_bias, sinks=sinks,
         )

@@ -112,9 +112,10 @@ class HfArch:
     itself (``archrun.conformance.llamacpp``), and the fields above only shape the HF model.
     ``llamacpp_keys``: metadata (key without the ``<arch>.`` prefix -> value) llama.cpp needs and
     its converter does not write, or a function of the fixture's HF config returning them; the
-    llama.cpp cross-check runs on a copy with them added (and records them), never the fixture itself. ``checkpoint_config(hp)``: fields released
-    checkpoints' config.json carry that transformers no longer writes (e.g. GPT-NeoX's
-    ``rotary_pct``), added to the config the converter reads.
+    llama.cpp cross-check runs on a copy with them added (and records them), never the fixture
+    itself. ``checkpoint_config(hp)``: fields released checkpoints' config.json carry that
+    transformers no longer writes (e.g. GPT-NeoX's ``rotary_pct``), added to the config the
+    converter reads.
     """
 
     name: str

@@ -9,7 +9,8 @@ from __future__ import annotations
 from archrun.conformance.hf import HfArch, TinyFixture
 
 GPT_OSS = HfArch("gpt-oss", "gpt_oss", "GptOssForCausalLM", "GptOssConfig", converter="llama.cpp",
-                 defaults={"num_hidden_layers": 4, "hidden_size": 48, "head_dim": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 defaults={"num_hidden_layers": 4, "hidden_size": 48, "head_dim": 16, "num_attention_heads": 4,
+                           "num_key_value_heads": 2,
                            "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 24,
                            "sliding_window": 6, "layer_types": None})
 

@@ -23,7 +23,8 @@ COVERED = {("norm", "rms"), ("norm", "layer"), ("norm", "rms_1p"), ("norm", "lay
            ("activation", "silu"), ("activation", "gelu_tanh"), ("activation", "gelu"), ("activation", "relu2"),
            ("residual", "sequential"), ("residual", "parallel"), ("gating", "softmax"), ("gating", "sigmoid"),
            ("moe", "topk")}
-REFERENCE_ONLY = {("softcap", "tanh"), ("activation", "swiglu_oai")}  # no fast factory: the reference runs on both backends
+# no fast factory: the reference runs on both backends
+REFERENCE_ONLY = {("softcap", "tanh"), ("activation", "swiglu_oai")}
 NORMS = {"rms": (reference.rms_norm, fast.rms_norm), "layer": (reference.layer_norm, fast.layer_norm),
          "rms_1p": (reference.rms_norm_1p, fast.rms_norm_1p), "layer_1p": (reference.layer_norm_1p, fast.layer_norm_1p)}
 ACTIVATIONS = ["silu", "gelu_tanh", "gelu", "relu2"]

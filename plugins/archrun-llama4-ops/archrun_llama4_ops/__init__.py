@@ -1,0 +1,6 @@
+"""archrun-llama4-ops: the vocabulary Llama 4 text models need beyond archrun-blocks.
+
+attention "llama4" (chunked local attention with L2-normalised q/k on the rotary layers, global
+attention with temperature-tuned queries on the NoPE layers) and moe "topk_input_weighted" (each
+selected expert reads its input scaled by the routing weight). See archrun_llama4_ops.ops.
+"""

@@ -1,0 +1,19 @@
+"""Registers archrun-llama4's vocabulary through the archrun_register_vocabulary hook."""
+
+from __future__ import annotations
+
+import pluggy
+
+from archrun.vocab import Op
+from archrun_llama4_ops import ops
+
+hookimpl = pluggy.HookimplMarker("archrun")
+
+
+@hookimpl
+def archrun_register_vocabulary(register) -> None:
+    register(Op("attention", "llama4", ops.llama4_reference, ops.llama4_fast,
+                "Llama 4: chunked attention (chunk = the layer's window) on L2-normalised q/k; "
+                "global layers scale q by the temperature tuning"))
+    register(Op("moe", "topk_input_weighted", ops.topk_input_weighted, None,
+                "top-k routing whose weights scale each selected expert's input (llama.cpp weight_before_ffn)"))
