@@ -570,7 +570,7 @@ def _map_file(path: pathlib.Path) -> tuple[mmap.mmap, int]:
         _check_regular(os.stat(path), path)
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
-        raise ModelLoadError(f"cannot open {path!r}: {getattr(e, 'strerror', None) or e}") from None
+        raise ModelLoadError(f"cannot open {path}: {getattr(e, 'strerror', None) or e}") from None
     try:
         st = os.fstat(fd)
         _check_regular(st, path)
