@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
-from test_tokenizer import bpe_meta
+from test_tokenizer import BPE_TOKENS, BYTE_CHARS, bpe_meta
 
 from archrun.errors import ArchrunWarning, TokenizerError
 from archrun.tokenizer import Tokenizer
@@ -26,6 +26,16 @@ def test_missing_pre_warns_and_uses_default():
     # the default regexes isolate punctuation runs and 3-digit groups: "12345" -> "123" "45"
     ids = tok.encode("12345", add_special=False)
     assert tok.decode(ids) == "12345" and len(ids) == 5  # no merges for digits in this vocabulary
+
+
+def test_bpe_byte_the_vocabulary_lacks_blocks_merges():
+    """A byte with no token is dropped after merging, so its neighbours do not merge across it
+    (llama.cpp keeps it as a symbol until the end; falcon's vocabulary lacks 28 bytes)."""
+    tokens = [t for t in BPE_TOKENS if t != BYTE_CHARS[0x0B]] + ["ĉĉ"]
+    tok = Tokenizer.from_metadata(bpe_meta(**{"tokenizer.ggml.tokens": tokens,
+                                              "tokenizer.ggml.merges": ["ĉ ĉ"]}))
+    assert [tok.token_text(i) for i in tok.encode("\t\x0b\t", add_special=False)] == ["ĉ", "ĉ"]
+    assert [tok.token_text(i) for i in tok.encode("\t\t", add_special=False)] == ["ĉĉ"]
 
 
 # --- gemma4: BPE over raw UTF-8 with ▁ for spaces and <0xNN> byte fallback ---

@@ -436,11 +436,15 @@ class _BpeEngine:
         from tokenizers import Regex, models, pre_tokenizers
         from tokenizers import Tokenizer as HfTokenizer
 
-        # bytes the vocabulary cannot spell are dropped, as llama.cpp drops them (SmolLM2 lacks 21)
+        # bytes the vocabulary cannot spell are dropped, as llama.cpp drops them (SmolLM2 lacks 21),
+        # but only after merging: until then they separate their neighbours, so HF BPE emits them as
+        # a sentinel unknown token (never a merge partner) that encode() removes
         pairs = _parse_merges(merges)
+        self._unk = _unk_sentinel(index, pre)
+        vocab = index if self._unk is None else {**index, self._unk[0]: self._unk[1]}
         try:
-            model = models.BPE(vocab=index, merges=pairs, ignore_merges=pre.ignore_merges,
-                               byte_fallback=pre.spm_style)
+            model = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges,
+                               byte_fallback=pre.spm_style, unk_token=self._unk and self._unk[0])
         except BaseException as exc:  # a bare Exception naming the token, or a Rust panic (below)
             _reraise_interrupts(exc)
             bad = _bad_merge(pairs, index) or "merges rejected"  # (HF panics when a merge's result is no token)
@@ -460,11 +464,15 @@ class _BpeEngine:
         """ids for each fragment."""
         try:
             if self._index is not None:
-                return [self._encode_spm_style(text) for text in fragments]
-            return [self._hf.encode(text, add_special_tokens=False).ids for text in fragments]
+                out = [self._encode_spm_style(text) for text in fragments]
+            else:
+                out = [self._hf.encode(text, add_special_tokens=False).ids for text in fragments]
         except BaseException as exc:
             _reraise_interrupts(exc)
             raise TokenizerError(f"the BPE vocabulary cannot encode this text: {type(exc).__name__}: {exc}") from None
+        if self._unk is not None:
+            out = [[t for t in ids if t != self._unk[1]] for ids in out]
+        return out
 
     def _encode_spm_style(self, text: str) -> list[int]:
         """gemma4: spaces -> ▁; a newline run that is a token is emitted whole, the rest is merged."""
@@ -479,6 +487,18 @@ class _BpeEngine:
 
 
 _LINES = re.compile(r"[^\n]+|\n+")
+
+
+def _unk_sentinel(index: dict[str, int], pre: PreTokenizer) -> tuple[str, int] | None:
+    """(text, id) of an extra unknown token for HF BPE when the vocabulary cannot spell every byte
+    (a byte-level character, or a <0xNN> token for SPM-style vocabularies); None when it can."""
+    units = (f"<0x{b:02X}>" for b in range(256)) if pre.spm_style else _BYTE_CHARS
+    if all(u in index for u in units):
+        return None
+    text = "\x00archrun-unknown"
+    while text in index:
+        text += "\x00"
+    return text, len(index)
 
 
 def _reraise_interrupts(exc: BaseException) -> None:
