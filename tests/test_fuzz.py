@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from fuzzing.runner import Runner, draw_cases, fuzz  # noqa: E402
+from fuzzing.runner import BATCH, Runner, case_at, draw_cases, fuzz  # noqa: E402
 
 CI_CASES = 600
 CI_SEED = 20261201
@@ -24,6 +24,7 @@ def test_cases_are_seeded() -> None:
     """The same seed draws the same cases: a CI failure reproduces from its seed and index."""
     assert json.dumps(draw_cases(40, CI_SEED)) == json.dumps(draw_cases(40, CI_SEED))
     assert json.dumps(draw_cases(40, CI_SEED)) != json.dumps(draw_cases(40, CI_SEED + 1))
+    assert case_at(CI_SEED, 517) == draw_cases(BATCH, CI_SEED * 1_000_003 + BATCH)[17]
 
 
 @pytest.mark.fuzz

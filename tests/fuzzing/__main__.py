@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/fuzzing --cases 20000 --seed 1 [--timeout 30] [--memory 1024] [--nice 19]
     .venv/bin/python tests/fuzzing --replay findings/seed1-case17.json
+    .venv/bin/python tests/fuzzing --seed 1 --case 17          # the same case, drawn again from its seed
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--findings", type=Path, default=Path("fuzz-findings"), help="folder for failing cases")
     p.add_argument("--report", type=Path, default=None, help="write the summary JSON here")
     p.add_argument("--replay", type=Path, default=None, help="run one saved case in this process")
+    p.add_argument("--case", type=int, default=None, help="run case CASE of --seed in this process")
     args = p.parse_args(argv)
-    if args.replay:
+    if args.replay or args.case is not None:
+        from fuzzing.runner import case_at
         from fuzzing.worker import run_case
 
-        saved = json.loads(args.replay.read_text())
-        print(json.dumps(run_case(saved.get("case", saved)), indent=1))
+        case = case_at(args.seed, args.case) if args.case is not None else json.loads(args.replay.read_text())
+        case = case.get("case", case)
+        print(json.dumps(case))
+        print(json.dumps(run_case(case), indent=1))
         return 0
     from fuzzing.runner import Runner, fuzz
 

@@ -122,8 +122,17 @@ def draw_cases(n: int, seed: int) -> list[dict]:
     return drawn[:n]
 
 
+BATCH = 500  # cases drawn per hypothesis run
+
+
+def case_at(seed: int, index: int) -> dict:
+    """Case `index` of the run with `seed` (what `fuzz` ran at that index)."""
+    start = index // BATCH * BATCH
+    return draw_cases(BATCH, seed * 1_000_003 + start)[index - start]
+
+
 def fuzz(n: int, seed: int, runner: Runner, findings_dir: Path | None = None, progress: Any = None,
-         batch: int = 500) -> dict:
+         batch: int = BATCH) -> dict:
     """Draw and run n cases; returns tallies by status and kind, and findings by root cause."""
     status = collections.Counter()
     by_kind: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
