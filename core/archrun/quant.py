@@ -325,11 +325,11 @@ def first_non_finite(raw: np.ndarray, ggml_type: int) -> tuple[str, int] | None:
     if not fields:
         return None
     type_size = block_info(ggml_type)[1]
-    blocks = np.ascontiguousarray(raw).reshape(-1, type_size)
+    # every block size and scale offset is even: the scales are columns of a uint16 view
+    blocks = np.ascontiguousarray(raw).reshape(-1).view("<u2").reshape(-1, type_size // 2)
     first = None
     for lo, _hi in fields:
-        scale = blocks[:, lo].astype(np.uint16) | (blocks[:, lo + 1].astype(np.uint16) << np.uint16(8))
-        bad = np.flatnonzero((scale & _F16_EXP) == _F16_EXP)
+        bad = np.flatnonzero((blocks[:, lo // 2] & _F16_EXP) == _F16_EXP)
         if len(bad) and (first is None or bad[0] < first):
             first = int(bad[0])
     return None if first is None else ("scale of block", first)
