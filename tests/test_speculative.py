@@ -21,14 +21,7 @@ import archrun
 from archrun import speculative
 from archrun.cache import PrefixCache
 from archrun.decoder import Caps
-from archrun.errors import (
-    InvalidRequest,
-    MissingTensor,
-    ModelLoadError,
-    PluginError,
-    VocabularyMismatch,
-    WrongBlockStyle,
-)
+from archrun.errors import InvalidRequest, MissingTensor, ModelLoadError, PluginError, VocabularyMismatch
 from archrun.sampling import Sampler, SamplingParams
 from archrun.speculative import AdaptiveLength, Draft, Drafter, LookupDrafter, decide
 
@@ -89,9 +82,10 @@ def test_drafts_are_accepted_and_counted(draft_model):
     assert t["spec_drafted"] > 0 and t["spec_acceptance"] == 1.0 and t["spec_tokens_per_step"] > 1.0
 
 
+@pytest.mark.parametrize("style", ["host_reference", "fused"])
 @pytest.mark.parametrize("name", ["glm4moe_base", "glm4moe_qknorm_groups_tied"])
-def test_mtp_self_speculation_equals_plain_decoding(name):
-    model = load(name)
+def test_mtp_self_speculation_equals_plain_decoding(name, style):
+    model = load(name, block_style=style)  # fused: the head runs the model's fast ops
     drafter = speculative.make_drafter(model, "mtp")
     assert drafter.follows_trunk
     result = same_as_plain(model, prompt_of(name), drafter)
@@ -222,11 +216,18 @@ def test_sampled_runs_repeat_with_a_seed():
 def test_draft_length_follows_the_acceptance_rate():
     length = AdaptiveLength(6)
     for _ in range(10):
-        length.update(length.k, length.k)
-    assert length.k == 6
-    for _ in range(10):
-        length.update(length.k, 0)
+        k = length.next()
+        length.update(k, k)
+    assert length.next() == 6
+    for _ in range(12):
+        k = length.next()
+        length.update(k, 0)
     assert length.k == 1
+    # drafts that never agree: plain steps, with a probing round every 4th
+    assert [length.next() for _ in range(8)].count(1) == 2
+    for _ in range(10):
+        length.update(1, 1)
+    assert length.next() > 1
 
 
 # -- typed errors ------------------------------------------------------------------------------------
@@ -265,8 +266,8 @@ def test_a_draft_model_with_another_vocabulary_is_refused(synth_model, draft_mod
     assert issubclass(VocabularyMismatch, InvalidRequest)
 
 
-def test_mtp_needs_a_host_reference_model_with_an_mtp_head(draft_model):
-    with pytest.raises(WrongBlockStyle):
+def test_mtp_needs_a_model_with_an_mtp_head(draft_model):
+    with pytest.raises(MissingTensor, match="0 MTP"):
         speculative.make_drafter(draft_model, "mtp")
     with pytest.raises(MissingTensor):
         speculative.make_drafter(load("glm4moe_hd24_shared2_nomtp"), "mtp")

@@ -91,6 +91,10 @@ class Trunk(Protocol):
     descriptor: Descriptor
     caps: Caps
 
+    def forward_step_hidden(self, token_ids: Sequence[int] | np.ndarray, cache: Any) -> Any:
+        """Append token_ids; HostStep(logits [n, vocab], hidden [n, d] after the trunk's output norm)."""
+        ...
+
     def has_tensor(self, role: str, layer: int | None = None) -> bool:
         """Whether the file holds the tensor of `role` (in block `layer`)."""
         ...

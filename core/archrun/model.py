@@ -372,6 +372,13 @@ class Interpreter:
         logits, _ = self._forward(ids, cache, all_logits)
         return logits if all_logits else logits[-1]
 
+    def forward_step_hidden(self, token_ids: Sequence[int] | np.ndarray, cache: KvCache) -> HostStep:
+        """Append token_ids; logits [n, vocab] of every position and the trunk's final hidden states
+        [n, d] (after output_norm): what a head on the trunk reads (an MTP drafter). Every block style."""
+        ids = self._check_ids(token_ids)
+        cache.check_room(len(ids))
+        return HostStep(*self._forward(ids, cache, True))
+
     def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """float32 logits [n, vocab] of a whole sequence, without a caller-visible cache."""
         ids = self._check_ids(token_ids)

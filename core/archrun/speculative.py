@@ -140,19 +140,30 @@ class AdaptiveLength:
     """Draft length from the running acceptance rate a (per drafted token, exponential average).
 
     With independent acceptance a, a round accepts a/(1 - a) drafts on average; drafting one
-    more than that keeps most verify rows useful. k stays within [1, k_max].
+    more than that keeps most verify rows useful. k stays within [1, k_max]. Below `min_rate` a
+    draft costs more verify rows than it saves, so rounds go without drafts except every
+    `probe`-th, which keeps measuring a (text turns repetitive, drafts start to agree).
     """
 
-    def __init__(self, k_max: int = 5, rate: float = 0.6, decay: float = 0.7):
+    def __init__(self, k_max: int = 5, rate: float = 0.6, decay: float = 0.7, min_rate: float = 0.2,
+                 probe: int = 4):
         if isinstance(k_max, bool) or not isinstance(k_max, int) or not 1 <= k_max <= MAX_DRAFT:
             raise InvalidRequest(f"the draft length must be an integer in [1, {MAX_DRAFT}], got {k_max!r}")
         self.k_max, self.rate, self.decay = k_max, rate, decay
+        self.min_rate, self.probe, self.rounds = min_rate, probe, 0
 
     @property
     def k(self) -> int:
-        """Tokens to draft next round."""
+        """Tokens to draft while drafting pays."""
         expected = self.rate / max(1.0 - self.rate, 1e-6)
         return int(min(self.k_max, max(1, round(expected) + 1)))
+
+    def next(self) -> int:
+        """Tokens to draft this round (0: a plain step). Call once per round."""
+        self.rounds += 1
+        if self.rate < self.min_rate and self.rounds % self.probe:
+            return 0
+        return self.k
 
     def update(self, drafted: int, accepted: int) -> None:
         """A round drafted `drafted` tokens and the target kept `accepted` of them."""
@@ -248,7 +259,7 @@ def run(gen: Generation, model: Any, req: GenerationRequest, cache: PrefixCache 
 def _round(model: Any, cache: PrefixCache, drafter: Drafter, dec: Decoding, draw: DraftSampler,
            length: AdaptiveLength, stats: Stats) -> Iterator[str]:
     """One round: draft, verify [last, *drafts] in one target step, keep the agreeing prefix, rewind the rest."""
-    k = _draft_room(length.k, dec, cache)
+    k = _draft_room(length.next(), dec, cache)
     t = time.perf_counter()
     draft = propose(drafter, dec, k, draw, model.descriptor.n_vocab)
     stats.draft_s += time.perf_counter() - t
@@ -348,7 +359,7 @@ class Speculation:
 
     def next_ids(self, cache: PrefixCache) -> list[int]:
         """[last token, *drafts] to verify this step."""
-        k = _draft_room(self.length.k, self.dec, cache)
+        k = _draft_room(self.length.next(), self.dec, cache)
         self.draft = propose(self.drafter, self.dec, k, self.draw, self.model.descriptor.n_vocab)
         return [*self.dec.next_ids, *self.draft.tokens]
 

@@ -42,11 +42,13 @@ _REQUIRED = ("nextn.eh_proj", "nextn.enorm", "nextn.hnorm")
 
 
 class MtpHead:
-    """MTP block k of a host_reference glm4moe model, bound once with the model's own ops.
+    """MTP block k of a glm4moe model, bound once with the model's own ops (fast ops on a fused
+    model, their float32 references on a host_reference one).
 
-    Raises WrongBlockStyle unless the model is block style host_reference, MissingTensor when
-    the model has no MTP block k (e.g. nextn_predict_layers = 0) or a required nextn tensor
-    is absent, ShapeMismatch when eh_proj is not {2*n_embd, n_embd}.
+    Raises WrongBlockStyle when the model has no entry returning the trunk's hidden states
+    (`forward_step_hidden`), MissingTensor when the model has no MTP block k (e.g.
+    nextn_predict_layers = 0) or a required nextn tensor is absent, ShapeMismatch when eh_proj
+    is not {2*n_embd, n_embd}.
     """
 
     def __init__(self, model, k: int = 0):
@@ -240,9 +242,9 @@ def verify(model, cache: KvCache, mtp_cache: MtpCache | None, last_token: int,
 
 def _check_model(model, k: int) -> None:
     d = model.descriptor
-    if not model.caps.host_step:
-        raise WrongBlockStyle(f"MTP heads run on block style 'host_reference'; this model is "
-                              f"{d.block_style!r} (load with block_style='host_reference')")
+    if not callable(getattr(model, "forward_step_hidden", None)):
+        raise WrongBlockStyle(f"MTP heads need the trunk's hidden states (forward_step_hidden); this model's block "
+                              f"style {d.block_style!r} has no such entry")
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         raise InvalidRequest(f"MTP block index k must be a non-negative integer, got {k!r}")
     if k >= d.n_nextn:
@@ -268,8 +270,9 @@ def _check_count(what: str, value: int, low: int) -> None:
 class MtpDrafter(Drafter):
     """Self-speculation: MTP block k drafts greedy chains; the trunk verifies them.
 
-    Every trunk step goes through host_step with this drafter's MtpCache (the head reads the
-    trunk's hidden states), so the MTP cache follows the trunk's cache, rewinds included.
+    Every trunk step goes through `forward_step_hidden` and then `MtpCache.advance` (the head
+    reads the trunk's hidden states), so the MTP cache follows the trunk's cache, rewinds
+    included. Works on either block style: on a fused model the head runs the model's fast ops.
     Drafts are argmax chains (deterministic), which the rejection rule accepts for any sampling.
     """
 
@@ -286,8 +289,9 @@ class MtpDrafter(Drafter):
         self.mtp.clear()
 
     def step(self, model, cache, ids: np.ndarray, all_logits: bool) -> np.ndarray:
-        logits = model.host_step(ids, cache, self.mtp).logits   # [n, vocab]
-        return logits if all_logits else logits[-1:]
+        step = model.forward_step_hidden(ids, cache)           # logits [n, vocab], hidden [n, d]
+        self.mtp.advance(ids, step.hidden)
+        return step.logits if all_logits else step.logits[-1:]
 
     def propose(self, history: Sequence[int], k: int, sampler: DraftSampler) -> Draft:
         k = min(k, self.mtp.kv.capacity - len(self.mtp.kv))

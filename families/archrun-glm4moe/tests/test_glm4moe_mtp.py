@@ -285,9 +285,27 @@ def test_model_without_nextn_layers_is_refused():
         MtpHead(model)
 
 
-def test_fused_model_is_refused():
-    with pytest.raises(WrongBlockStyle, match="host_reference"):
-        MtpHead(archrun.load(TINY / "glm4moe_base.gguf", block_style="fused"))
+def test_a_fused_model_drafts_on_its_fast_ops():
+    """Block style fused: the trunk's hidden states come from forward_step_hidden (one-token steps
+    on the fused kernels), the head runs the model's fast ops; drafts still match HF."""
+    g = golden("glm4moe_base")
+    model = archrun.load(TINY / "glm4moe_base.gguf", block_style="fused")
+    head, ids = MtpHead(model), g["ids"]
+    cache, mtp = model.init_cache(len(ids)), head.init_cache(len(ids))
+    got = []
+    for j in range(len(ids) - 1):
+        step = model.forward_step_hidden(ids[j:j + 1], cache)
+        mtp.advance(ids[j:j + 1], step.hidden)
+        got.append(head.draft(mtp, int(ids[j + 1])))
+    assert rel_err(np.stack(got), g["mtp"]) <= 1e-4
+
+
+def test_a_model_without_the_hidden_state_entry_is_refused():
+    class NoHidden:  # a Decoder that does not expose its trunk's hidden states
+        descriptor = archrun.load(TINY / "glm4moe_base.gguf").descriptor
+
+    with pytest.raises(WrongBlockStyle, match="forward_step_hidden"):
+        MtpHead(NoHidden())
 
 
 def test_bad_requests_are_refused(tmp_path):
