@@ -143,3 +143,20 @@ def test_llamacpp_vocab_recorded(name: str):
             if got != _detok(want[key][i]):
                 failures.append(f"{key} {text[:50]!r}: got {got[:60]!r} want {_detok(want[key][i])[:60]!r}")
     assert not failures, f"{len(failures)} differ:\n" + "\n".join(failures[:10])
+
+
+@pytest.mark.skipif(not MODELS.is_dir(), reason=f"llama.cpp's source is not fetched ({MODELS} is absent)")
+@pytest.mark.parametrize("name", sorted(_recorded()["stress"]) if RECORDED.is_file() else [])
+def test_llamacpp_vocab_stress(name: str):
+    """All 19 files on seeded random strings heavy in control characters, non-ASCII whitespace,
+    combining marks and special-token texts: ids equal llama.cpp's (recorded)."""
+    golden = _recorded()
+    vocab = MODELS / f"ggml-vocab-{name}.gguf"
+    want = golden["stress"][name]
+    if hashlib.sha256(vocab.read_bytes()).hexdigest() != want["sha256"]:
+        pytest.skip(f"{vocab.name} differs from the recorded file")
+    tok = _tokenizer(vocab)
+    failures = [f"{text[:50]!r}: got {got[:20]} want {ids[:20]}"
+                for text, ids in zip(golden["stress_texts"], want["plain"], strict=True)
+                if (got := tok.encode(text, add_special=False)) != ids]
+    assert not failures, f"{len(failures)} differ:\n" + "\n".join(failures[:10])

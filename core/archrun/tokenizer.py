@@ -70,7 +70,11 @@ _QWEN2_RE = (
     _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 )
-_CJK = "[一-龥ࠀ-一가-\ud7ff]+"
+# llama.cpp matches regexes without \p{..} through std::wregex on text whose non-ASCII whitespace
+# was replaced by \x0b, so those characters never fall in a literal range: the ranges below that
+# cover some (U+0800-U+4E00, U+3000) exclude them explicitly (Oniguruma's && class intersection)
+_WIDE_SPACES = "\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_CJK = f"[一-龥ࠀ-一가-\ud7ff&&[^{_WIDE_SPACES}]]+"
 _LETTER_CASE = (
     "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+@C"
     "|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*@C"
@@ -102,7 +106,7 @@ _REGEXES: dict[str, tuple[str, ...]] = {
     "deepseek-llm": (
         "[\r\n]",
         _DEEPSEEK_LETTERS,
-        "\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+",
+        f"\\s?[!-/:-~！-／：-～‘-‟\u3000-。&&[^{_WIDE_SPACES}]]+",
         "\\s+$",
         _CJK,
         "\\p{N}+",

@@ -6,6 +6,8 @@ this covers the rest and the vocabulary kinds archrun added last: aquila and gpt
 and nomic-bert-moe (UGM). Corpus: every ``.inp`` test string plus record_llamacpp.py's corpus (edge
 cases and seeded random strings). Per text: ids with (add_special, parse_special) in {off/off,
 on/off, off/on} and llama_detokenize of the add_special ids, keeping and removing special tokens.
+A second, smaller "stress" corpus (seeded random strings heavy in control characters, non-ASCII
+whitespace, combining marks and special-token texts) is tokenized by all 19 files (ids only).
 Run with a venv that has llama-cpp-python (vocab only -- nothing is evaluated):
 
     /work/bench-venv/bin/python tests/goldens/tokenizer/record_llamacpp_vocabs.py
@@ -43,6 +45,37 @@ def corpus() -> list[str]:
     return list(dict.fromkeys(texts))
 
 
+STRESS_POOLS = [
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " " * 10, "\n\t\r\x0b\x0c",
+    "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", "äöüßéèêçñøåÆŒİıſǅ", "абвгдеёжзийклмнопрстуфхцчшщъыьэюяЁЖ",
+    "的一是不了人我在有他这为之大来以个中上们𠀀𪚥", "あいうえおかきくけこアイウエオｱｲｳ", "가나다라마바사아자차ㄱㄴ",
+    "αβγδεζηθικλμνξοπρστυφχψωΣς", "ابتثجحخدذرزسشصضطظعغفقكلمنهوي", "अआइईउऊऋएऐओऔकखगघ\u093f\u094d",
+    "😀🚀👍🏽❤️🎉🔥✨\u200d", "\u00a0\u2009\u3000\u200b\u200d\u0301\u0308\u2028\u2029\u0085\u1680\ufeff",
+    "—–…«»“”‘’•·€£¥©®™°±×÷", "\x00\x01\x07\x1f\x7f\ufffd\ue000", "▁", "ﬁﬂ①②Ⅻ½²³ｍＡ", "ŉǰΐ",
+    "<s></s><unk><pad>[CLS][SEP][UNK][MASK]<bos><eos><mask>",
+]
+
+
+# non-ASCII whitespace next to letters and CJK/punctuation ranges (llama.cpp's std::wregex path),
+# bytes some vocabularies lack between mergeable neighbours (falcon has no \x0b token)
+STRESS_FIXED = [
+    "a\u2009s", "\u2581\u2009s", "\u3000\u3000x", "  \u3000\u200d\u2009 \u3000\u0308\u2009  ", "x\u1680y\u2028z",
+    "\u00a0\u00a0\u3000", "\t\x0b\t", "\n\t\x0b\t\x0c\n", "\r\x0b\r\n\x0b\n", "a\x03b\x1ec\xc0d",
+]
+
+
+def stress_corpus(n: int = 80, seed: int = 99) -> list[str]:
+    """STRESS_FIXED, then seeded random strings drawn from 1-4 of STRESS_POOLS, 1-60 characters."""
+    import random
+
+    rng = random.Random(seed)
+    texts = list(STRESS_FIXED)
+    for _ in range(n):
+        pools = rng.sample(STRESS_POOLS, rng.randint(1, 4))
+        texts.append("".join(rng.choice(rng.choice(pools)) for _ in range(rng.randint(1, 60))))
+    return texts
+
+
 def detokenize(llama_cpp, vocab, ids: list[int], remove_special: bool, unparse_special: bool) -> str | dict:
     """llama_detokenize -> the text, or {"hex": ...} when the bytes are not valid UTF-8."""
     arr = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
@@ -77,9 +110,17 @@ def record(path: Path, texts: list[str]) -> dict:
 
 def main() -> None:
     import llama_cpp
+    from llama_cpp import Llama
 
     texts = corpus()
     vocabs = {name: record(SOURCE / f"ggml-vocab-{name}.gguf", texts) for name in VOCABS}
+    stress = stress_corpus()
+    stressed = {}
+    for path in sorted(SOURCE.glob("ggml-vocab-*.gguf")):
+        llm = Llama(str(path), vocab_only=True, verbose=False)
+        stressed[path.name.removeprefix("ggml-vocab-").removesuffix(".gguf")] = {
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "plain": [llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in stress]}
     out = {
         "llama_cpp_python": llama_cpp.__version__, "recorded": dt.date.today().isoformat(),
         "calls": {"plain": "Llama.tokenize(text, add_bos=False, special=False)",
@@ -88,7 +129,7 @@ def main() -> None:
                   "detok": "llama_detokenize(add_special ids, remove_special=False, unparse_special=True)",
                   "detok_skip": "llama_detokenize(add_special ids, remove_special=True, unparse_special=False)",
                   "note": "detokenized bytes that are not valid UTF-8 are stored as {\"hex\": ...}"},
-        "texts": texts, "vocabs": vocabs,
+        "texts": texts, "vocabs": vocabs, "stress_texts": stress, "stress": stressed,
     }
     (HERE / "llamacpp_vocabs.json").write_text(json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n",
                                                encoding="utf-8")
