@@ -153,6 +153,20 @@ def test_overflowing_finite_weights_give_nan_logits_as_a_typed_error(tmp_path, b
                 assert not np.isnan(steps[0]).any()
 
 
+def test_moe_tensor_with_too_few_dimensions_is_a_shape_mismatch(tmp_path) -> None:
+    """Found by the long fuzz run: a 1-D expert stack made the compiler index past its shape."""
+    from archrun.errors import ShapeMismatch
+
+    src = ROOT / "families/archrun-olmo/tests/goldens/olmoe_4experts.gguf"
+
+    def flatten(m):
+        t = m.tensor("blk.0.ffn_up_exps.weight")
+        t.dims = [len(t.data) // 4]
+
+    with pytest.raises(ShapeMismatch, match=r"'blk.0.ffn_up_exps.weight' has shape \(\d+,\), expected at least 2"):
+        archrun.load(_variant(tmp_path, flatten, src=src), backend="reference")
+
+
 # ---- 2. chat templates: compile errors and C-level builders ---------------------------------------
 
 @pytest.mark.parametrize("template", [

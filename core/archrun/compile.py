@@ -163,6 +163,14 @@ class _Tensors:
             raise MissingTensor(f"required tensor {name!r} is missing")
         return self.gguf.tensors[name].shape
 
+    def dim(self, role: str, layer: int | None, k: int) -> int:
+        """Dimension k (ggml order) of the tensor; ShapeMismatch when it has fewer dimensions."""
+        shape = self.shape(role, layer)
+        if len(shape) <= k:
+            raise ShapeMismatch(f"tensor {self.name(role, layer)!r} has shape {tuple(shape)}, expected at least "
+                                f"{k + 1} dimensions")
+        return shape[k]
+
     def expect(self, role: str, layer: int | None, shape: tuple[int, ...]) -> None:
         """The tensor exists with this shape; trailing 1s are no dimension (ggml's ne[k] = 1, as llama.cpp reads)."""
         got = tuple(self.shape(role, layer))
@@ -612,7 +620,7 @@ class _Geometry:
         meta, t, d = self.meta, self.t, self.n_embd
         n_expert = _bounded(meta.key("expert_count"), meta.get("expert_count", int), 1, MAX_EXPERTS)
         n_used = meta.get("expert_used_count", int)
-        n_ff = meta.get("expert_feed_forward_length", int, 0) or t.shape("ffn_up_exps", i)[1]
+        n_ff = meta.get("expert_feed_forward_length", int, 0) or t.dim("ffn_up_exps", i, 1)
         t.expect("ffn_gate_inp", i, (d, n_expert))
         for role, shape in (("ffn_gate_exps", (d, n_ff, n_expert)), ("ffn_up_exps", (d, n_ff, n_expert)),
                             ("ffn_down_exps", (n_ff, d, n_expert))):
@@ -647,7 +655,7 @@ class _Geometry:
         t, d = self.t, self.n_embd
         if not t.has("ffn_up_shexp", i):
             return 0, 0
-        n_ff_sh = self.meta.get("expert_shared_feed_forward_length", int, 0) or t.shape("ffn_up_shexp", i)[1]
+        n_ff_sh = self.meta.get("expert_shared_feed_forward_length", int, 0) or t.dim("ffn_up_shexp", i, 1)
         for role, shape in (("ffn_gate_shexp", (d, n_ff_sh)), ("ffn_up_shexp", (d, n_ff_sh)),
                             ("ffn_down_shexp", (n_ff_sh, d))):
             t.expect(role, i, shape)
