@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers: synth, gguf_fixtures, test_tiny_hf
+# the CLI under test loads models directly: no background kernel warm-ups (archrun.tiered) per
+# invocation; tests/test_tiered.py turns it back on where it tests it
+os.environ["ARCHRUN_TIERED"] = "0"
 
 MODEL_DIR = Path(os.environ.get("ARCHRUN_MODEL_DIR", Path.home() / ".cache" / "archrun" / "models"))
 REAL_MODELS = {

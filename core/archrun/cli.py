@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -78,7 +79,9 @@ def _parser() -> argparse.ArgumentParser:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="path to a .gguf file")
     p.add_argument("--threads", type=int, default=None, help="compute threads (default: all cores)")
-    p.add_argument("--backend", choices=("fast", "reference"), default=None, help="op implementations")
+    p.add_argument("--backend", choices=("fast", "reference"), default=None,
+                   help="op implementations (default: fast; while a model's fast kernels are not compiled yet, "
+                        "the reference ops answer and the kernels compile in the background)")
     p.add_argument("--block-style", default=None, help="a registered block style (see `archrun plugins`)")
     p.add_argument("--hint", action="append", default=[], metavar="NAME=VALUE",
                    help="a convention the file does not state, e.g. rope_pairing=norm (repeatable)")
@@ -130,8 +133,14 @@ def _load(args: argparse.Namespace):
     from archrun.progress import LoadProgress
 
     with LoadProgress() as progress:
-        return load(args.model, block_style=args.block_style, backend=args.backend, hints=parse_hints(args.hint),
-                    threads=args.threads, progress=progress)
+        kwargs = dict(block_style=args.block_style, hints=parse_hints(args.hint), threads=args.threads,
+                      progress=progress)
+        # fast, or tiered while its kernels compile (ARCHRUN_TIERED=0: wait for them instead)
+        if args.backend is None and args.block_style is None and os.environ.get("ARCHRUN_TIERED", "1") != "0":
+            from archrun import tiered
+
+            return tiered.load(args.model, **kwargs)
+        return load(args.model, backend=args.backend, **kwargs)
 
 
 def _stream(gen) -> None:

@@ -37,6 +37,7 @@ layer kernel (e.g. moe) offers `op.fused_layer(weights, common)`.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -71,10 +72,27 @@ class AttentionLayout(Protocol):
 
 
 @attrs.frozen
+class Lazy:
+    """A factory named "module:attribute", imported on its first call.
+
+    A plugin registers its fast factories this way so that importing the plugin (every load
+    does) compiles none of its kernels: a model on the reference backend, or one that uses none
+    of the plugin's fast ops, never waits for them.
+    """
+
+    target: str = attrs.field(validator=attrs.validators.matches_re(r"^[\w.]+:\w+$"))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module, _, name = self.target.partition(":")
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
+@attrs.frozen
 class Op:
     """A vocabulary entry: the math of one (slot, name), as a reference and optionally a fast factory.
 
     layout: an attention op's own projections (AttentionLayout), or None for the standard ones.
+    fast may be a `Lazy("module:factory")`, imported when a model first binds it.
     """
 
     slot: str = attrs.field(validator=attrs.validators.in_(SLOTS))

@@ -4,37 +4,45 @@ from __future__ import annotations
 
 import pluggy
 
-from archrun.vocab import Op
-from archrun_blocks import fast, reference
+from archrun.vocab import Lazy, Op
+from archrun_blocks import reference
 
 hookimpl = pluggy.HookimplMarker("archrun")
 
 
+def _fast(name: str) -> Lazy:
+    """archrun_blocks.fast.<name>, imported (and its kernels compiled) when a model first binds it."""
+    return Lazy(f"archrun_blocks.fast:{name}")
+
+
 @hookimpl
 def archrun_register_vocabulary(register) -> None:
-    register(Op("norm", "rms", reference.rms_norm, fast.rms_norm, "RMSNorm over the last axis (+ bias if present)"))
-    register(Op("norm", "layer", reference.layer_norm, fast.layer_norm, "LayerNorm over the last axis (+ bias)"))
-    register(Op("norm", "rms_1p", reference.rms_norm_1p, fast.rms_norm_1p, "RMSNorm with unit-offset weights (1 + w)"))
-    register(Op("norm", "layer_1p", reference.layer_norm_1p, fast.layer_norm_1p,
+    register(Op("norm", "rms", reference.rms_norm, _fast("rms_norm"),
+                "RMSNorm over the last axis (+ bias if present)"))
+    register(Op("norm", "layer", reference.layer_norm, _fast("layer_norm"), "LayerNorm over the last axis (+ bias)"))
+    register(Op("norm", "rms_1p", reference.rms_norm_1p, _fast("rms_norm_1p"),
+                "RMSNorm with unit-offset weights (1 + w)"))
+    register(Op("norm", "layer_1p", reference.layer_norm_1p, _fast("layer_norm_1p"),
                 "LayerNorm with unit-offset weights (LayerNorm1p)"))
-    register(Op("rope", "neox", reference.rope_neox, fast.rope_neox, "rotate (x[i], x[i+n_rot/2])"))
-    register(Op("rope", "norm", reference.rope_norm, fast.rope_norm, "rotate (x[2i], x[2i+1])"))
-    register(Op("attention", "causal", reference.CausalAttention, fast.causal_attention,
+    register(Op("rope", "neox", reference.rope_neox, _fast("rope_neox"), "rotate (x[i], x[i+n_rot/2])"))
+    register(Op("rope", "norm", reference.rope_norm, _fast("rope_norm"), "rotate (x[2i], x[2i+1])"))
+    register(Op("attention", "causal", reference.CausalAttention, _fast("causal_attention"),
                 "causal grouped-query attention, optional sliding window and score softcap"))
-    register(Op("attention", "alibi", reference.AlibiAttention, fast.alibi_attention,
+    register(Op("attention", "alibi", reference.AlibiAttention, _fast("alibi_attention"),
                 "causal grouped-query attention with ALiBi position biases (attention.max_alibi_bias)"))
-    register(Op("activation", "silu", reference.silu, fast.silu, "x * sigmoid(x) (gated: SwiGLU)"))
-    register(Op("activation", "gelu_tanh", reference.gelu_tanh, fast.gelu_tanh, "tanh-approximated GELU"))
-    register(Op("activation", "gelu", reference.gelu, fast.gelu, "exact (erf) GELU"))
-    register(Op("activation", "relu2", reference.relu2, fast.relu2, "squared ReLU"))
+    register(Op("activation", "silu", reference.silu, _fast("silu"), "x * sigmoid(x) (gated: SwiGLU)"))
+    register(Op("activation", "gelu_tanh", reference.gelu_tanh, _fast("gelu_tanh"), "tanh-approximated GELU"))
+    register(Op("activation", "gelu", reference.gelu, _fast("gelu"), "exact (erf) GELU"))
+    register(Op("activation", "relu2", reference.relu2, _fast("relu2"), "squared ReLU"))
     register(Op("activation", "swiglu_oai", reference.swiglu_oai, None,
                 "gpt-oss's clamped SwiGLU: min(x, 7) sigmoid(1.702 min(x, 7)) (clip(up, -7, 7) + 1)"))
-    register(Op("residual", "sequential", reference.Sequential, fast.sequential,
+    register(Op("residual", "sequential", reference.Sequential, _fast("sequential"),
                 "x + attn(norm x), then + ffn(norm of that), optional residual scale"))
-    register(Op("residual", "parallel", reference.Parallel, fast.parallel,
+    register(Op("residual", "parallel", reference.Parallel, _fast("parallel"),
                 "x + attn(norm x) + ffn(norm x), optional residual scale"))
-    register(Op("gating", "softmax", reference.gating_softmax, fast.gating_softmax, "softmax over experts (GGUF 1)"))
-    register(Op("gating", "sigmoid", reference.gating_sigmoid, fast.gating_sigmoid, "sigmoid per expert (GGUF 2)"))
-    register(Op("moe", "topk", reference.moe_topk, fast.moe_topk,
+    register(Op("gating", "softmax", reference.gating_softmax, _fast("gating_softmax"),
+                "softmax over experts (GGUF 1)"))
+    register(Op("gating", "sigmoid", reference.gating_sigmoid, _fast("gating_sigmoid"), "sigmoid per expert (GGUF 2)"))
+    register(Op("moe", "topk", reference.moe_topk, _fast("moe_topk"),
                 "top-k routing with optional selection bias, group limit, renorm, scale, shared experts"))
     register(Op("softcap", "tanh", reference.softcap_tanh, None, "c * tanh(logits / c)"))

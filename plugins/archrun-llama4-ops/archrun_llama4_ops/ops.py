@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from archrun.errors import MetadataError
-from archrun_blocks import elementwise, reference
+from archrun_blocks import reference
 
 F32 = np.float32
 TEMP_SCALE, TEMP_FLOOR = 0.1, 8192  # llama.cpp: f_attn_temp_scale, n_attn_temp_floor_scale for llama4
@@ -79,6 +79,8 @@ def llama4_reference(spec) -> Llama4Attention:
 
 def llama4_fast(spec) -> Llama4Attention:
     """The same on archrun-blocks' attention kernel, op by op (no fused kernel part)."""
+    from archrun_blocks import elementwise  # imported on use: loading the plugin compiles no kernel
+
     return Llama4Attention(spec, elementwise.attention)
 
 

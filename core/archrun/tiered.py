@@ -1,0 +1,153 @@
+"""Tiered start: answer at once on the reference backend while the fast kernels compile, then go fast.
+
+On a machine whose kernel cache does not yet hold a model's fast kernels, loading it on the fast
+backend first compiles them (minutes with numba). `load` instead returns a `TieredModel`: it runs
+the reference backend (numpy float32, no compilation) and starts a background process
+(`python -m archrun.tiered PATH`) that loads the model on the fast backend and runs a prefill
+and a decode step, which compiles every kernel those paths use into the shared cache. When that
+process has finished, the next call of a model method loads the fast model (from the cache, about
+a second) and every later token runs on it; the KV cache is the same object on both backends
+(the attention ops of both make the same slots), so a generation continues where it was.
+
+The process leaves a stamp in the core's kernel cache folder (named by a digest of the model file
+and the kernel folders of this installation): with the stamp present `load` loads the fast model
+directly. Both backends are tested against HF; greedy choices can differ where two logits are
+closer than their rounding difference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from archrun.errors import ArchrunWarning
+
+_WARM_IDS = 8  # prompt tokens the warm-up prefills (then one decode step)
+
+
+def _stamp(path: str | os.PathLike) -> Path | None:
+    """Where the warm-up of this model file with this installation's kernels leaves its stamp
+    (None when the kernel cache is unusable: then every process compiles anyway)."""
+    from archrun.kernels import _jit
+    from archrun.plugins import default_plugin_manager
+
+    default_plugin_manager()  # kernel plugins register their cache folders on import
+    core = _jit._REGISTERED.get(_jit._CORE)
+    if core is None or core.path is None:
+        return None
+    st = os.stat(path)
+    key = "\n".join([os.path.realpath(path), str(st.st_size), str(st.st_mtime_ns),
+                     *sorted(str(s.path) for s in _jit._REGISTERED.values())])
+    return Path(core.path) / f"warm-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def is_warm(path: str | os.PathLike) -> bool:
+    """Whether this model's fast kernels are known to be in the kernel cache."""
+    stamp = _stamp(path)
+    return stamp is None or stamp.exists()
+
+
+class TieredModel:
+    """A Decoder on the reference backend until the fast model is ready, then on the fast one.
+
+    Every attribute is the active model's (descriptor, tokenizer, caps, init_cache,
+    forward_step, ...); reading one first switches to the fast model when its warm-up has
+    finished, so a generation switches at a token boundary. `backend` says which one runs.
+    """
+
+    def __init__(self, path: str | os.PathLike, load_kwargs: dict[str, Any]):
+        from archrun.api import load
+
+        self._path, self._kwargs, self._failed = str(path), load_kwargs, False
+        self._proc: subprocess.Popen | None = None
+        self._active = load(self._path, backend="reference", **load_kwargs)
+        hints = json.dumps(dict(load_kwargs.get("hints") or {}))
+        # the warm-up outlives this process if it must (the next start is then fast); its messages
+        # go to a file, not a pipe nobody may read
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (kept open while the warm-up runs)
+        self._proc = subprocess.Popen([sys.executable, "-m", "archrun.tiered", self._path, hints],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log)
+
+    @property
+    def backend(self) -> str:
+        """"reference" while the fast kernels compile, then "fast"."""
+        return "reference" if self._proc is not None or self._failed else "fast"
+
+    def _switch(self) -> None:
+        if self._proc is None or self._proc.poll() is None:
+            return
+        proc, self._proc = self._proc, None
+        self._log.seek(0)
+        err = self._log.read().decode(errors="replace").strip()
+        self._log.close()
+        if proc.returncode != 0:
+            self._failed = True
+            warnings.warn(f"archrun: compiling the fast kernels failed (exit {proc.returncode}); staying on the "
+                          f"reference backend: {err.splitlines()[-1] if err else 'no message'}", ArchrunWarning,
+                          stacklevel=3)
+            return
+        from archrun.api import load
+
+        self._active = load(self._path, backend="fast", **self._kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # this wrapper's own state (absent only while constructing)
+            raise AttributeError(name)
+        self._switch()
+        return getattr(self._active, name)
+
+    def close(self) -> None:
+        """Stop a warm-up still running (the kernels it compiled so far stay cached). Without
+        close, a warm-up outlives the model and this process, so that the next start is fast."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            self._proc.wait()
+        self._proc = None
+        with contextlib.suppress(Exception):
+            self._log.close()
+
+    def wait_fast(self, timeout: float | None = None) -> bool:
+        """Wait for the warm-up (at most `timeout` s) and switch; whether the fast model now runs."""
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout)
+        self._switch()
+        return self.backend == "fast"
+
+
+def load(path: str | os.PathLike, **load_kwargs: Any) -> Any:
+    """The fast model when its kernels are cached (or the cache is unusable), else a TieredModel.
+
+    load_kwargs go to archrun.load (hints, threads, progress, plugins ...), never `backend`.
+    """
+    from archrun.api import load as load_model
+
+    if is_warm(path):
+        return load_model(path, backend="fast", **load_kwargs)
+    return TieredModel(path, load_kwargs)
+
+
+def warm(path: str | os.PathLike, hints: dict[str, Any] | None = None) -> None:
+    """Compile the fast kernels a model's prefill and decode use, then leave the stamp."""
+    from archrun.api import load as load_model
+
+    model = load_model(path, backend="fast", hints=hints)
+    cache = model.init_cache(_WARM_IDS + 2)
+    ids = [i % model.descriptor.n_vocab for i in range(1, _WARM_IDS + 1)]
+    logits = model.forward_step(ids, cache)          # the prefill path
+    model.forward_step([int(logits.argmax())], cache)  # the fused decode step
+    stamp = _stamp(path)
+    if stamp is not None:
+        stamp.touch()
+
+
+if __name__ == "__main__":
+    warm(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -1,0 +1,75 @@
+"""The tiered start (archrun.tiered): the reference backend answers while a background process
+compiles the fast kernels; the model then continues on the fast backend with the same cache."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import archrun
+from archrun import tiered
+from archrun.errors import ArchrunWarning
+
+FIXTURE = Path(__file__).parents[1] / "families/archrun-llama/tests/goldens/llama_gqa.gguf"
+
+
+@pytest.fixture
+def fresh(tmp_path) -> Path:
+    """A copy of a tiny fixture: a file no warm-up has stamped yet."""
+    return Path(shutil.copy(FIXTURE, tmp_path / "model.gguf"))
+
+
+def _ids(model, n: int) -> list[int]:
+    return [int(i) for i in np.random.default_rng(5).integers(0, model.descriptor.n_vocab, n)]
+
+
+def test_switches_to_fast_at_a_token_boundary_with_the_same_cache(fresh):
+    assert not tiered.is_warm(fresh)
+    model = tiered.load(fresh)
+    try:
+        assert isinstance(model, tiered.TieredModel) and model.backend == "reference"
+        ids = _ids(model, 12)
+        cache = model.init_cache(32)
+        model.forward_step(ids[:10], cache)                 # the prompt on the reference backend
+        assert model.wait_fast(timeout=900)
+        got = model.forward_step(ids[10:12], cache)          # the fast backend continues its cache
+    finally:
+        model.close()
+    fast = archrun.load(fresh, backend="fast")
+    c = fast.init_cache(32)
+    fast.forward_step(ids[:10], c)
+    want = fast.forward_step(ids[10:12], c)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    assert tiered.is_warm(fresh)                               # the warm-up left its stamp
+    assert not isinstance(tiered.load(fresh), tiered.TieredModel)  # so the next start is fast at once
+
+
+def test_a_failed_warm_up_keeps_the_reference_backend(fresh, monkeypatch):
+    monkeypatch.setattr(tiered.sys, "executable", shutil.which("false") or "/bin/false")
+    model = tiered.load(fresh)
+    try:
+        with pytest.warns(ArchrunWarning, match="staying on the reference backend"):
+            assert not model.wait_fast(timeout=60)
+        assert model.backend == "reference"
+        cache = model.init_cache(8)
+        assert model.forward_step(_ids(model, 3), cache).shape == (model.descriptor.n_vocab,)
+    finally:
+        model.close()
+    monkeypatch.setattr(tiered.sys, "executable", sys.executable)
+
+
+def test_the_cli_starts_tiered_unless_a_backend_is_named(fresh, monkeypatch, capsys):
+    from archrun import cli
+
+    seen = []
+    monkeypatch.setenv("ARCHRUN_TIERED", "1")
+    monkeypatch.setattr(tiered, "load", lambda path, **kw: seen.append(path) or archrun.load(path, backend="fast"))
+    assert cli.main(["run", str(fresh), "-p", "hi", "-n", "2", "--temp", "0"]) == 0
+    assert cli.main(["run", str(fresh), "-p", "hi", "-n", "2", "--temp", "0", "--backend", "fast"]) == 0
+    monkeypatch.setenv("ARCHRUN_TIERED", "0")  # the switch users (and this suite) turn it off with
+    assert cli.main(["run", str(fresh), "-p", "hi", "-n", "2", "--temp", "0"]) == 0
+    assert seen == [str(fresh)]
