@@ -160,3 +160,26 @@ def test_llamacpp_vocab_stress(name: str):
                 for text, ids in zip(golden["stress_texts"], want["plain"], strict=True)
                 if (got := tok.encode(text, add_special=False)) != ids]
     assert not failures, f"{len(failures)} differ:\n" + "\n".join(failures[:10])
+
+
+@pytest.mark.skipif(not MODELS.is_dir(), reason=f"llama.cpp's source is not fetched ({MODELS} is absent)")
+@pytest.mark.parametrize("pre", sorted(_recorded()["pre_variants"]) if RECORDED.is_file() else [])
+def test_llamacpp_pre_tokenizer_variants(pre: str):
+    """Pre-tokenizers no test vocabulary uses: a test vocabulary with `tokenizer.ggml.pre` (and the
+    model, gpt2) replaced tokenizes the first 40 stress strings as llama.cpp did on such a copy."""
+    from archrun.ggufio import open_gguf
+
+    golden = _recorded()
+    want = golden["pre_variants"][pre]
+    vocab = MODELS / f"ggml-vocab-{want['base']}.gguf"
+    if hashlib.sha256(vocab.read_bytes()).hexdigest() != want["sha256"]:
+        pytest.skip(f"{vocab.name} differs from the recorded file")
+    gguf = open_gguf(vocab)
+    try:
+        tok = Tokenizer.from_metadata({**gguf.metadata, "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre})
+    finally:
+        gguf.close()
+    texts = golden["stress_texts"][:len(want["plain"])]
+    failures = [f"{text[:50]!r}: got {got[:20]} want {ids[:20]}" for text, ids in zip(texts, want["plain"], strict=True)
+                if (got := tok.encode(text, add_special=False)) != ids]
+    assert not failures, f"{len(failures)} differ:\n" + "\n".join(failures[:10])

@@ -145,6 +145,54 @@ _REGEXES: dict[str, tuple[str, ...]] = {
         "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     ),
     "gemma4": ("[^\\n]+|[\\n]+",),  # SPM-style BPE: lines and newline runs, merged whole
+    "minicpm5": (
+        "\\p{N}{1,3}",
+        _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+        "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    ),
+    "exaone-moe": (
+        _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}"
+        "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",
+    ),
+    "ufakzeka": ("[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",),
+    "laguna": ("[^\\n]+|[\\n]+", _QWEN2_RE),
+    "spark2_5": (
+        "\\p{N}{1,3}",
+        "[一-龥\u3040-ゟ゠-ヿ]+",
+        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+        "| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+",
+        "\\p{N}",
+    ),
+    "hy_v4": (
+        "\\p{N}{1,3}",
+        "[一-龥\u3040-ゟ゠-ヿ]+",
+        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+        "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+    ),
+    "jais-2": (
+        _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
+        "|\\s{512}(?!\\S)|\\s{256}(?!\\S)|\\s{128}(?!\\S)|\\s{64}(?!\\S)|\\s{32}(?!\\S)|\\s{16}(?!\\S)"
+        "|\\s{8}(?!\\S)|\\s{4}(?!\\S)|\\s{1,2}(?!\\S)|\\s{1}",
+    ),
+    "granite-embed-multi-97m": (
+        _LETTER_CASE.replace("\\p{L}])", "\\p{L}\\p{M}])").replace("@C", _CONTRACTIONS + "?")
+        + "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    ),
+    # llama.cpp collapses \p{Lu}, \p{Ll}, \p{Lt}, \p{Lm}, \p{Lo} to "a letter" (unicode.cpp), so do we
+    "youtu": (
+        "[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥\u3040-ゟ゠-ヿ]+",
+        "[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]*[\\p{L}\\p{M}]+" + _CONTRACTIONS + "?"
+        "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+[\\p{L}\\p{M}]*" + _CONTRACTIONS + "?"
+        "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    ),
+    "chameleon": (
+        "<sentinel:[0-9]+>",
+        "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+        "([\\t\\n]|    |  )",
+        "\\p{N}",
+        "[\\p{P}!-/:-@\\[-`{-~]",
+        _GPT2_RE,
+    ),
 }
 
 
@@ -158,7 +206,8 @@ class PreTokenizer:
     add_bos: bool = False  # default for tokenizer.ggml.add_bos_token
     bos_default: int | None = 11  # llama.cpp's default BOS/EOS id for BPE vocabularies
     spm_style: bool = False  # gemma4: spaces -> ▁, raw UTF-8 with <0xNN> byte fallback (no byte-level
-    #                         alphabet), a newline run that is a token stays whole, BOS always added
+    #                         alphabet), a newline run that is a token stays whole
+    force_bos: bool = False  # gemma4: BOS added even when tokenizer.ggml.add_bos_token is false
 
 
 def _pre_table() -> dict[str, PreTokenizer]:
@@ -191,7 +240,25 @@ def _pre_table() -> dict[str, PreTokenizer]:
         (("gpt-4o", "llama4", "kanana2", "minimax-m2"), PreTokenizer(r["gpt-4o"], clean_spaces=False)),
         (("bailingmoe", "bailingmoe2", "llada-moe"), PreTokenizer(r["bailingmoe"], clean_spaces=False)),
         (("seed-coder",), PreTokenizer(r["seed-coder"], clean_spaces=False)),
-        (("gemma4", "granite-embed-multi-311m"), PreTokenizer(r["gemma4"], add_bos=True, spm_style=True)),
+        (("gemma4", "granite-embed-multi-311m"),
+         PreTokenizer(r["gemma4"], add_bos=True, spm_style=True, force_bos=True)),
+        (("sarvam-moe",), PreTokenizer(r["gemma4"], clean_spaces=False, spm_style=True)),
+        (("jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "modern-bert", "jina-v1-en", "jina-v2-code",
+          "roberta-bpe"), PreTokenizer(r["gpt-2"])),  # (the last three set add_sep: rerank prompts only)
+        (("jina-v5-nano",), PreTokenizer(r["llama3"], ignore_merges=True, add_bos=True)),
+        (("talkie",), PreTokenizer(r["gpt-4o"], clean_spaces=False)),
+        (("mellum2",), PreTokenizer(r["starcoder"])),
+        (("minicpm5",), PreTokenizer(r["minicpm5"], ignore_merges=True)),
+        (("exaone-moe",), PreTokenizer(r["exaone-moe"])),
+        (("jais-2",), PreTokenizer(r["jais-2"])),
+        (("ufakzeka",), PreTokenizer(r["ufakzeka"], clean_spaces=False)),
+        (("laguna",), PreTokenizer(r["laguna"], clean_spaces=False)),
+        (("spark2_5",), PreTokenizer(r["spark2_5"], clean_spaces=False)),
+        (("hy_v4", "joyai-llm"), PreTokenizer(r["hy_v4"], clean_spaces=False)),
+        (("granite-embed-multi-97m",), PreTokenizer(r["granite-embed-multi-97m"], clean_spaces=False,
+                                                    ignore_merges=True)),
+        (("youtu",), PreTokenizer(r["youtu"], clean_spaces=False, ignore_merges=True)),
+        (("chameleon",), PreTokenizer(r["chameleon"], clean_spaces=False, add_bos=True)),
     ]
     return {name: pre for names, pre in groups for name in names}
 
@@ -1174,7 +1241,7 @@ def _build_bpe(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]
         raise TokenizerError(f"{Keys.Tokenizer.MERGES} is missing")
     engine = _BpeEngine(index, merges, pre)
     defaults = {"bos": pre.bos_default, "eos": 11}
-    flags = {"add_bos": pre.add_bos, "force_bos": pre.spm_style, "clean_spaces": pre.clean_spaces,
+    flags = {"add_bos": pre.add_bos, "force_bos": pre.force_bos, "clean_spaces": pre.clean_spaces,
              "unescape_spaces": pre.spm_style,
              "add_space_prefix": _read_flag(meta, Keys.Tokenizer.ADD_PREFIX, False)}
     return pre_name, engine, defaults, flags

@@ -7,7 +7,9 @@ and nomic-bert-moe (UGM). Corpus: every ``.inp`` test string plus record_llamacp
 cases and seeded random strings). Per text: ids with (add_special, parse_special) in {off/off,
 on/off, off/on} and llama_detokenize of the add_special ids, keeping and removing special tokens.
 A second, smaller "stress" corpus (seeded random strings heavy in control characters, non-ASCII
-whitespace, combining marks and special-token texts) is tokenized by all 19 files (ids only).
+whitespace, combining marks and special-token texts) is tokenized by all 19 files (ids only),
+and -- for pre-tokenizers no test vocabulary uses -- by copies of ggml-vocab-gpt-2 (ggml-vocab-gemma-4
+for the SPM-style sarvam-moe) whose `tokenizer.ggml.pre` names them (PRE_VARIANTS).
 Run with a venv that has llama-cpp-python (vocab only -- nothing is evaluated):
 
     /work/bench-venv/bin/python tests/goldens/tokenizer/record_llamacpp_vocabs.py
@@ -64,6 +66,37 @@ STRESS_FIXED = [
 ]
 
 
+# pre-tokenizer -> the test vocabulary its copy is made from (model set to gpt2)
+PRE_VARIANTS = {name: "gpt-2" for name in (
+    "minicpm5", "exaone-moe", "ufakzeka", "laguna", "spark2_5", "hy_v4", "joyai-llm", "jais-2",
+    "granite-embed-multi-97m", "youtu", "chameleon", "jina-v2-es", "modern-bert", "roberta-bpe",
+    "jina-v5-nano", "talkie", "mellum2")}
+PRE_VARIANTS["sarvam-moe"] = "gemma-4"
+
+
+def copy_with_pre(src: Path, dst: Path, pre: str) -> None:
+    """`src` with tokenizer.ggml.model = gpt2 and tokenizer.ggml.pre = `pre` (every other key kept)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(src)
+    writer = GGUFWriter(dst, reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "tokenizer.ggml.pre"):
+            continue
+        value = "gpt2" if key == "tokenizer.ggml.model" else field.contents()
+        if field.types[0] == GGUFValueType.ARRAY and field.types[-1] == GGUFValueType.STRING:
+            writer.add_array(key, value)
+        elif field.types[0] == GGUFValueType.ARRAY:
+            writer.add_key_value(key, value, field.types[0], sub_type=field.types[-1])
+        else:
+            writer.add_key_value(key, value, field.types[0])
+    writer.add_string("tokenizer.ggml.pre", pre)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def stress_corpus(n: int = 80, seed: int = 99) -> list[str]:
     """STRESS_FIXED, then seeded random strings drawn from 1-4 of STRESS_POOLS, 1-60 characters."""
     import random
@@ -108,6 +141,25 @@ def record(path: Path, texts: list[str]) -> dict:
     return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), **out}
 
 
+def record_pre_variants(texts: list[str]) -> dict:
+    """{pre: {"base": test vocabulary, "sha256": its hash, "plain": ids of `texts`}}."""
+    import tempfile
+
+    from llama_cpp import Llama
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for pre, base in PRE_VARIANTS.items():
+            src = SOURCE / f"ggml-vocab-{base}.gguf"
+            dst = Path(tmp) / f"{pre}.gguf"
+            copy_with_pre(src, dst, pre)
+            llm = Llama(str(dst), vocab_only=True, verbose=False)
+            out[pre] = {"base": base, "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
+                        "plain": [llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in texts]}
+            del llm
+    return out
+
+
 def main() -> None:
     import llama_cpp
     from llama_cpp import Llama
@@ -130,6 +182,7 @@ def main() -> None:
                   "detok_skip": "llama_detokenize(add_special ids, remove_special=True, unparse_special=False)",
                   "note": "detokenized bytes that are not valid UTF-8 are stored as {\"hex\": ...}"},
         "texts": texts, "vocabs": vocabs, "stress_texts": stress, "stress": stressed,
+        "pre_variants": record_pre_variants(stress[:40]),
     }
     (HERE / "llamacpp_vocabs.json").write_text(json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n",
                                                encoding="utf-8")
