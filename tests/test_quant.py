@@ -13,6 +13,7 @@ from gguf_fixtures import random_blocks
 from archrun import quant
 from archrun.errors import UnsupportedQuantType
 from archrun.ggufio import open_gguf
+from archrun.weights import Matrix
 
 T = GGMLQuantizationType
 MODELS = pathlib.Path.home() / ".cache" / "archrun" / "models"
@@ -96,7 +97,7 @@ def test_block_info_and_row_bytes() -> None:
 
 def test_supported_types() -> None:
     names = {T(t).name for t in quant.SUPPORTED_TYPES}
-    assert names == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    assert names == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4",
                      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}  # fmt: skip
 
 
@@ -147,3 +148,46 @@ def test_bit_identical_on_real_model_tensors(model: str, name: str) -> None:
         rows = f.raw_rows(name)[:64]  # first rows only: the embeddings are 150k rows long
         shape = (rows.shape[0], info.shape[0])
         assert_bit_identical(quant.dequantize(rows, info.ggml_type, shape), reference(rows, info.ggml_type, shape))
+
+
+# -- MXFP4 (gpt-oss experts) ---------------------------------------------------------------------
+
+
+def _mxfp4_blocks(seed: int = 3, rows: int = 6, cols: int = 96):
+    import gguf
+    from gguf import quants
+
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(0, 1, (rows, cols)) * np.exp(rng.normal(0, 2, (rows, 1)))).astype(np.float32)
+    raw = quants.quantize(x, gguf.GGMLQuantizationType.MXFP4)
+    return raw, quants.dequantize(raw, gguf.GGMLQuantizationType.MXFP4)
+
+
+def test_mxfp4_dequantizes_as_gguf_py_does():
+    raw, want = _mxfp4_blocks()
+    assert np.array_equal(quant.dequantize(raw, quant.MXFP4, want.shape), want)
+
+
+def test_mxfp4_runs_exactly_as_q8_0_in_the_fast_engine():
+    raw, want = _mxfp4_blocks(4)
+    as_q8 = quant.mxfp4_as_q8_0(raw)
+    assert np.array_equal(quant.dequantize(as_q8, quant.Q8_0, want.shape), want)
+    m = Matrix(raw, quant.MXFP4, want.shape[1], "fast")
+    x = np.random.default_rng(5).normal(0, 1, (2, want.shape[1])).astype(np.float32)
+    y = m(x)  # int8 activations on the Q8_0 kernels: the decode path's rounding
+    assert m.prepared.ggml_type == quant.Q8_0
+    assert np.abs(y - x @ want.T).max() <= 1e-2 * np.abs(x @ want.T).max()
+
+
+def test_mxfp4_scales_outside_float16_are_refused_and_overflowing_blocks_found():
+    raw, _ = _mxfp4_blocks(6, rows=1, cols=64)
+    big = raw.copy()
+    big[0, 17] = 128 + 20  # block 1 scaled by 2^20: no float16 holds it
+    with pytest.raises(UnsupportedQuantType, match="float16"):
+        quant.mxfp4_as_q8_0(big)
+    assert quant.first_non_finite(big, quant.MXFP4) is None  # large, yet finite
+    inf = raw.copy()
+    inf[0, 17], inf[0, 18] = 254, 0x07  # code 12 times 2^126 overflows float32
+    assert quant.first_non_finite(inf, quant.MXFP4) == ("scale of block", 1)
+    assert np.isinf(quant.dequantize(inf, quant.MXFP4, (1, 64))).any()
+    assert quant.first_non_finite(raw, quant.MXFP4) is None

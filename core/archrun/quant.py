@@ -126,6 +126,47 @@ def _q8_0(b: np.ndarray, out: np.ndarray) -> None:
     np.multiply(b[:, 2:].view(np.int8), _f16(b[:, 0:2]), out=out)
 
 
+MXFP4, Q8_0 = int(_T.MXFP4), int(_T.Q8_0)
+
+# MXFP4 (OCP microscaling FP4, gpt-oss): block e uint8 (E8M0 scale) | qs[16]; element j is
+# E2M1_X2[low nibble of qs[j]] * 2^(e - 128) for j < 16, the high nibble's for j + 16 (ggml's
+# kvalues_mxfp4 are twice the E2M1 values, so they are integers; the scale is halved to match)
+E2M1_X2 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+
+
+def _mxfp4_codes(b: np.ndarray) -> np.ndarray:
+    """int8 [n, 32]: each element's doubled E2M1 value."""
+    return E2M1_X2[_nibbles(b[:, 1:], 16).reshape(len(b), 32)]
+
+
+def _mxfp4_scales(b: np.ndarray) -> np.ndarray:
+    """float32 [n, 1]: 2^(e - 128), exact (ggml_e8m0_to_fp32_half: e = 0 and 1 are subnormal,
+    e = 255 is 2^127, not NaN)."""
+    return np.ldexp(np.float32(1.0), b[:, 0].astype(np.int32) - 128).astype(np.float32)[:, None]
+
+
+def _mxfp4(b: np.ndarray, out: np.ndarray) -> None:
+    np.multiply(_mxfp4_codes(b), _mxfp4_scales(b), out=out)
+
+
+def mxfp4_as_q8_0(raw: np.ndarray) -> np.ndarray:
+    """MXFP4 rows uint8 [n, row_bytes] -> the same values as Q8_0 rows (exactly: the codes are
+    int8 and 2^(e - 128) is a float16 while e - 128 is in [-24, 15]). The fast engine multiplies
+    MXFP4 weights through its Q8_0 kernels this way. Raises UnsupportedQuantType for a scale
+    float16 cannot hold."""
+    blocks = np.ascontiguousarray(raw).reshape(-1, 17)
+    e = blocks[:, 0].astype(np.int32) - 128
+    if len(e) and (e.min() < -24 or e.max() > 15):
+        from archrun.errors import UnsupportedQuantType
+
+        raise UnsupportedQuantType(f"MXFP4 block scales 2^{e.min()}..2^{e.max()} exceed float16's range: "
+                                   "archrun's fast kernels cannot hold them exactly")
+    out = np.empty((len(blocks), 34), np.uint8)
+    out[:, 0:2] = np.ldexp(np.float16(1.0), e).astype("<f2")[:, None].view(np.uint8)
+    out[:, 2:] = _mxfp4_codes(blocks).view(np.uint8)
+    return out.reshape(raw.shape[0], -1)
+
+
 # ---- k-quants: 256-element super-blocks ---------------------------------------------------------
 
 
@@ -234,6 +275,7 @@ _DEQUANT: dict[int, _BlockFn] = {
     _T.Q5_0: _q5_0,
     _T.Q5_1: _q5_1,
     _T.Q8_0: _q8_0,
+    _T.MXFP4: _mxfp4,
     _T.Q2_K: _q2_k,
     _T.Q3_K: _q3_k,
     _T.Q4_K: _q4_k,
@@ -321,6 +363,11 @@ def first_non_finite(raw: np.ndarray, ggml_type: int) -> tuple[str, int] | None:
             if len(bad):
                 return "element", start + int(bad[0])
         return None
+    if ggml_type == _T.MXFP4:  # scales are finite powers of two; a big one times a big code is Inf
+        blocks = np.ascontiguousarray(raw).reshape(-1, 17)
+        big = np.abs(_mxfp4_codes(blocks)).max(axis=1).astype(np.float64)
+        bad = np.flatnonzero(np.ldexp(big, blocks[:, 0].astype(np.int32) - 128) >= 2.0 ** 128)
+        return ("scale of block", int(bad[0])) if len(bad) else None
     fields = SCALE_FIELDS.get(ggml_type)
     if not fields:
         return None

@@ -77,7 +77,7 @@ class Matrix:
         """float32 [len(ids), n_in]: the selected rows, dequantized exactly."""
         if self._dense is not None:
             return self._dense[ids]
-        if self._fast:
+        if self._fast and self.ggml_type != quant.MXFP4:
             from archrun import kernels
 
             return kernels.embedding_rows(self.raw_rows, self.ggml_type, self.n_in, ids)
@@ -95,6 +95,8 @@ def _prepare_fast(parts: tuple[np.ndarray, ...], ggml_type: int, n_in: int):
         from archrun import kernels
     except ImportError:
         return None
+    if ggml_type == quant.MXFP4:  # exactly as Q8_0: the same values, twice MXFP4's bytes
+        parts, ggml_type = tuple(quant.mxfp4_as_q8_0(p) for p in parts), quant.Q8_0
     if ggml_type not in getattr(kernels, "SUPPORTED_TYPES", ()):
         return None
     if len(parts) == 1:

@@ -11,11 +11,12 @@ import numpy as np
 
 def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None = None,
                  drop_tensors: Iterable[str] = (), add_keys: Mapping[str, Any] | None = None,
-                 add_tensors: Mapping[str, np.ndarray] | None = None, drop_keys: Iterable[str] = ()) -> Path:
+                 add_tensors: Mapping[str, np.ndarray | tuple[np.ndarray, int]] | None = None, drop_keys: Iterable[str] = ()) -> Path:
     """Write dst: src with its architecture renamed (keys `<old>.*` -> `<new>.*`), without the
     tensors whose names contain any of `drop_tensors`, and/or with `add_keys` (full key -> int,
     float, bool or str value; replacing the file's value of that key) and `add_tensors` (name ->
-    array in numpy order, written as its dtype) added, without the keys `drop_keys` (full keys);
+    array in numpy order, written as its dtype, or (raw uint8 bytes, ggml type) for a quantized
+    one) added, without the keys `drop_keys` (full keys);
     everything else is copied byte for byte."""
     import gguf
 
@@ -41,7 +42,11 @@ def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None =
             w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(x) for x in reversed(t.shape)),
                          raw_dtype=t.tensor_type)
     for name, array in (add_tensors or {}).items():
-        w.add_tensor(name, np.ascontiguousarray(array))
+        if isinstance(array, tuple):  # (raw bytes [..., row_bytes], ggml type): a quantized tensor
+            raw, qtype = array
+            w.add_tensor(name, np.ascontiguousarray(raw), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(array))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

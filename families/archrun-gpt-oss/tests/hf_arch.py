@@ -22,4 +22,7 @@ FIXTURES = (
     # wider window, MHA, top-3 of 4 experts
     TinyFixture("gpt_oss_mha_top3", "gpt_oss", 2, {"num_key_value_heads": 4, "num_local_experts": 4,
                                                    "num_experts_per_tok": 3, "sliding_window": 12}),
+    # widths that are multiples of 32, so the experts can be MXFP4 blocks (test_gpt_oss_mxfp4.py)
+    TinyFixture("gpt_oss_mxfp4_widths", "gpt_oss", 3, {"hidden_size": 64, "intermediate_size": 32,
+                                                       "num_hidden_layers": 2, "num_local_experts": 4}),
 )
