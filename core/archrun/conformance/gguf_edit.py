@@ -11,7 +11,8 @@ import numpy as np
 
 def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None = None,
                  drop_tensors: Iterable[str] = (), add_keys: Mapping[str, Any] | None = None,
-                 add_tensors: Mapping[str, np.ndarray | tuple[np.ndarray, int]] | None = None, drop_keys: Iterable[str] = ()) -> Path:
+                 add_tensors: Mapping[str, np.ndarray | tuple[np.ndarray, int]] | None = None,
+                 drop_keys: Iterable[str] = ()) -> Path:
     """Write dst: src with its architecture renamed (keys `<old>.*` -> `<new>.*`), without the
     tensors whose names contain any of `drop_tensors`, and/or with `add_keys` (full key -> int,
     float, bool or str value; replacing the file's value of that key) and `add_tensors` (name ->
