@@ -220,3 +220,18 @@ def test_ugm_bad_charsmap(blob, message):
     with pytest.raises(TokenizerError, match=message):
         tok = Tokenizer.from_metadata(ugm_meta(**{"tokenizer.ggml.precompiled_charsmap": blob}))
         tok.encode("abc")
+
+
+def test_ugm_long_user_defined_tokens_stay_cheap():
+    """Prefix search over user-defined tokens is a sorted-list bisection: 300 tokens of 4000 bytes
+    (all prefixes of which would take ~1.8 GB) build and encode at once."""
+    longs = [f"{i:03d}" + "x" * 3997 for i in range(300)]
+    meta = ugm_meta()
+    tokens = [*meta["tokenizer.ggml.tokens"], *longs]
+    meta.update({"tokenizer.ggml.tokens": tokens,
+                 "tokenizer.ggml.token_type": np.array([*meta["tokenizer.ggml.token_type"], *[4] * 300], np.int32),
+                 "tokenizer.ggml.scores": np.zeros(len(tokens), np.float32)})
+    tok = Tokenizer.from_metadata(meta)
+    text = "007" + "x" * 5000  # starts like a user-defined token but is longer than every one
+    ids = tok.encode(text, add_special=False)
+    assert tok.token_text(ids[0]) == "007" + "x" * 3997  # cut out whole by the special-token partition

@@ -774,7 +774,7 @@ class _UgmEngine:
         self._tokens: dict[bytes, int] = {}
         self._lengths: dict[bytes, list[int]] = {}  # first two bytes (one for 1-byte tokens) -> lengths
         self._user: set[int] = set()
-        self._user_prefixes: set[bytes] = set()
+        self._user_sorted: list[bytes] = []  # user-defined token texts, sorted (prefix search)
         self._user_max = 0
         self._unk: int | None = None
         self._unk_score = 0.0
@@ -789,9 +789,8 @@ class _UgmEngine:
             heads.setdefault(text[:2], set()).add(len(text))
         self._lengths = {head: sorted(lengths) for head, lengths in heads.items()}
         self._user = {i for i, a in enumerate(attrs) if a & ATTR_USER_DEFINED}
-        self._user_prefixes = {texts[i].encode("utf-8")[:k] for i in self._user
-                               for k in range(1, len(texts[i].encode("utf-8")) + 1)}
-        self._user_max = max(map(len, self._user_prefixes), default=0)
+        self._user_sorted = sorted(texts[i].encode("utf-8") for i in self._user)
+        self._user_max = max(map(len, self._user_sorted), default=0)
         normal = [self._scores[i] for i, a in enumerate(attrs) if a & ATTR_NORMAL]
         min_score = np.float32(min(normal)) if normal else np.float32(np.finfo(np.float32).max)
         self._unk_score = float(min_score - np.float32(10.0))  # float arithmetic, as llama.cpp
@@ -826,10 +825,8 @@ class _UgmEngine:
     def _normalize_prefix(self, text: bytes, pos: int) -> tuple[bytes, int]:
         """(replacement, bytes consumed) for the text at `pos`: a user-defined token prefix stays,
         else the charsmap's longest match, else one UTF-8 character unchanged."""
-        if self._user_prefixes:
-            # llama.cpp's naive_trie::get_longest_prefix: the longest prefix of *some* user-defined token
-            top = min(self._user_max, len(text) - pos)
-            k = max((k for k in range(1, top + 1) if text[pos:pos + k] in self._user_prefixes), default=0)
+        if self._user_sorted:
+            k = self._user_prefix_len(text, pos)
             if k:
                 return text[pos:pos + k], k
         if self._charsmap is not None:
@@ -838,6 +835,15 @@ class _UgmEngine:
                 return match
         n = _utf8_len(text[pos])
         return text[pos:pos + n], n
+
+    def _user_prefix_len(self, text: bytes, pos: int) -> int:
+        """llama.cpp's naive_trie::get_longest_prefix over the user-defined tokens: the length of the
+        longest start of text[pos:] that begins *some* user-defined token (not necessarily a whole
+        one). In sorted order, the best match is a neighbour of the text's insertion point."""
+        query = text[pos:pos + self._user_max]
+        i = bisect.bisect_left(self._user_sorted, query)
+        return max((_common_prefix_len(query, self._user_sorted[j]) for j in (i - 1, i)
+                    if 0 <= j < len(self._user_sorted)), default=0)
 
     def _viterbi(self, text: bytes) -> list[int]:
         n = len(text)
@@ -891,6 +897,11 @@ class _UgmEngine:
 
 
 _SPACE = "\u2581".encode()
+
+
+def _common_prefix_len(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _utf8_len(lead: int) -> int:
