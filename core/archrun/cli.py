@@ -73,6 +73,15 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--gen-tokens", type=int, default=64)
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     bench.set_defaults(func=_cmd_bench)
+    conf = sub.add_parser("conformance", help="the conformance kit: record a plugin package's goldens")
+    conf_sub = conf.add_subparsers(title="conformance commands")
+    rec = conf_sub.add_parser("record", help="record a package's fixtures from HF transformers "
+                                             "(or check them in llama.cpp)")
+    rec.add_argument("package", help="the package's archrun entry point (see `archrun plugins`)")
+    rec.add_argument("--only", nargs="*", help="fixture names (default: all)")
+    rec.add_argument("--llamacpp-check", action="store_true",
+                     help="run the stored GGUFs in llama.cpp (needs llama-cpp-python) into llamacpp_check.json")
+    rec.set_defaults(func=_cmd_conformance_record)
     return p
 
 
@@ -248,6 +257,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     result = run_bench(args.model, threads=args.threads, backend=args.backend, block_style=args.block_style,
                        prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
     print(json.dumps(result, indent=2) if args.json else render_bench(result))
+    return 0
+
+
+def _cmd_conformance_record(args: argparse.Namespace) -> int:
+    from archrun.conformance import hf
+
+    argv = (["--only", *args.only] if args.only else []) + (["--llamacpp-check"] if args.llamacpp_check else [])
+    hf.record_package(args.package, argv)
     return 0
 
 

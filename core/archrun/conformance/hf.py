@@ -561,6 +561,7 @@ def versions() -> dict[str, str]:
         "transformers": transformers.__version__,
         "gguf": _dist_version("gguf", gguf),
         "numpy": np.__version__,
+        "machine": platform.machine(),
     }
 
 
@@ -710,6 +711,37 @@ def record_main(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], out_d
     if total > MAX_TOTAL_BYTES:
         raise SystemExit(f"{out_dir} holds {total} bytes (> {MAX_TOTAL_BYTES})")
     print(f"total {total} bytes")
+
+
+def package_fixture_specs(entry_point: str) -> list[Path]:
+    """The fixture declarations (``tests/**/hf_arch.py``) of the installed plugin package whose
+    archrun entry point is ``entry_point``; InvalidRequest when it is not installed or declares none."""
+    import importlib.util
+    from importlib.metadata import entry_points
+
+    from archrun.errors import InvalidRequest
+
+    eps = {ep.name: ep for ep in entry_points(group="archrun")}
+    if entry_point not in eps:
+        raise InvalidRequest(f"no installed archrun plugin {entry_point!r} (installed: {', '.join(sorted(eps))})")
+    module = eps[entry_point].value.split(":")[0].split(".")[0]
+    spec = importlib.util.find_spec(module)
+    origin = Path(spec.origin if spec and spec.origin else "")
+    root = origin.parent.parent  # <package root>/<module>/__init__.py (a source or editable install)
+    found = sorted((root / "tests").rglob("hf_arch.py")) if (root / "tests").is_dir() else []
+    if not found:
+        raise InvalidRequest(f"plugin {entry_point!r} ({root}) declares no fixtures: no tests/**/hf_arch.py "
+                             "with ARCHES and FIXTURES (see docs/conformance.md)")
+    return found
+
+
+def record_package(entry_point: str, argv: list[str] | None = None) -> None:
+    """``archrun conformance record PACKAGE``: record (or ``--llamacpp-check``) every fixture a plugin
+    package declares into the ``goldens/`` folder beside each of its ``hf_arch.py`` files."""
+    for spec_path in package_fixture_specs(entry_point):
+        spec = load_module(spec_path)
+        print(f"{entry_point}: {spec_path}")
+        record_main(spec.ARCHES, spec.FIXTURES, spec_path.parent / "goldens", argv)
 
 
 def record_here(record_py: str | Path) -> None:
