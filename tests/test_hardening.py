@@ -285,6 +285,7 @@ def _selfref_message() -> list:
 
 
 def _deep_message() -> list:
+    """A message holding a 10,000-deep list."""
     value: object = "x"
     for _ in range(10_000):
         value = [value]
@@ -302,6 +303,12 @@ def _deep_message() -> list:
     lambda m: m.tokenizer.decode(256), lambda m: m.tokenizer.decode(b"abc"), lambda m: m.tokenizer.encode(b"abc"),
     lambda m: archrun.load(None), lambda m: archrun.load(b"/x.gguf"), lambda m: archrun.load("a\x00b"),
     lambda m: archrun.load(LLAMA, threads=1.5), lambda m: archrun.load(LLAMA, backend="gpu"),
+    # found by the second long run: quoting a 100,000-deep list in the message recursed
+    lambda m: m.init_cache(_deep_message()), lambda m: m.init_cache(8, _selfref_message()),
+    lambda m: archrun.generate(m, [1], max_tokens=_deep_message()),
+    lambda m: archrun.load(LLAMA, threads=_deep_message()),
+    lambda m: archrun.generate(m, [1], temperature=_deep_message()),
+    lambda m: archrun.load(LLAMA, backend=_deep_message()),
 ])
 def test_wrong_argument_types_are_typed_errors(model, call) -> None:
     with pytest.raises(archrun.ArchrunError):
@@ -450,3 +457,19 @@ def test_fast_load_of_a_real_model_stays_within_a_small_multiple_of_its_size() -
         print("ok")
     """, timeout=600)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
+
+
+def test_error_messages_quote_hostile_values_briefly() -> None:
+    from archrun.errors import shown
+
+    class Raising:
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert shown(deep) == "[[[[...]]]]"
+    assert shown(_selfref_message()).startswith("[{")
+    assert shown(Raising()).startswith("<Raising")
+    assert len(shown("x" * 10**6)) <= 100

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from archrun.compile import compile_gguf
-from archrun.errors import InvalidRequest
+from archrun.errors import InvalidRequest, shown
 from archrun.ggufio import open_gguf
 from archrun.model import Interpreter, build_plan
 from archrun.plugins import default_plugin_manager
@@ -35,14 +35,14 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     """
     backend = backend or "fast"
     if backend not in BACKENDS:
-        raise InvalidRequest(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise InvalidRequest(f"backend must be one of {', '.join(BACKENDS)}, got {shown(backend)}")
     if threads is not None:
         _set_threads(threads)
     pm = plugins or default_plugin_manager()
     vocab = build_vocabulary(pm)
     if block_style is not None and ("block_style", block_style) not in vocab:
         styles = ", ".join(sorted(e.op.name for e in vocab if e.op.slot == "block_style"))
-        raise InvalidRequest(f"block_style must be one of {styles}, got {block_style!r}")
+        raise InvalidRequest(f"block_style must be one of {styles}, got {shown(block_style)}")
     gguf = open_gguf(path)
     try:
         compiled = compile_gguf(gguf, plugins=pm, block_style=block_style, hints=hints)
@@ -77,7 +77,7 @@ def _tokenizer(gguf):
 
 def _set_threads(threads: int) -> None:
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise InvalidRequest(f"threads must be a positive integer, got {threads!r}")
+        raise InvalidRequest(f"threads must be a positive integer, got {shown(threads)}")
     from archrun import kernels
 
     kernels.set_threads(threads)

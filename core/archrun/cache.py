@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from archrun.errors import ContextOverflow, InvalidRequest
+from archrun.errors import ContextOverflow, InvalidRequest, shown
 
 
 class KvCache:
@@ -58,7 +58,7 @@ class KvCache:
     def rewind(self, n: int) -> None:
         """Forget the last n tokens (O(1))."""
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self._n:
-            raise InvalidRequest(f"cannot rewind {n!r} tokens from a cache holding {self._n}")
+            raise InvalidRequest(f"cannot rewind {shown(n)} tokens from a cache holding {self._n}")
         if n > self.max_rewind:
             raise InvalidRequest(f"cannot rewind {n} tokens: sliding-window layers keep only "
                                  f"{self.max_rewind} tokens of history beyond their window")

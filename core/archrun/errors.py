@@ -2,6 +2,21 @@
 
 from __future__ import annotations
 
+import reprlib
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 60, 60
+
+
+def shown(value: object, limit: int = 100) -> str:
+    """A caller's value as error messages quote it: repr bounded in depth and length, and never
+    failing (a 100,000-deep or self-referencing list, an object whose repr raises)."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # noqa: BLE001 - any failing __repr__
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
 
 class ArchrunError(Exception):
     """Base of every error archrun raises because of bad input or an unsupported model."""

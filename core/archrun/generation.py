@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 
 from archrun.cache import PrefixCache
-from archrun.errors import ContextOverflow, InvalidRequest
+from archrun.errors import ContextOverflow, InvalidRequest, shown
 from archrun.sampling import Sampler, SamplingParams
 
 _SAMPLING_FIELDS = {f.name for f in attrs.fields(SamplingParams)}
@@ -145,9 +145,9 @@ def make_request(model: Any, ids: Sequence[int], *, max_tokens: int | None = 256
     if len(ids) >= n_ctx:
         raise ContextOverflow(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
     if max_tokens is not None and not _is_int(max_tokens, 1):
-        raise InvalidRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        raise InvalidRequest(f"max_tokens must be a positive integer, got {shown(max_tokens)}")
     if logprobs is not None and not _is_int(logprobs, 0, MAX_TOP_LOGPROBS):
-        raise InvalidRequest(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {logprobs!r}")
+        raise InvalidRequest(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {shown(logprobs)}")
     room = n_ctx - len(ids)
     budget = room if max_tokens is None else min(int(max_tokens), room)
     Sampler(params, model.descriptor.n_vocab)  # validates logit_bias against the vocabulary

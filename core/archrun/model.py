@@ -34,6 +34,7 @@ from archrun.errors import (
     UnexpectedTensor,
     UnsupportedQuantType,
     WrongBlockStyle,
+    shown,
 )
 from archrun.fusion import DecodeSteps
 from archrun.ggufio import GGUFFile, TensorInfo
@@ -355,11 +356,11 @@ class Interpreter:
         max_tokens = n_ctx if max_tokens is None else max_tokens
         max_tokens = int(max_tokens) if isinstance(max_tokens, np.integer) else max_tokens  # numpy ints too
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
+            raise InvalidRequest(f"max_tokens must be a positive integer, got {shown(max_tokens)}")
         if max_tokens > n_ctx:
             raise ContextOverflow(f"max_tokens {max_tokens} exceeds the model's context length {n_ctx}")
         if not isinstance(max_rewind, int) or isinstance(max_rewind, bool) or max_rewind < 0:
-            raise InvalidRequest(f"max_rewind must be a non-negative integer, got {max_rewind!r}")
+            raise InvalidRequest(f"max_rewind must be a non-negative integer, got {shown(max_rewind)}")
         return KvCache([lp.attention.new_slot(max_tokens, max_rewind) for lp in self.plan.layers], max_tokens)
 
     def forward_step(self, token_ids: Sequence[int] | np.ndarray, cache: KvCache,

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import numpy as np
 
-from archrun.errors import InvalidRequest, NumericalError
+from archrun.errors import InvalidRequest, NumericalError, shown
 
 F32 = np.float32
 
@@ -21,11 +21,11 @@ F32 = np.float32
 def _finite(name: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False):
     def check(_inst, _attr, value) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
+            raise InvalidRequest(f"{name} must be a finite number, got {shown(value)}")
         if lo is not None and (value <= lo if lo_open else value < lo):
-            raise InvalidRequest(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
+            raise InvalidRequest(f"{name} must be {'>' if lo_open else '>='} {lo}, got {shown(value)}")
         if hi is not None and value > hi:
-            raise InvalidRequest(f"{name} must be <= {hi}, got {value!r}")
+            raise InvalidRequest(f"{name} must be <= {hi}, got {shown(value)}")
 
     return check
 
@@ -39,7 +39,7 @@ def _python(value):
 def _int_ge0(name: str):
     def check(_inst, _attr, value) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidRequest(f"{name} must be a non-negative integer, got {value!r}")
+            raise InvalidRequest(f"{name} must be a non-negative integer, got {shown(value)}")
 
     return check
 
@@ -63,7 +63,7 @@ class SamplingParams:
     @seed.validator
     def _seed(self, _attr, value) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise InvalidRequest(f"seed must be a non-negative integer, got {value!r}")
+            raise InvalidRequest(f"seed must be a non-negative integer, got {shown(value)}")
 
     @property
     def greedy(self) -> bool:
@@ -137,7 +137,7 @@ def _bias_key(k: object) -> int:
         return int(k)
     if isinstance(k, str) and k.strip().lstrip("+-").isdecimal() and k.isascii():
         return int(k)
-    raise InvalidRequest(f"logit_bias key {k!r} is not a token id")
+    raise InvalidRequest(f"logit_bias key {shown(k)} is not a token id")
 
 
 def _check_bias(bias: Mapping[int, float], n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
@@ -148,7 +148,7 @@ def _check_bias(bias: Mapping[int, float], n_vocab: int) -> tuple[np.ndarray, np
             raise InvalidRequest(f"logit_bias token id {tok} is outside the vocabulary [0, {n_vocab})")
         val = _python(val)
         if isinstance(val, bool) or not isinstance(val, (int, float)) or math.isnan(val):
-            raise InvalidRequest(f"logit_bias value for {tok} must be a number, got {val!r}")
+            raise InvalidRequest(f"logit_bias value for {tok} must be a number, got {shown(val)}")
         ids.append(tok)
         values.append(float(val))
     return np.array(ids, dtype=np.int64), np.array(values, dtype=np.float64)
