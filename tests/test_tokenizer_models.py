@@ -235,3 +235,19 @@ def test_ugm_long_user_defined_tokens_stay_cheap():
     text = "007" + "x" * 5000  # starts like a user-defined token but is longer than every one
     ids = tok.encode(text, add_special=False)
     assert tok.token_text(ids[0]) == "007" + "x" * 3997  # cut out whole by the special-token partition
+
+
+def test_afmoe_digit_groups_join_the_text_before_a_run():
+    """llama.cpp's afmoe/tiny_aya splitter: groups of three from the right, the text before a run
+    joined to its first group (unlike the regex tokenizer.json states)."""
+    from archrun.tokenizer import _digit_group_spans
+
+    def pieces(text):
+        return [text[a:b] for a, b in _digit_group_spans(text)]
+
+    assert pieces("1234567") == ["1", "234", "567"]
+    assert pieces("ab1234x") == ["ab1", "234", "x"]
+    assert pieces("a  123") == ["a  123"]
+    assert pieces("½²3 xyz") == ["½²3", " xyz"]  # any Unicode number
+    tok = Tokenizer.from_metadata(bpe_meta(**{"tokenizer.ggml.pre": "afmoe"}))
+    assert tok.decode(tok.encode("x 1234567 y", add_special=False)) == "x 1234567 y"

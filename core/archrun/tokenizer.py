@@ -93,6 +93,22 @@ _DEEPSEEK_LETTERS = (
     "\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb"
     "\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+"
 )
+# llama.cpp runs these two "regexes" with a hand-written splitter (unicode.cpp, afmoe's): runs of
+# numbers in groups of three from the right, the text before a run joined to its first group
+_DIGIT_GROUPS = "\\p{AFMoE_digits}"
+_DIGIT_GROUPS_AYA = "\\d{1,3}(?=(?:\\d{3})*\\b)"
+_CASED_WORDS = (
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" + _CONTRACTIONS + "?"
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" + _CONTRACTIONS + "?"
+)
+
+
+def _collapse_letters(regex: str) -> str:
+    """llama.cpp reads \\p{Lu}, \\p{Ll}, \\p{Lt}, \\p{Lm}, \\p{Lo} as "a letter" (unicode.cpp's collapsed
+    categories), while Oniguruma would honour them: rewrite them to \\p{L}."""
+    return re.sub(r"\\p\{L[ultmo]\}", r"\\p{L}", regex)
+
+
 _PORO_RE = " ?[^(\\s|.,!?…。，、।۔،)]+"
 
 _REGEXES: dict[str, tuple[str, ...]] = {
@@ -178,12 +194,21 @@ _REGEXES: dict[str, tuple[str, ...]] = {
         _LETTER_CASE.replace("\\p{L}])", "\\p{L}\\p{M}])").replace("@C", _CONTRACTIONS + "?")
         + "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     ),
-    # llama.cpp collapses \p{Lu}, \p{Ll}, \p{Lt}, \p{Lm}, \p{Lo} to "a letter" (unicode.cpp), so do we
     "youtu": (
         "[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥\u3040-ゟ゠-ヿ]+",
-        "[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]*[\\p{L}\\p{M}]+" + _CONTRACTIONS + "?"
-        "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+[\\p{L}\\p{M}]*" + _CONTRACTIONS + "?"
-        "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+        _collapse_letters(_CASED_WORDS + "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
+    ),
+    "tiny_aya": (
+        _DIGIT_GROUPS_AYA,
+        _collapse_letters(_CASED_WORDS + "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
+    ),
+    "afmoe": (
+        _DIGIT_GROUPS,
+        "[\u4e00-\u9fff\u3400-\u4dbf\u8c48-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f\u2f00-\u2fdf"
+        "\u0e40-\u0e7f\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af"
+        "\u1100-\u11ff]+",
+        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+        "| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     ),
     "chameleon": (
         "<sentinel:[0-9]+>",
@@ -259,6 +284,8 @@ def _pre_table() -> dict[str, PreTokenizer]:
                                                     ignore_merges=True)),
         (("youtu",), PreTokenizer(r["youtu"], clean_spaces=False, ignore_merges=True)),
         (("chameleon",), PreTokenizer(r["chameleon"], clean_spaces=False, add_bos=True)),
+        (("tiny_aya", "cohere2moe"), PreTokenizer(r["tiny_aya"], clean_spaces=False)),
+        (("afmoe",), PreTokenizer(r["afmoe"], clean_spaces=False)),
     ]
     return {name: pre for names, pre in groups for name in names}
 
@@ -521,7 +548,8 @@ class _BpeEngine:
             bad = _bad_merge(pairs, index) or "merges rejected"  # (HF panics when a merge's result is no token)
             raise TokenizerError(f"{Keys.Tokenizer.MERGES}: {bad} ({type(exc).__name__}: {exc})") from None
         hf = HfTokenizer(model)
-        splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in pre.regexes]
+        splits = [pre_tokenizers.PreTokenizer.custom(_DigitGroups()) if rx in (_DIGIT_GROUPS, _DIGIT_GROUPS_AYA)
+                  else pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in pre.regexes]
         if not pre.spm_style:
             splits.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
         hf.pre_tokenizer = pre_tokenizers.Sequence(splits)
@@ -558,6 +586,41 @@ class _BpeEngine:
 
 
 _LINES = re.compile(r"[^\n]+|\n+")
+
+
+class _DigitGroups:
+    """HF custom pre-tokenizer: llama.cpp's unicode_regex_split_custom_afmoe. Each run of numbers
+    (Unicode N) is cut into groups of three from the right, whatever precedes the run (since the
+    last cut) stays joined to its first group, and the text after the last run is one piece."""
+
+    def pre_tokenize(self, pretok: Any) -> None:
+        pretok.split(self._split)
+
+    @staticmethod
+    def _split(_: int, piece: Any) -> list[Any]:
+        text = str(piece)
+        return [piece[a:b] for a, b in _digit_group_spans(text)] if text else [piece]
+
+
+def _digit_group_spans(text: str) -> list[tuple[int, int]]:
+    """[start, end) pieces of `text` as llama.cpp's afmoe digit splitter cuts them."""
+    spans: list[tuple[int, int]] = []
+    prev = pos = 0
+    n = len(text)
+    while pos < n:
+        if not unicodedata.category(text[pos]).startswith("N"):
+            pos += 1
+            continue
+        start = pos
+        while pos < n and unicodedata.category(text[pos]).startswith("N"):
+            pos += 1
+        first = start + ((pos - start) % 3 or 3)
+        for cut in range(first, pos + 1, 3):
+            spans.append((prev, cut))
+            prev = cut
+    if prev < n:
+        spans.append((prev, n))
+    return spans
 
 
 def _unk_sentinel(index: dict[str, int], pre: PreTokenizer) -> tuple[str, int] | None:
