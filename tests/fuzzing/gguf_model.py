@@ -103,8 +103,11 @@ def _str(s: str | bytes, length: int | None = None) -> bytes:
 
 def _scalar(vtype: int, value: Any) -> bytes:
     code = _PACK[V(vtype)]
-    if code in "fd":
-        return struct.pack("<" + code, float(value))
+    if code == "f":  # as a float32 writer stores it: 1e308 becomes Inf
+        with np.errstate(over="ignore"):
+            return np.array([float(value)], dtype=np.float64).astype("<f4").tobytes()
+    if code == "d":
+        return struct.pack("<d", float(value))
     bits = struct.calcsize(code) * 8
     v = int(value)
     if code.islower():  # signed: wrap into range
