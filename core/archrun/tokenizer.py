@@ -210,6 +210,9 @@ _REGEXES: dict[str, tuple[str, ...]] = {
         "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
         "| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     ),
+    # a zero-width split before each group of three digits counted from the right; llama.cpp's \d
+    # (std::wregex, POSIX digit class) is [0-9], Oniguruma's would take any decimal digit
+    "superbpe": ("\\p{N}+", "(?=([0-9]{3})+(?![0-9]))"),
     "chameleon": (
         "<sentinel:[0-9]+>",
         "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
@@ -286,6 +289,7 @@ def _pre_table() -> dict[str, PreTokenizer]:
         (("chameleon",), PreTokenizer(r["chameleon"], clean_spaces=False, add_bos=True)),
         (("tiny_aya", "cohere2moe"), PreTokenizer(r["tiny_aya"], clean_spaces=False)),
         (("afmoe",), PreTokenizer(r["afmoe"], clean_spaces=False)),
+        (("superbpe",), PreTokenizer(r["superbpe"], clean_spaces=False)),
     ]
     return {name: pre for names, pre in groups for name in names}
 
