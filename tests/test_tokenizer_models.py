@@ -251,3 +251,15 @@ def test_afmoe_digit_groups_join_the_text_before_a_run():
     assert pieces("½²3 xyz") == ["½²3", " xyz"]  # any Unicode number
     tok = Tokenizer.from_metadata(bpe_meta(**{"tokenizer.ggml.pre": "afmoe"}))
     assert tok.decode(tok.encode("x 1234567 y", add_special=False)) == "x 1234567 y"
+
+
+def test_kimi_k2_splitter():
+    """llama.cpp's hand-written Kimi-K2 splitter: Han runs, non-Han words with a leading symbol
+    and a contraction, numbers by three, symbol runs, whitespace."""
+    from archrun.tokenizer import _kimi_k2_spans
+
+    def pieces(text):
+        return [text[a:b] for a, b in _kimi_k2_spans(text)]
+
+    assert pieces("你好world's 12345!!\n\n  x") == ["你好", "world's", " ", "123", "45", "!!\n\n", " ", " x"]
+    assert pieces("(abc漢") == ["(abc", "漢"]

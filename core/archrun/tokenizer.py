@@ -97,6 +97,7 @@ _DEEPSEEK_LETTERS = (
 # numbers in groups of three from the right, the text before a run joined to its first group
 _DIGIT_GROUPS = "\\p{AFMoE_digits}"
 _DIGIT_GROUPS_AYA = "\\d{1,3}(?=(?:\\d{3})*\\b)"
+_KIMI_K2 = "\\p{Han}+"  # the trigger of llama.cpp's Kimi-K2 splitter
 _CASED_WORDS = (
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" + _CONTRACTIONS + "?"
     "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" + _CONTRACTIONS + "?"
@@ -290,6 +291,7 @@ def _pre_table() -> dict[str, PreTokenizer]:
         (("tiny_aya", "cohere2moe"), PreTokenizer(r["tiny_aya"], clean_spaces=False)),
         (("afmoe",), PreTokenizer(r["afmoe"], clean_spaces=False)),
         (("superbpe",), PreTokenizer(r["superbpe"], clean_spaces=False)),
+        (("kimi-k2",), PreTokenizer((_KIMI_K2,), clean_spaces=False)),
     ]
     return {name: pre for names, pre in groups for name in names}
 
@@ -552,7 +554,7 @@ class _BpeEngine:
             bad = _bad_merge(pairs, index) or "merges rejected"  # (HF panics when a merge's result is no token)
             raise TokenizerError(f"{Keys.Tokenizer.MERGES}: {bad} ({type(exc).__name__}: {exc})") from None
         hf = HfTokenizer(model)
-        splits = [pre_tokenizers.PreTokenizer.custom(_DigitGroups()) if rx in (_DIGIT_GROUPS, _DIGIT_GROUPS_AYA)
+        splits = [pre_tokenizers.PreTokenizer.custom(_CustomSplit(_CUSTOM_SPLITS[rx])) if rx in _CUSTOM_SPLITS
                   else pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in pre.regexes]
         if not pre.spm_style:
             splits.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
@@ -592,22 +594,25 @@ class _BpeEngine:
 _LINES = re.compile(r"[^\n]+|\n+")
 
 
-class _DigitGroups:
-    """HF custom pre-tokenizer: llama.cpp's unicode_regex_split_custom_afmoe. Each run of numbers
-    (Unicode N) is cut into groups of three from the right, whatever precedes the run (since the
-    last cut) stays joined to its first group, and the text after the last run is one piece."""
+class _CustomSplit:
+    """HF custom pre-tokenizer for the "regexes" llama.cpp runs through hand-written splitters
+    (unicode.cpp): `spans(text)` gives the [start, end) pieces of each piece so far."""
+
+    def __init__(self, spans: Any) -> None:
+        self._spans = spans
 
     def pre_tokenize(self, pretok: Any) -> None:
         pretok.split(self._split)
 
-    @staticmethod
-    def _split(_: int, piece: Any) -> list[Any]:
+    def _split(self, _: int, piece: Any) -> list[Any]:
         text = str(piece)
-        return [piece[a:b] for a, b in _digit_group_spans(text)] if text else [piece]
+        return [piece[a:b] for a, b in self._spans(text)] if text else [piece]
 
 
 def _digit_group_spans(text: str) -> list[tuple[int, int]]:
-    """[start, end) pieces of `text` as llama.cpp's afmoe digit splitter cuts them."""
+    """llama.cpp's unicode_regex_split_custom_afmoe: each run of numbers (Unicode N) is cut into
+    groups of three from the right, whatever precedes the run (since the last cut) stays joined to
+    its first group, and the text after the last run is one piece."""
     spans: list[tuple[int, int]] = []
     prev = pos = 0
     n = len(text)
@@ -1020,6 +1025,102 @@ class _Charsmap:
         if value >= len(self._replacements) or end < 0:
             raise TokenizerError("tokenizer.ggml.precompiled_charsmap: replacement index out of bounds")
         return self._replacements[value:end], length
+
+
+_HAN_RANGES = (  # llama.cpp's unicode_cpt_is_han
+    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+        (0x2B820, 0x2CEAF), (0x2CEB0, 0x2EBEF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+def _kimi_k2_spans(text: str) -> list[tuple[int, int]]:  # noqa: C901 - a port, kept in the C++ order
+    """llama.cpp's unicode_regex_split_custom_kimi_k2 (its stand-in for Kimi-K2's regex): Han runs,
+    non-Han letter words with an optional leading symbol and contraction, numbers by three,
+    symbol runs, then whitespace as in the GPT-4o-style regexes."""
+    n = len(text)
+    cats = [unicodedata.category(c)[0] for c in text]
+    han = [any(a <= ord(c) <= b for a, b in _HAN_RANGES) for c in text]
+
+    def letter(i: int) -> bool:
+        return i < n and cats[i] == "L"
+
+    def word(i: int) -> bool:  # a letter that is not Han
+        return letter(i) and not han[i]
+
+    def number(i: int) -> bool:
+        return i < n and cats[i] == "N"
+
+    def space(i: int) -> bool:
+        return i < n and text[i] in _WPM_SPACES
+
+    spans: list[tuple[int, int]] = []
+    prev = pos = 0
+
+    def cut(end: int) -> None:
+        nonlocal prev
+        if end > prev:
+            spans.append((prev, end))
+        prev = end
+
+    while pos < n:
+        c = text[pos]
+        if han[pos]:
+            while pos < n and han[pos]:
+                pos += 1
+            cut(pos)
+            continue
+        lead = not (c in "\r\n" or letter(pos) or number(pos))
+        if word(pos) or (lead and word(pos + 1)):
+            start = pos
+            pos += lead
+            while word(pos):
+                pos += 1
+            if pos > start + lead:
+                if text[pos:pos + 1] == "'" and pos + 1 < n:
+                    nxt = text[pos + 1].lower()
+                    if nxt in "stmd":
+                        pos += 2
+                    elif pos + 2 < n and nxt + text[pos + 2].lower() in ("re", "ve", "ll"):
+                        pos += 3
+                cut(pos)
+                continue
+            pos = start
+        if number(pos):
+            ini = pos
+            while number(pos):
+                pos += 1
+                if pos - ini >= 3:
+                    cut(pos)
+                    ini = pos
+            cut(pos)
+            continue
+        q = pos + 1 if c == " " else pos
+        if q < n and not (space(q) or letter(q) or number(q)):
+            pos = q
+            while pos < n and not (space(pos) or letter(pos) or number(pos)):
+                pos += 1
+            while pos < n and text[pos] in "\r\n":
+                pos += 1
+            cut(pos)
+            continue
+        k, last_nl = 0, 0
+        while space(pos + k):
+            if text[pos + k] in "\r\n":
+                last_nl = pos + k + 1
+            k += 1
+        if last_nl:
+            pos = last_nl
+        elif k > 1 and pos + k < n:
+            pos += k - 1
+        elif k:
+            pos += k
+        else:
+            pos += 1
+        cut(pos)
+    return spans
+
+
+# "regex" text in a pre-tokenizer -> the splitter llama.cpp runs instead of a regex
+_CUSTOM_SPLITS = {_DIGIT_GROUPS: _digit_group_spans, _DIGIT_GROUPS_AYA: _digit_group_spans, _KIMI_K2: _kimi_k2_spans}
 
 
 def _spm_byte_id(index: dict[str, int], b: int) -> int:

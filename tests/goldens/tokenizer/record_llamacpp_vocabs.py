@@ -70,7 +70,7 @@ STRESS_FIXED = [
 PRE_VARIANTS = {name: "gpt-2" for name in (
     "minicpm5", "exaone-moe", "ufakzeka", "laguna", "spark2_5", "hy_v4", "joyai-llm", "jais-2",
     "granite-embed-multi-97m", "youtu", "chameleon", "jina-v2-es", "modern-bert", "roberta-bpe",
-    "jina-v5-nano", "talkie", "mellum2", "tiny_aya", "cohere2moe", "afmoe", "superbpe")}
+    "jina-v5-nano", "talkie", "mellum2", "tiny_aya", "cohere2moe", "afmoe", "superbpe", "kimi-k2")}
 PRE_VARIANTS["sarvam-moe"] = "gemma-4"
 
 
