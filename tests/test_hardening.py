@@ -309,6 +309,8 @@ def _deep_message() -> list:
     lambda m: archrun.load(LLAMA, threads=_deep_message()),
     lambda m: archrun.generate(m, [1], temperature=_deep_message()),
     lambda m: archrun.load(LLAMA, backend=_deep_message()),
+    lambda m: archrun.load(LLAMA, block_style={"x": 1}), lambda m: archrun.load(LLAMA, block_style=["fused"]),
+    lambda m: archrun.load(LLAMA, hints=[1]), lambda m: archrun.load(LLAMA, hints={1: 2}),
 ])
 def test_wrong_argument_types_are_typed_errors(model, call) -> None:
     with pytest.raises(archrun.ArchrunError):

@@ -40,7 +40,7 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
         _set_threads(threads)
     pm = plugins or default_plugin_manager()
     vocab = build_vocabulary(pm)
-    if block_style is not None and ("block_style", block_style) not in vocab:
+    if block_style is not None and (not isinstance(block_style, str) or ("block_style", block_style) not in vocab):
         styles = ", ".join(sorted(e.op.name for e in vocab if e.op.slot == "block_style"))
         raise InvalidRequest(f"block_style must be one of {styles}, got {shown(block_style)}")
     gguf = open_gguf(path)

@@ -24,7 +24,7 @@ import attrs
 from attrs import field, frozen
 from attrs import validators as v
 
-from archrun.errors import InvalidRequest
+from archrun.errors import InvalidRequest, shown
 from archrun.hookspecs import hookimpl
 
 # Conventions a file does not state: hint field -> (what it means, the registry slot its value names or None).
@@ -133,6 +133,8 @@ class FamilyHints:
         """These hints with a caller's `hints` (field -> value; strings from a command line are fine) on top."""
         if not hints:
             return self
+        if not isinstance(hints, Mapping) or not all(isinstance(k, str) for k in hints):
+            raise InvalidRequest(f"hints must be a mapping of convention name -> value, got {shown(hints)}")
         names = {a.name for a in attrs.fields(FamilyHints)} - {"name", "generic", "tensor_names", "defaults",
                                                                  "caller"}
         unknown = sorted(set(hints) - names)
