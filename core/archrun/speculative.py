@@ -8,14 +8,17 @@ Each round a drafter guesses the next k tokens cheaply; one multi-token target s
 [last token, *drafts] yields the target's logits at every drafted position; the longest prefix
 the target agrees with is kept, the target's own token follows it, and the cache is rewound
 past the rejected tail (O(1)). Greedy decoding keeps a draft iff it equals the target's choice,
-so the text equals plain greedy decoding. Sampled decoding uses the standard rejection rule
+so the text equals plain greedy decoding (exactly where the multi-token step's logits equal the
+one-token step's: float32 models; quantized ones round differently, and a near-tie may resolve
+the other way). Sampled decoding uses the standard rejection rule
 (accept x with probability min(1, p(x)/q(x)), else draw from max(p - q, 0)), so each token
 follows the target's distribution p whatever the drafter proposes.
 
 Drafters are plugins (hook `archrun_register_drafters`): "lookup" (n-gram match in the prompt
 and output) and "draft:PATH" (a smaller model with the same vocabulary) are built in; family
 plugins add drafters that need their own heads (e.g. a multi-token-prediction head, "mtp").
-The draft length adapts to the running acceptance rate (`AdaptiveLength`).
+The draft length adapts to the running acceptance rate and the measured cost of a step's rows
+(`AdaptiveLength`). `Speculation` is the per-sequence state the server's batch engine uses.
 """
 
 from __future__ import annotations
