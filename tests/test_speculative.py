@@ -360,3 +360,18 @@ def test_cli_run_speculative_prints_the_same_text_and_its_rates(capsys):
     assert "unknown drafter 'nope'" in capsys.readouterr().err
     assert main(["run", path, "-p", "x", "--speculative", "lookup", "--draft-max", "0"]) == 1
     assert "draft length" in capsys.readouterr().err
+
+
+def test_serve_options_are_validated():
+    from archrun.serve.app import _drafter
+    from archrun.serve.config import ServeConfig
+
+    assert ServeConfig(speculative="lookup", draft_max=3).draft_max == 3
+    for bad in (0, 17, True):
+        with pytest.raises(InvalidRequest, match="draft-max"):
+            ServeConfig(draft_max=bad)
+    model = load(DRAFT)
+    assert _drafter(model, None) is None
+    assert isinstance(_drafter(model, "lookup"), LookupDrafter)
+    with pytest.raises(InvalidRequest, match="unknown drafter"):
+        _drafter(model, "nope")
