@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -21,6 +22,7 @@ from synth import attn_output_bias, chain, fuse_qkv, norm_biases, pack_gate_up, 
 
 import archrun
 from archrun.compile import describe
+from archrun.ggufio import open_gguf
 from archrun.model import Interpreter
 
 IDS = [5, 17, 3, 42, 8, 60, 11, 2, 29, 77, 1, 50]
@@ -227,3 +229,32 @@ def test_glm4moe_without_its_mtp_tensors_loads_the_trunk(tmp_path):
 
     with pytest.raises(MissingTensor):
         MtpHead(m)
+
+
+# -- shared-expert biases (by presence) ----------------------------------------------------------
+
+
+def _with_shared_biases(src: Path, dst: Path, scale: float) -> Path:
+    """src with `ffn_{gate,up,down}_shexp.bias` added to every MoE block (random * scale)."""
+    from archrun.conformance.gguf_edit import rewrite_gguf
+
+    rng = np.random.default_rng(9)
+    with open_gguf(src) as g:
+        shapes = {n: t.shape for n, t in g.tensors.items() if "_shexp.weight" in n and "gate_inp" not in n}
+    biases = {n.replace(".weight", ".bias"): (rng.normal(0, 1, shape[1]) * scale).astype(np.float32)
+              for n, shape in shapes.items()}
+    return rewrite_gguf(src, dst, add_tensors=biases)
+
+
+def test_shared_expert_biases_are_read_by_presence(tmp_path):
+    src = Path(__file__).parents[1] / "families/archrun-qwen2moe/tests/goldens/qwen2moe_4experts.gguf"
+    ids = np.arange(1, 12)
+    base = archrun.load(src, backend="reference").logits(ids)
+    zero = archrun.load(_with_shared_biases(src, tmp_path / "zero.gguf", 0.0), backend="reference")
+    assert zero.descriptor.layers[0].ffn.shared_bias
+    np.testing.assert_allclose(zero.logits(ids), base, rtol=0, atol=1e-6)  # zero biases: the same model
+    biased = _with_shared_biases(src, tmp_path / "biased.gguf", 0.5)
+    ref = archrun.load(biased, backend="reference").logits(ids)
+    assert np.abs(ref - base).max() > 1e-2 * np.abs(base).max()          # read, not dropped
+    fast = archrun.load(biased, backend="fast").logits(ids)              # the reference mixture, fast products
+    assert np.abs(fast - ref).max() <= 1e-4 * np.abs(ref).max()

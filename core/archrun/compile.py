@@ -639,8 +639,19 @@ class _Geometry:
             n_group_used=meta.get("expert_group_used_count", int, 1) or 1,
             n_shared=n_shared, n_ff_shared=n_ff_shared,
             shared_gate=bool(n_shared) and _vector_if_present(t, "ffn_gate_inp_shexp", i, d),
+            shared_bias=bool(n_shared) and self._shared_bias(i, n_ff_shared),
             **self._expert_biases(i, n_ff, n_expert),
         )
+
+    def _shared_bias(self, i: int, n_ff_shared: int) -> bool:
+        """Whether the shared experts' projections carry biases (all three, or none)."""
+        roles = {"ffn_gate_shexp.bias": n_ff_shared, "ffn_up_shexp.bias": n_ff_shared,
+                 "ffn_down_shexp.bias": self.n_embd}
+        present = [_vector_if_present(self.t, role, i, n) for role, n in roles.items()]
+        if any(present) and not all(present):
+            raise MissingTensor(f"layer {i}: the shared experts' gate, up and down projections must all have "
+                                "biases or none")
+        return all(present)
 
     def _expert_biases(self, i: int, n_ff: int, n_expert: int) -> dict[str, bool]:
         """Which expert projections carry biases ({n_out, E} tensors, by presence)."""

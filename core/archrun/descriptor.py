@@ -60,6 +60,8 @@ _ROLES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "ffn_down_exps": (_T.FFN_DOWN_EXP, "weight"),
     "ffn_gate_exps.bias": (_T.FFN_GATE_EXP, "bias"), "ffn_up_exps.bias": (_T.FFN_UP_EXP, "bias"),
     "ffn_down_exps.bias": (_T.FFN_DOWN_EXP, "bias"), "attn_sinks": (_T.ATTN_SINKS, "weight"),
+    "ffn_gate_shexp.bias": (_T.FFN_GATE_SHEXP, "bias"), "ffn_up_shexp.bias": (_T.FFN_UP_SHEXP, "bias"),
+    "ffn_down_shexp.bias": (_T.FFN_DOWN_SHEXP, "bias"),
     "ffn_gate_inp_shexp": (_T.FFN_GATE_INP_SHEXP, "weight"),
     "ffn_gate_shexp": (_T.FFN_GATE_SHEXP, "weight"), "ffn_up_shexp": (_T.FFN_UP_SHEXP, "weight"),
     "ffn_down_shexp": (_T.FFN_DOWN_SHEXP, "weight"),
@@ -231,7 +233,8 @@ class MoeSpec:
     n_shared experts of width n_ff_shared run on the same input and are added; with shared_gate
     their output is scaled by sigmoid(x . w) first (w: `ffn_gate_inp_shexp`, Qwen2-MoE).
     gate_bias/up_bias/down_bias: each expert's projection adds its row of `ffn_*_exps.bias`
-    ({n_ff or d, E}, by presence; gpt-oss).
+    ({n_ff or d, E}, by presence; gpt-oss); shared_bias: the shared experts' gate, up and down
+    projections add `ffn_{gate,up,down}_shexp.bias`.
     """
 
     kind: str = field(validator=v.instance_of(str))  # vocabulary slot "moe"
@@ -252,6 +255,7 @@ class MoeSpec:
     gate_bias: bool = field(default=False, validator=v.instance_of(bool))
     up_bias: bool = field(default=False, validator=v.instance_of(bool))
     down_bias: bool = field(default=False, validator=v.instance_of(bool))
+    shared_bias: bool = field(default=False, validator=v.instance_of(bool))  # ffn_*_shexp.bias
 
     @n_expert_used.validator
     def _used(self, _attr, value: int) -> None:

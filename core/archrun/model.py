@@ -298,7 +298,9 @@ def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> MoeFfn:
     moe = b.op("moe", spec.kind, spec, gating, act, backend=b.backend)
     shared = None
     if spec.n_shared:
-        shared = (b.matrix("ffn_gate_shexp", i), b.matrix("ffn_up_shexp", i), b.matrix("ffn_down_shexp", i))
+        bias = spec.shared_bias
+        shared = tuple(b.matrix(f"ffn_{p}_shexp", i, f"ffn_{p}_shexp.bias" if bias else None)
+                       for p in ("gate", "up", "down"))
     weights = MoeWeights(
         gate_inp=b.matrix("ffn_gate_inp", i, "ffn_gate_inp.bias" if spec.router_input_bias else None),
         probs_bias=b.vector("exp_probs_b", i) if spec.router_bias else None,

@@ -70,14 +70,17 @@ def _biased_experts(n_exp, n_in, n_out, bias):
     return [_f32(rnd(n_out, n_in, scale=0.3), bias[e], f"e{e}") for e in range(n_exp)]
 
 
-def test_expert_biases_enter_every_projection():
+def test_expert_and_shared_expert_biases_enter_every_projection():
     d, f, n_exp, n = 12, 8, 4, 5
     spec = MoeSpec(kind="topk", activation="swiglu_oai", n_expert=n_exp, n_expert_used=2, n_ff=f,
                    gating="softmax", weights_norm=True, gate_bias=True, up_bias=True, down_bias=True)
     bg, bu, bd = rnd(n_exp, f), rnd(n_exp, f), rnd(n_exp, d)
+    sw = [rnd(f, d, scale=0.3), rnd(f, d, scale=0.3), rnd(d, f, scale=0.3)]  # a shared expert, biased too
+    sb = [rnd(f), rnd(f), rnd(d)]
     w = MoeWeights(gate_inp=_f32(rnd(n_exp, d), rnd(n_exp), "router"), probs_bias=None,
                    gate=_biased_experts(n_exp, d, f, bg), up=_biased_experts(n_exp, d, f, bu),
-                   down=_biased_experts(n_exp, f, d, bd))
+                   down=_biased_experts(n_exp, f, d, bd),
+                   shared=tuple(_f32(m, b, f"shexp{k}") for k, (m, b) in enumerate(zip(sw, sb, strict=True))))
     x = rnd(n, d)
     act = reference.swiglu_oai()
     got = fast.moe_topk(spec, fast.gating_softmax(), act)(x, w)
@@ -92,4 +95,5 @@ def test_expert_biases_enter_every_projection():
             gate = w.gate[e].dense @ x[t] + bg[e]
             up = w.up[e].dense @ x[t] + bu[e]
             want[t] += pe * (w.down[e].dense @ act(gate, up) + bd[e])
+        want[t] += sw[2] @ act(sw[0] @ x[t] + sb[0], sw[1] @ x[t] + sb[1]) + sb[2]
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
