@@ -230,6 +230,8 @@ def test_sampler_infinite_logits() -> None:
     {"min_p": 1.0}, {"repetition_penalty": 1e-308}, {"repetition_penalty": 1e308}, {"frequency_penalty": -1e308},
     {"frequency_penalty": 1e308}, {"presence_penalty": -1e308}, {"top_k": 10**18}, {"penalty_last_n": 10**18},
     {"seed": 2**200}, {"logit_bias": {3: math.inf}}, {"logit_bias": {3: -math.inf, 4: math.inf}},
+    {"frequency_penalty": 2**63}, {"presence_penalty": -(2**70)}, {"temperature": 10**300},  # ints (a long run)
+    {"top_k": 2**70}, {"penalty_last_n": 10**30}, {"logit_bias": {3: 10**400, 5: -(2**64)}},
 ])
 def test_sampler_extreme_but_valid_options(params) -> None:
     tok = Sampler(SamplingParams(**{"seed": 0, **params}), 50)(_logits(), [1, 1, 2, 3])
@@ -239,6 +241,12 @@ def test_sampler_extreme_but_valid_options(params) -> None:
 def test_sampler_options_that_exclude_every_token() -> None:
     with pytest.raises(InvalidRequest, match="no token"):
         Sampler(SamplingParams(logit_bias={i: -math.inf for i in range(5)}), 5)(_logits(5))
+
+
+@pytest.mark.parametrize("params", [{"temperature": 10**400}, {"frequency_penalty": -(10**400)}, {"top_p": 10**400}])
+def test_sampler_ints_beyond_float_range_are_refused(params) -> None:
+    with pytest.raises(InvalidRequest, match="finite number"):
+        SamplingParams(**params)
 
 
 @pytest.mark.parametrize("bias", [{1.5: 1.0}, {2.0: 1.0}, 1, "x", [(1, 2.0)], {b"1": 1.0}, {True: 1.0}])

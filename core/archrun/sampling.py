@@ -36,6 +36,18 @@ def _python(value):
     return value.item() if isinstance(value, np.integer | np.floating | np.bool_) else value
 
 
+def _real(value):
+    """A float option as a Python float: numpy scalars and ints converted (an int beyond float
+    range becomes Inf, which the validator refuses), anything else left for the validator."""
+    value = _python(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf
+    return value
+
+
 def _int_ge0(name: str):
     def check(_inst, _attr, value) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -48,14 +60,14 @@ def _int_ge0(name: str):
 class SamplingParams:
     """Sampling options; defaults follow llama.cpp's command line."""
 
-    temperature: float = attrs.field(default=0.8, converter=_python, validator=_finite("temperature", 0.0))
+    temperature: float = attrs.field(default=0.8, converter=_real, validator=_finite("temperature", 0.0))
     top_k: int = attrs.field(default=40, converter=_python, validator=_int_ge0("top_k"))
-    top_p: float = attrs.field(default=0.95, converter=_python, validator=_finite("top_p", 0.0, 1.0, lo_open=True))
-    min_p: float = attrs.field(default=0.05, converter=_python, validator=_finite("min_p", 0.0, 1.0))
-    repetition_penalty: float = attrs.field(default=1.0, converter=_python,
+    top_p: float = attrs.field(default=0.95, converter=_real, validator=_finite("top_p", 0.0, 1.0, lo_open=True))
+    min_p: float = attrs.field(default=0.05, converter=_real, validator=_finite("min_p", 0.0, 1.0))
+    repetition_penalty: float = attrs.field(default=1.0, converter=_real,
                                             validator=_finite("repetition_penalty", 0.0, lo_open=True))
-    presence_penalty: float = attrs.field(default=0.0, converter=_python, validator=_finite("presence_penalty"))
-    frequency_penalty: float = attrs.field(default=0.0, converter=_python, validator=_finite("frequency_penalty"))
+    presence_penalty: float = attrs.field(default=0.0, converter=_real, validator=_finite("presence_penalty"))
+    frequency_penalty: float = attrs.field(default=0.0, converter=_real, validator=_finite("frequency_penalty"))
     penalty_last_n: int = attrs.field(default=64, converter=_python, validator=_int_ge0("penalty_last_n"))
     logit_bias: Mapping[int, float] = attrs.field(factory=dict, converter=lambda v: _bias_dict(v))
     seed: int | None = attrs.field(default=None, converter=_python)
@@ -146,7 +158,7 @@ def _check_bias(bias: Mapping[int, float], n_vocab: int) -> tuple[np.ndarray, np
         tok = _bias_key(k)
         if not 0 <= tok < n_vocab:
             raise InvalidRequest(f"logit_bias token id {tok} is outside the vocabulary [0, {n_vocab})")
-        val = _python(val)
+        val = _real(val)
         if isinstance(val, bool) or not isinstance(val, (int, float)) or math.isnan(val):
             raise InvalidRequest(f"logit_bias value for {tok} must be a number, got {shown(val)}")
         ids.append(tok)
