@@ -308,7 +308,9 @@ def _deep_message() -> list:
     lambda m: archrun.chat(m, _deep_message()), lambda m: archrun.chat(m, [{"role": b"user", "content": "x"}]),
     lambda m: m.forward_step([[1, 2], [3]], m.init_cache(4)), lambda m: m.forward_step([1], "cache"),
     lambda m: m.forward_step(_selfref_message(), m.init_cache(4)), lambda m: m.init_cache(2.5),
-    lambda m: m.tokenizer.decode(256), lambda m: m.tokenizer.decode(b"abc"), lambda m: m.tokenizer.encode(b"abc"),
+    lambda m: m.tokenizer.decode(256), lambda m: m.tokenizer.decode(b"abc"), lambda m: m.tokenizer.decode(np.uint8(3)),
+    lambda m: m.tokenizer.decode(np.array(3)), lambda m: m.tokenizer.decode(np.zeros((2, 2), np.int64)),
+    lambda m: m.tokenizer.encode(b"abc"),
     lambda m: archrun.load(None), lambda m: archrun.load(b"/x.gguf"), lambda m: archrun.load("a\x00b"),
     lambda m: archrun.load(LLAMA, threads=1.5), lambda m: archrun.load(LLAMA, backend="gpu"),
     # found by the second long run: quoting a 100,000-deep list in the message recursed

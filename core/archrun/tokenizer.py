@@ -1349,7 +1349,8 @@ class Tokenizer:
 
     def decode_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:
         """Raw bytes of `ids`: llama_detokenize(remove_special=skip_special, unparse_special=not skip_special)."""
-        if isinstance(ids, str | bytes | bytearray) or not isinstance(ids, Iterable):
+        scalar_array = isinstance(ids, np.ndarray) and ids.ndim == 0
+        if isinstance(ids, str | bytes | bytearray) or not isinstance(ids, Iterable) or scalar_array:
             raise TokenizerError(f"decode expects a sequence of token ids, got {type(ids).__name__}")
         ids = [self._check_id(t) for t in ids]
         remove_space = self.add_space_prefix
