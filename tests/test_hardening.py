@@ -26,6 +26,7 @@ import archrun
 from archrun.chat_template import render_chat
 from archrun.errors import (
     ChatTemplateError,
+    ContextOverflow,
     InvalidRequest,
     MetadataError,
     ModelLoadError,
@@ -485,3 +486,14 @@ def test_error_messages_quote_hostile_values_briefly() -> None:
     assert shown(_selfref_message()).startswith("[{")
     assert shown(Raising()).startswith("<Raising")
     assert len(shown("x" * 10**6)) <= 100
+
+
+@pytest.mark.parametrize(("prompt", "gen", "error"), [
+    (10**21, 2, ContextOverflow), (4, 10**9, ContextOverflow), (0, 2, InvalidRequest), (4, -1, InvalidRequest),
+])
+def test_bench_token_counts_are_checked_before_allocating(prompt, gen, error) -> None:
+    """Found by the fuzzer: `archrun bench --prompt-tokens 10**21` asked numpy for 10**21 ids."""
+    from archrun.benchmark import run_bench
+
+    with pytest.raises(error):
+        run_bench(LLAMA, backend="reference", prompt_tokens=prompt, gen_tokens=gen)

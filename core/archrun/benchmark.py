@@ -15,9 +15,16 @@ def run_bench(path: str | os.PathLike, threads: int | None = None, backend: str 
               seed: int = 0) -> dict[str, Any]:
     """Measure one model; token ids are random (seeded) so no tokenizer work is timed."""
     from archrun.api import load
+    from archrun.errors import ContextOverflow, InvalidRequest
 
+    for name, n in (("prompt_tokens", prompt_tokens), ("gen_tokens", gen_tokens)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InvalidRequest(f"{name} must be a positive integer, got {n!r}")
     t0 = time.perf_counter()
     model = load(path, block_style=block_style, backend=backend, threads=threads)
+    if prompt_tokens + gen_tokens > model.descriptor.n_ctx:
+        raise ContextOverflow(f"{prompt_tokens} prompt + {gen_tokens} generated tokens exceed the model's context "
+                              f"of {model.descriptor.n_ctx}")
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, model.descriptor.n_vocab, size=prompt_tokens)
     cache = model.init_cache(min(model.descriptor.n_ctx, prompt_tokens + gen_tokens + 1))
