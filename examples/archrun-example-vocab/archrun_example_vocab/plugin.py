@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
 from archrun.hookspecs import hookimpl
-from archrun.vocab import Op
-from archrun_example_vocab import fast, reference
+from archrun.vocab import Lazy, Op
+from archrun_example_vocab import reference
 
 ARCHITECTURE = "quickgelu-llama"  # a made-up `general.architecture`: llama with a QuickGELU FFN
 
@@ -33,7 +33,8 @@ class ExamplePlugin(FamilyPlugin):
 
     @hookimpl
     def archrun_register_vocabulary(self, register) -> None:
-        register(Op("activation", "gelu_quick", reference.gelu_quick, fast.gelu_quick,
+        # the fast factory by name: imported (its kernels compiled) only when a model binds it
+        register(Op("activation", "gelu_quick", reference.gelu_quick, Lazy("archrun_example_vocab.fast:gelu_quick"),
                     "x * sigmoid(1.702 x) (QuickGELU; gated: x * sigmoid(1.702 x) * up)"))
 
 
