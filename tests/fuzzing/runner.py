@@ -14,9 +14,11 @@ import collections
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,10 +33,14 @@ class Runner:
     def __init__(self, timeout: float = 30.0, memory: int = 1024, nice: int = 0, startup: float = 900.0):
         self.timeout, self.memory, self.nice, self.startup = timeout, memory, nice, startup
         self.proc: subprocess.Popen | None = None
+        self.tmp = ""
         self.restarts = 0
 
     def _start(self) -> None:
-        env = dict(os.environ, NUMBA_NUM_THREADS=os.environ.get("NUMBA_NUM_THREADS", "1"), PYTHONFAULTHANDLER="")
+        # the worker's temporary files live in a folder of ours, removed when it stops (even killed)
+        self.tmp = tempfile.mkdtemp(prefix="archrun-fuzz-worker-")
+        env = dict(os.environ, NUMBA_NUM_THREADS=os.environ.get("NUMBA_NUM_THREADS", "1"), PYTHONFAULTHANDLER="",
+                   TMPDIR=self.tmp)
         nice = self.nice
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), "--memory", str(self.memory)], stdin=subprocess.PIPE,
@@ -63,6 +69,7 @@ class Runner:
         for f in (proc.stdin, proc.stdout):
             if f is not None:
                 f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
         return code
 
     def run(self, case: dict) -> dict:

@@ -11,6 +11,7 @@ allocate beyond that ends in MemoryError, which is a finding.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
@@ -38,6 +39,7 @@ from fuzzing.gguf_model import KV, GGUFModel, Tensor, parse, serialize  # noqa: 
 
 _SEED_BYTES: dict[int, bytes] = {}
 _MODELS: dict[tuple[int, str], Any] = {}
+_SEED_DIR: list[Path] = []
 
 
 class Outcome(Exception):
@@ -451,14 +453,22 @@ def scenario_gguf(case: dict, steps: Steps, tmp: Path) -> None:
     steps.run("chat", lambda: _drive(archrun.chat(model, [{"role": "user", "content": text}], max_tokens=3, **opts)))
 
 
+def _seed_dir() -> Path:
+    """One folder per process for the seeds API cases load (removed at exit; the runner's worker
+    also runs inside a temporary folder the runner removes)."""
+    if not _SEED_DIR:
+        _SEED_DIR.append(Path(tempfile.mkdtemp(prefix="archrun-fuzz-seeds-")))
+        atexit.register(shutil.rmtree, _SEED_DIR[0], True)
+    return _SEED_DIR[0]
+
+
 def _model(seed: int, backend: str) -> Any:
     key = (seed % len(C.SEEDS), backend)
     if key not in _MODELS:
         m = parse(seed_bytes(seed))
         if m.get("tokenizer.chat_template") is None:
             m.kvs.append(KV("tokenizer.chat_template", 8, C.CHATML))
-        d = Path(tempfile.mkdtemp(prefix="archrun-fuzz-seed-"))
-        path = d / "seed.gguf"
+        path = _seed_dir() / f"seed{key[0]}-{key[1]}.gguf"
         path.write_bytes(serialize(m))
         _MODELS[key] = archrun.load(path, backend=backend)
     return _MODELS[key]
