@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import real_model  # at import, while `conftest` is tests/conftest.py (families have their own)
 from gguf_fixtures import RawGGUF, T, V
 
 import archrun
@@ -456,8 +457,6 @@ def test_loader_and_tokenizer_memory_is_bounded_by_the_file_size(tmp_path) -> No
 def test_fast_load_of_a_real_model_stays_within_a_small_multiple_of_its_size() -> None:
     """SmolLM2 Q4_1 (94 MiB): the map, the repacked weights and a 256-token cache fit in 4 x the
     file size + 128 MiB of address space (measured: ~2.6 x)."""
-    from conftest import real_model
-
     path = real_model("smollm2")
     out = _python(f"""
         import os, resource, archrun
