@@ -63,15 +63,20 @@ def corpus() -> list[str]:
     return texts
 
 
-def detokenize(llama_cpp, vocab, ids: list[int], remove_special: bool, unparse_special: bool) -> str:
-    """llama_detokenize -> hex of the raw bytes (they need not be valid UTF-8)."""
+def detokenized_bytes(llama_cpp, vocab, ids: list[int], remove_special: bool, unparse_special: bool) -> bytes:
+    """llama_detokenize -> the raw bytes (they need not be valid UTF-8)."""
     arr = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
     size = 64 + 64 * len(ids)
     buf = ctypes.create_string_buffer(size)
     n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, size, remove_special, unparse_special)
     if n < 0:
         raise RuntimeError(f"llama_detokenize needs {-n} bytes")
-    return buf.raw[:n].hex()
+    return buf.raw[:n]
+
+
+def detokenize(llama_cpp, vocab, ids: list[int], remove_special: bool, unparse_special: bool) -> str:
+    """llama_detokenize -> hex of the raw bytes."""
+    return detokenized_bytes(llama_cpp, vocab, ids, remove_special, unparse_special).hex()
 
 
 def vocab_facts(llama_cpp, vocab) -> dict:

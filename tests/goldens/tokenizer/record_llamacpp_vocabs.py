@@ -20,7 +20,6 @@ different file is noticed).
 
 from __future__ import annotations
 
-import ctypes
 import datetime as dt
 import hashlib
 import json
@@ -111,16 +110,13 @@ def stress_corpus(n: int = 80, seed: int = 99) -> list[str]:
 
 def detokenize(llama_cpp, vocab, ids: list[int], remove_special: bool, unparse_special: bool) -> str | dict:
     """llama_detokenize -> the text, or {"hex": ...} when the bytes are not valid UTF-8."""
-    arr = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
-    size = 64 + 64 * len(ids)
-    buf = ctypes.create_string_buffer(size)
-    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, size, remove_special, unparse_special)
-    if n < 0:
-        raise RuntimeError(f"llama_detokenize needs {-n} bytes")
+    from record_llamacpp import detokenized_bytes  # this folder's llama.cpp recorder
+
+    raw = detokenized_bytes(llama_cpp, vocab, ids, remove_special, unparse_special)
     try:
-        return buf.raw[:n].decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
-        return {"hex": buf.raw[:n].hex()}
+        return {"hex": raw.hex()}
 
 
 def record(path: Path, texts: list[str]) -> dict:
