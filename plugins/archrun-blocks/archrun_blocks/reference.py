@@ -405,14 +405,20 @@ def moe_topk(spec: MoeSpec, gating, act):
             ye = w.down[e](act(w.gate[e](xe), w.up[e](xe)))  # [m, d]: down(act(gate) * up)
             out[rows] += weights[rows, slot][:, None] * ye
         if w.shared is not None:
-            g, u, d = w.shared
-            ys = d(act(g(x), u(x)))
-            if w.shared_gate is not None:  # Qwen2-MoE: the shared experts' output gated per token
-                ys *= F32(1) / (F32(1) + np.exp(-(x @ w.shared_gate)))[:, None]
-            out += ys
+            out += shared_experts(x, w, act)
         return out
 
     return moe
+
+
+def shared_experts(x: np.ndarray, w, act) -> np.ndarray:
+    """The shared experts' FFN of x [n, d] (MoeWeights.shared), gated per token by
+    sigmoid(x . shared_gate) when the weights have one (Qwen2-MoE)."""
+    g, u, d = w.shared
+    ys = d(act(g(x), u(x)))
+    if w.shared_gate is not None:
+        ys *= F32(1) / (F32(1) + np.exp(-(x @ w.shared_gate)))[:, None]
+    return ys
 
 
 def softcap_tanh(cap: float):

@@ -95,11 +95,7 @@ def topk_input_weighted(spec, gating, act):
             xe = x[rows] * weights[rows, slot][:, None]
             out[rows] += w.down[e](act(w.gate[e](xe), w.up[e](xe)))
         if w.shared is not None:
-            g, u, d = w.shared
-            ys = d(act(g(x), u(x)))
-            if w.shared_gate is not None:
-                ys *= F32(1) / (F32(1) + np.exp(-(x @ w.shared_gate)))[:, None]
-            out += ys
+            out += reference.shared_experts(x, w, act)
         return out
 
     return moe
