@@ -183,3 +183,54 @@ def test_concurrent_writers_of_one_kernel_never_share_a_data_file(tmp_path):
     first = IndexDataCacheFile(str(tmp_path), "kernel-1.py311", b"stamp")
     first.save(("sig a",), "code for a")  # the first writer's entry comes back under its own name
     assert first.load(("sig a",)) == "code for a" and first.load(("sig b",)) == "code for b"
+
+
+# A parallel callee and a caller that embeds it: the caller's cached code calls numba's threading layer.
+PAR_CALLEE = ("from numba import njit, prange\n\nfrom archrun.kernels._jit import JIT_PAR\n\n\n"
+              "@njit(**JIT_PAR)\ndef total(x):\n    s = 0.0\n    for i in prange(x.shape[0]):\n"
+              "        s += x[i]\n    return s\n")
+PAR_CALLER = ("from numba import njit\n\nfrom archrun.kernels._jit import JIT\nfrom ppkg.callee import total\n\n\n"
+              "@njit(**JIT)\ndef twice(x):\n    return 2.0 * total(x)\n")
+# calls `sys.argv[2]` ("callee" or "caller") first in a fresh process; prints the result, the cache hits
+# and how many load hooks the caller's compiled code carries
+PAR_RUN = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import ppkg
+from ppkg import callee, caller
+x = np.arange(64, dtype=np.float64)
+if sys.argv[2] == "callee":
+    print(json.dumps({"result": float(callee.total(x))}))
+else:
+    result = float(caller.twice(x))
+    (cres,) = caller.twice.overloads.values()
+    print(json.dumps({"result": result, "hits": sum(caller.twice.stats.cache_hits.values()),
+                      "hooks": len(cres.reload_init)}))
+"""
+
+
+def test_a_caller_compiled_over_a_cached_parallel_callee_loads_first_in_a_new_process(tmp_path):
+    """numba gives a library loaded from the cache no load hooks, so a caller compiled over a cached parallel
+    callee was cached without the hook that starts the threading layer; a process that then loaded that
+    caller first linked it with every external address 0 and crashed on the call (the MoE kernel's
+    segfault). archrun keeps the hooks of cached libraries and starts the layer before linking cached code."""
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    pkg = src / "ppkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(INIT)
+    (pkg / "callee.py").write_text(PAR_CALLEE)
+    (pkg / "caller.py").write_text(PAR_CALLER)
+
+    def run(first: str) -> dict:
+        p = subprocess.run([sys.executable, "-c", PAR_RUN, str(src), first], env=_env(cache),
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, f"exit {p.returncode}: {p.stderr[-2000:]}"
+        return json.loads(p.stdout)
+
+    expected = 2.0 * sum(range(64))
+    assert run("callee")["result"] == expected / 2  # the callee alone is cached
+    written = run("caller")  # callee from the cache, caller compiled and cached over it
+    assert written["result"] == expected and written["hits"] == 0 and written["hooks"] > 0
+    loaded = run("caller")  # a new process whose first kernel is the cached caller
+    assert loaded["result"] == expected and loaded["hits"] == 1

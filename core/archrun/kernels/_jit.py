@@ -319,7 +319,52 @@ def _install_keyed_data_names() -> bool:
     return True
 
 
-if not (_install_locator() and _install_keyed_data_names()):
+def _install_reload_hooks() -> bool:
+    """Keep the start-up hooks of cached code (numba's threading layer) with every library loaded from the cache.
+
+    Loading a cached entry runs its `reload_init` hooks before its machine code is linked in; for code that
+    contains a parallel loop, the hook starts numba's threading layer, which defines the symbols that code
+    calls (numba_parallel_for, get_num_threads, ...). numba records the hooks of a kernel compiled in this
+    process, and a caller inherits its callees' hooks when it links their code, but a callee loaded from
+    the cache comes back without them: a caller compiled now over a cached parallel callee is cached with
+    no hook. A later process that loads that caller before anything else started the threading layer
+    fails to resolve those symbols, and the linker then leaves every external address of the object 0
+    (PyArg_UnpackTuple included): a jump to address 0 on the first call (seen: the MoE kernel, whose
+    product callees are parallel, crashing only after a dense model's process had written the cache).
+
+    So a library rebuilt from the cache keeps its hooks (callers compiled over it inherit them again), and
+    the threading layer is started before any cached code is linked, which also makes entries already
+    cached without the hook safe.
+    """
+    from numba.core.compiler import CompileResult
+
+    try:
+        from numba.np.ufunc.parallel import _launch_threads
+    except ImportError:
+        return False
+    rebuild = getattr(CompileResult, "_rebuild", None)
+    if rebuild is None:
+        return False
+    if getattr(rebuild, "archrun_hooks", False):
+        return True
+    original = rebuild.__func__
+
+    def _rebuild(cls, target_context, libdata, fndesc, env, signature, objectmode, lifted, typeann,
+                 reload_init, referenced_envs):
+        _launch_threads()  # idempotent; cheap once the layer runs
+        result = original(cls, target_context, libdata, fndesc, env, signature, objectmode, lifted, typeann,
+                          reload_init, referenced_envs)
+        hooks = getattr(result.library, "_reload_init", None)
+        if isinstance(hooks, set):
+            hooks.update(reload_init or ())
+        return result
+
+    _rebuild.archrun_hooks = True
+    CompileResult._rebuild = classmethod(_rebuild)
+    return True
+
+
+if not (_install_locator() and _install_keyed_data_names() and _install_reload_hooks()):
     # another numba: compile in every process rather than share a stale or racy cache
     JIT["cache"] = JIT_PAR["cache"] = False
 _CORE = os.path.dirname(os.path.realpath(__file__))
