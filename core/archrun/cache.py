@@ -1,6 +1,21 @@
-"""KvCache: the interpreter's per-sequence cache. Each layer's slot is made by its attention op.
+"""KvCache: the interpreter's per-sequence memory. Each layer's slot is made by its block op.
 
-Rewind is O(1): it only moves the length; the rows past it are overwritten by later steps.
+A slot is whatever per-sequence state its op keeps: K/V rows, a ring of the last rows (sliding
+windows), a recurrent state tensor, a convolution window. Slots say how they rewind, and the
+cache answers for all of them:
+
+- a slot without rewind attributes keeps one row per token (K/V): it truncates to any length
+  (O(1): the cache only moves its length; later steps overwrite the rows past it);
+- `max_rewind` (int): a ring keeping its window plus `max_rewind` rows: the last that many tokens
+  can be forgotten exactly (the cache tracks how far, see `KvCache.max_rewind`);
+- `can_restore(length) -> bool` and `rewind_to(length)`: state that cannot be truncated (a
+  recurrent state is a running sum). Such a slot keeps copies of its state — after each of its
+  last few tokens, and at checkpoints (`checkpoint(length)`, which the cache forwards) — and
+  restores one of them; `rewind_reach` says how many of the last tokens it can forget exactly.
+- `clear()`: forget everything; `nbytes`: bytes held.
+
+Generic layers never assume a rewind: they ask `restore_point(length)` for the longest prefix
+of at most `length` tokens the cache can return to, rewind there and recompute the rest.
 `PrefixCache` pairs any Decoder cache with the token ids it holds, so a new prompt that shares
 a prefix with them (the next chat turn, a shared system prompt) only computes what differs.
 """
@@ -14,13 +29,14 @@ from archrun.errors import ContextOverflow, InvalidRequest, shown
 
 
 class KvCache:
-    """Per-layer slots (layout declared by each layer's attention op) plus the cached length."""
+    """Per-layer slots (layout declared by each layer's block op) plus the cached length."""
 
     def __init__(self, slots: Sequence[Any], capacity: int):
         self.slots = list(slots)
         self.capacity = capacity
         self._n = 0
         self._peak = 0  # the longest length reached since the last clear (ring slots lose rows past it)
+        self._stateful = [s for s in self.slots if callable(getattr(s, "can_restore", None))]
 
     def __len__(self) -> int:
         return self._n
@@ -45,29 +61,100 @@ class KvCache:
 
     @property
     def max_rewind(self) -> int:
-        """How many tokens can be rewound exactly (bounded by ring-buffer slots of windowed layers).
+        """How many of the last tokens can be forgotten exactly, to any length in between.
 
         A ring slot keeps its window plus `max_rewind` rows. Once the sequence has been longer
         than it is now (a rewind, then fewer tokens written), the rows of the forgotten tokens
         displaced older ones, so the reach shrinks by that difference until the next clear.
+        A stateful slot states its own reach (`rewind_reach`: the states it keeps).
         """
         lost = self._peak - self._n
-        limits = [s.max_rewind - lost for s in self.slots if getattr(s, "max_rewind", None) is not None]
+        limits = [s.max_rewind - lost for s in self.slots
+                  if getattr(s, "max_rewind", None) is not None and s not in self._stateful]
+        limits += [s.rewind_reach for s in self._stateful]
         return max(0, min([self._n, *limits]))
 
+    def _ring_reaches(self, length: int) -> bool:
+        """Whether every ring slot still holds what a cache of `length` tokens needs."""
+        lost = self._peak - self._n
+        return all(self._n - length <= s.max_rewind - lost for s in self.slots
+                   if getattr(s, "max_rewind", None) is not None and s not in self._stateful)
+
+    def can_restore(self, length: int) -> bool:
+        """Whether the cache can return exactly to its first `length` tokens (0 always: a clear)."""
+        if length == self._n or length == 0:
+            return True
+        if not 0 < length < self._n or not self._ring_reaches(length):
+            return False
+        return all(s.can_restore(length) for s in self._stateful)
+
+    def restore_point(self, length: int) -> int:
+        """The longest length <= `length` the cache can return to exactly (0: only a clear).
+
+        Where the last tokens can be rewound one by one that is `length` itself; beyond that, the
+        latest checkpoint the stateful slots all keep (a recomputation from there costs
+        `length - restore_point(length)` tokens).
+        """
+        length = max(0, min(int(length), self._n))
+        if self._n - length <= self.max_rewind or self.can_restore(length):
+            return length
+        kept = {p for s in self._stateful for p in getattr(s, "checkpoints", ())}
+        return max((p for p in kept if p < length and self.can_restore(p)), default=0)
+
     def rewind(self, n: int) -> None:
-        """Forget the last n tokens (O(1))."""
+        """Forget the last n tokens: O(1) for rows, a state copy for stateful slots.
+
+        `n` must lead to a length the cache can restore (`restore_point(len(self) - n)`).
+        """
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self._n:
             raise InvalidRequest(f"cannot rewind {shown(n)} tokens from a cache holding {self._n}")
-        if n > self.max_rewind:
-            raise InvalidRequest(f"cannot rewind {n} tokens: sliding-window layers keep only "
-                                 f"{self.max_rewind} tokens of history beyond their window")
-        self._n -= n
+        target = self._n - n
+        if target == 0:
+            self.clear()
+            return
+        if not self.can_restore(target):
+            raise InvalidRequest(f"cannot rewind {n} tokens: sliding-window layers and recurrent states keep "
+                                 f"{self.max_rewind} tokens of history (the nearest point the cache can return "
+                                 f"to is {self.restore_point(target)} tokens)")
+        for s in self._stateful:
+            s.rewind_to(target)
+        self._n = target
+
+    def checkpoint(self) -> None:
+        """Keep the current state as a restore point (stateful slots copy theirs; rows need nothing)."""
+        for s in self._stateful:
+            s.checkpoint(self._n)
 
     def clear(self) -> None:
         """Forget everything."""
+        for s in self._stateful:
+            s.clear()
         self._n = 0
         self._peak = 0
+
+
+def restore_point(cache: Any, length: int) -> int:
+    """The longest length <= `length` any Decoder cache can return to exactly (0: start over).
+
+    Caches that only state `max_rewind` return to any length within it.
+    """
+    ask = getattr(cache, "restore_point", None)
+    if ask is not None:
+        return ask(length)
+    return length if len(cache) - length <= cache.max_rewind else 0
+
+
+def rewind_to(cache: Any, length: int) -> int:
+    """Return `cache` to the longest prefix of at most `length` tokens it can restore; that length.
+
+    The caller recomputes the tokens between it and `length`.
+    """
+    keep = restore_point(cache, length)
+    if keep == 0:
+        cache.clear()
+    else:
+        cache.rewind(len(cache) - keep)
+    return keep
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -82,16 +169,20 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class PrefixCache:
     """A Decoder cache plus the token ids it holds (`len(ids) == len(cache)` between steps).
 
-    `prepare(prompt)` keeps the longest prefix the cache shares with `prompt` (rewinding the
-    rest, O(1)) and returns the ids still to compute; where the cache cannot rewind that far
-    (sliding-window layers keep only a few rows beyond their window) it starts over instead,
-    so reuse is never wrong. At least the prompt's last token is always left to compute: its
-    logits are what the next token is sampled from.
+    `prepare(prompt)` keeps the longest prefix the cache shares with `prompt` that it can return
+    to (`restore_point`: any length within its rewind reach, else its latest checkpoint, else
+    nothing) and returns the ids still to compute, so reuse is never wrong. At least the
+    prompt's last token is always left to compute: its logits are what the next token is
+    sampled from. When the prompt has been fed (in one step or in chunks), a cache that keeps
+    checkpoints keeps one there: the next turn of a chat returns to it when its prompt differs
+    from the generated text (e.g. a template that drops the previous turn's reasoning).
     """
 
     def __init__(self, cache: Any):
         self.cache = cache
         self.ids: list[int] = []
+        self._prompt_end = 0   # the length at which the prompt being fed is complete (0: none pending)
+        self.recomputed = 0    # prompt tokens the last prepare() left to compute
 
     @property
     def capacity(self) -> int:
@@ -101,21 +192,23 @@ class PrefixCache:
     def prepare(self, prompt: Sequence[int]) -> list[int]:
         """Rewind to the prefix shared with `prompt`; return the suffix of `prompt` to feed."""
         prompt = [int(t) for t in prompt]
-        keep = min(common_prefix(self.ids, prompt), len(prompt) - 1)
-        drop = len(self.ids) - keep
-        if drop > self.cache.max_rewind:
-            self.cache.clear()
-            keep = 0
-        else:
-            self.cache.rewind(drop)
+        keep = rewind_to(self.cache, min(common_prefix(self.ids, prompt), len(prompt) - 1))
         del self.ids[keep:]
+        self._prompt_end = len(prompt)
+        self.recomputed = len(prompt) - keep
         return prompt[keep:]
 
     def fed(self, ids: Sequence[int]) -> None:
         """Record ids the model just appended to the cache."""
         self.ids.extend(int(t) for t in ids)
+        if self._prompt_end and len(self.ids) >= self._prompt_end:
+            self._prompt_end = 0
+            keep = getattr(self.cache, "checkpoint", None)
+            if keep is not None:
+                keep()
 
     def reset(self) -> None:
         """Forget everything (after a failed step, the cache's contents are unknown)."""
         self.cache.clear()
         self.ids.clear()
+        self._prompt_end = 0

@@ -435,6 +435,14 @@ class _Geometry:
         self.nope = self._nope_layers()
         self.attention_kind = conv.need("attention")
         self.layout = self._layout()
+        self.recurrent = self._recurrent_layers()
+        self.recurrent_kind = conv.need("recurrent") if any(self.recurrent) else None
+        if any(self.recurrent) and self.recurrent_kind is None:
+            conv.check()  # the recurrent layers' op is a convention nobody stated
+        if self.recurrent_kind is not None and self.recurrent_kind not in attention_ops:
+            raise UnknownVocabulary(f"no installed plugin provides attention={self.recurrent_kind!r}, which the "
+                                    f"recurrent layers of {self.meta.arch!r} files need (install the vocabulary "
+                                    "package that registers it)")
         self.n_rot = meta.get("rope.dimension_count", int, self.head_dim)
         if self.n_rot > self.head_dim:
             raise MetadataError(f"rope.dimension_count {self.n_rot} exceeds the head width {self.head_dim}")
@@ -453,6 +461,18 @@ class _Geometry:
             raise UnknownVocabulary(f"no installed plugin provides attention={kind!r}, which {self.meta.arch!r} "
                                     "files need (install the vocabulary package that registers it)")
         return None
+
+    def _recurrent_layers(self) -> tuple[bool, ...]:
+        """Layers the file marks recurrent: with `full_attention_interval` P every layer but each
+        P-th; else those whose per-layer `attention.head_count_kv` is 0."""
+        meta, n = self.meta, self.n_block
+        if meta.has("full_attention_interval"):
+            period = _bounded(meta.key("full_attention_interval"), meta.get("full_attention_interval", int),
+                              1, MAX_LAYERS)
+            return tuple((i + 1) % period != 0 for i in range(n))
+        if isinstance(meta.gguf.metadata.get(meta.key("attention.head_count_kv")), np.ndarray):
+            return tuple(kv == 0 for kv in self.heads_kv)
+        return (False,) * n
 
     def _sliding_layers(self) -> tuple[bool, ...]:
         n = self.n_block
@@ -553,8 +573,10 @@ class _Geometry:
         return bias
 
     def _attention(self, i: int) -> AttentionSpec:
+        if self.recurrent[i]:
+            return self._layout_attention(i, self.recurrent_kind, self.attention_ops[self.recurrent_kind])
         if self.layout is not None:
-            return self._layout_attention(i)
+            return self._layout_attention(i, self.attention_kind, self.layout)
         t, d = self.t, self.n_embd
         n_head, n_kv = self.heads[i], self.heads_kv[i] or self.heads[i]
         hd, vd = self.head_dim, self.v_head_dim
@@ -592,13 +614,14 @@ class _Geometry:
             alibi_max_bias=self.alibi_max_bias, sinks=sinks,
         )
 
-    def _layout_attention(self, i: int) -> AttentionSpec:
-        """A layer whose attention op brings its own projections: the layout states the geometry."""
+    def _layout_attention(self, i: int, kind: str, layout: Any) -> AttentionSpec:
+        """A layer whose op brings its own projections (or is the whole token mixer): the layout
+        states the geometry."""
         n_head = self.heads[i]
         ctx = LayerContext(self.meta, self.t, i, self.n_embd, n_head, self.heads_kv[i] or n_head)
-        fields = dict(self.layout.describe(ctx))
+        fields = dict(layout.describe(ctx))
         fields.setdefault("scale", self.scale)
-        return AttentionSpec(kind=self.attention_kind, n_head=n_head, rope=self._rope_table(i),
+        return AttentionSpec(kind=kind, n_head=n_head, rope=self._rope_table(i),
                              window=self.window if self.sliding[i] else 0, softcap=self.softcap, **fields)
 
     def _dense(self, i: int) -> FfnSpec:

@@ -21,7 +21,7 @@ from archrun.descriptor import Descriptor, LayerSpec
 class Caps:
     """What a decoder can do beyond forward_step (a block style declares its caps)."""
 
-    rewind: bool = True          # cache.rewind(n) is supported (and O(1)) up to cache.max_rewind
+    rewind: bool = True          # cache.rewind(n) is supported up to cache.max_rewind (and to its restore points)
     batch: bool = False          # forward_step_batch(batch, caches) exists (fused block style)
     host_step: bool = False      # host_step(ids, cache, mtp_cache=None) exists (host_reference block style)
     all_logits: bool = True      # forward_step(..., all_logits=True) returns [n, vocab]
@@ -29,7 +29,13 @@ class Caps:
 
 @runtime_checkable
 class Cache(Protocol):
-    """Per-sequence state of a Decoder (archrun.cache.KvCache is one)."""
+    """Per-sequence state of a Decoder (archrun.cache.KvCache is one).
+
+    A cache whose state cannot be truncated (recurrent layers) also offers `restore_point(length)`
+    (the longest length <= length it can return to exactly) and `checkpoint()` (keep the current
+    state as one); generic layers ask `archrun.cache.restore_point(cache, length)`, which falls
+    back to `max_rewind` for caches without them.
+    """
 
     capacity: int
 

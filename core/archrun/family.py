@@ -39,6 +39,8 @@ CONVENTIONS: Mapping[str, tuple[str, str | None]] = MappingProxyType({
     "gating": ("the expert gating function (files may say it in expert_gating_func)", "gating"),
     "softcap": ("the final-logit softcap op", "softcap"),
     "logit_scale_key": ("how the file's logit_scale key applies to the logits: 'multiply' or 'divide'", None),
+    "recurrent": ("the block op of the layers a file marks recurrent (a hybrid model's non-attention layers)",
+                  "attention"),
 })
 LOGIT_SCALE_USES = ("multiply", "divide")
 
@@ -97,7 +99,11 @@ class FamilyHints:
     (post-norms only); `norm_weights` False: norms have no learned weights (no norm weight
     tensors); `ignored_tensors`: globs of tensors the architecture's files carry and no plan uses
     (loading warns; any other unused tensor fails the load). `logit_scale_key`: how a file's
-    `logit_scale` key applies ("multiply", or "divide" as granite's does).
+    `logit_scale` key applies ("multiply", or "divide" as granite's does). `recurrent`: the op
+    (slot "attention", a token mixer such as a short convolution or a state-space scan) of the
+    layers a file marks recurrent — those whose per-layer `attention.head_count_kv` is 0, or, with
+    `full_attention_interval` P, every layer but each P-th; a file with no attention heads at all
+    is recurrent throughout.
     """
 
     name: str = field(validator=v.instance_of(str))
@@ -110,6 +116,7 @@ class FamilyHints:
     moe: str | None = field(default=None, validator=_opt_str)
     gating: str | None = field(default=None, validator=_opt_str)
     softcap: str | None = field(default=None, validator=_opt_str)
+    recurrent: str | None = field(default=None, validator=_opt_str)
     moe_weights_norm: bool = False
     logit_scale_key: str | None = field(default=None, validator=v.optional(v.in_(LOGIT_SCALE_USES)))
     pre_norms: bool = True

@@ -225,7 +225,10 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
         raise MissingTensor(f"block {i} has no {b.d.tensor_name('ffn_norm', i)!r}, which its residual topology "
                             f"{spec.residual!r} needs")
     layout = b.vocab.entry("attention", a.kind).op.layout
-    if layout is not None:  # the attention op brings its own projections (e.g. MLA's latents)
+    mixer = getattr(layout, "mixer", False)  # the op is the whole token mixer: it binds its own tensors
+    if mixer:
+        qkv = o = None
+    elif layout is not None:  # the attention op brings its own projections (e.g. MLA's latents)
         qkv, o = layout.bind(b, a, i)
     else:
         qkv, o = _bind_qkv(b, i, spec), b.matrix("attn_output", i, "attn_output.bias" if a.output_bias else None)
@@ -253,6 +256,8 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
         lp.post_attn_norm = b.vector("post_attn_norm", i)
     if spec.post_ffn_norm:
         lp.post_ffn_norm = b.vector("post_ffn_norm", i)
+    if mixer:
+        lp.mixer = lp.attention.mix
     return lp
 
 
@@ -489,15 +494,33 @@ class Interpreter:
         return _bind_layer(self.plan.binder, index, spec)
 
     def run_block(self, lp: LayerPlan, x: np.ndarray, slot: Any, start: int, angles: list) -> np.ndarray:
-        """One decoder block on x [n, d]; its K/V go to `slot` at rows start..start+n-1."""
+        """One decoder block on x [n, d]; its K/V (or state) go to `slot` at rows start..start+n-1."""
+        if lp.mixer is not None:
+            return self._block(lp, x, angles, lambda h: lp.mixer(h, slot, start))
         return self._block(lp, x, angles, lambda q, k, v: lp.attention(q, k, v, slot, start))
 
-    def _block(self, lp: LayerPlan, x: np.ndarray, angles: list,
-               attend: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
-        """A decoder block on x [n, d] whose attention is attend(q [n,H,hd], k, v) -> [n, H, vd]."""
-        norm, a = self.plan.norm, lp.spec.attention
+    def _block(self, lp: LayerPlan, x: np.ndarray, angles: list, attend: Callable[..., np.ndarray]) -> np.ndarray:
+        """A decoder block on x [n, d] whose attention is attend(q [n,H,hd], k, v) -> [n, H, vd], or,
+        for a layer whose op is the whole token mixer, attend(h [n, d]) -> [n, d]."""
+        norm = self.plan.norm
         h = x if lp.attn_norm is None else norm(x, lp.attn_norm, lp.attn_norm_b)
-        n = len(x)
+        o = attend(h) if lp.mixer is not None else self._attend(lp, h, angles, attend)
+        if lp.post_attn_norm is not None:
+            o = norm(o, lp.post_attn_norm)
+        if lp.ffn_norm is not None:
+            g = norm(lp.residual.ffn_input(x, o), lp.ffn_norm, lp.ffn_norm_b)
+        else:  # a parallel block's shared norm, or (no pre-norms) the FFN's input as is
+            g = h if lp.attn_norm is not None else lp.residual.ffn_input(x, o)
+        f = lp.ffn(g)
+        if lp.post_ffn_norm is not None:
+            f = norm(f, lp.post_ffn_norm)
+        return lp.residual.combine(x, o, f)
+
+    def _attend(self, lp: LayerPlan, h: np.ndarray, angles: list,
+                attend: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+        """The attention branch on normed h [n, d]: projections, q/k norms, rope, attend, output -> [n, d]."""
+        norm, a = self.plan.norm, lp.spec.attention
+        n = len(h)
         q, k, v = lp.qkv(h)
         if a.clamp_kqv:  # OLMo / MPT clip_qkv
             c = F32(a.clamp_kqv)
@@ -513,17 +536,7 @@ class Interpreter:
             q, k = rope(q, cos, sin), rope(k, cos, sin)
         if lp.q_norm is not None and a.qk_norm_after_rope:
             q, k = _qk_norm(norm, lp, a, q, k)
-        o = lp.o(attend(q, k, v).reshape(n, a.n_head * a.v_head_dim))
-        if lp.post_attn_norm is not None:
-            o = norm(o, lp.post_attn_norm)
-        if lp.ffn_norm is not None:
-            g = norm(lp.residual.ffn_input(x, o), lp.ffn_norm, lp.ffn_norm_b)
-        else:  # a parallel block's shared norm, or (no pre-norms) the FFN's input as is
-            g = h if lp.attn_norm is not None else lp.residual.ffn_input(x, o)
-        f = lp.ffn(g)
-        if lp.post_ffn_norm is not None:
-            f = norm(f, lp.post_ffn_norm)
-        return lp.residual.combine(x, o, f)
+        return lp.o(attend(q, k, v).reshape(n, a.n_head * a.v_head_dim))
 
 
 class FusedDecoder(Interpreter):
@@ -615,7 +628,9 @@ class FusedDecoder(Interpreter):
                                                   for ids, st in zip(spans, starts, strict=True)]))
         for li, lp in enumerate(p.layers):
             slots = [c.slots[li] for c in caches]
-            x = self._block(lp, x, angles, _per_span(lp.attention, slots, starts, ends))
+            run = _per_span(lp.mixer, slots, starts, ends) if lp.mixer is not None else \
+                _per_span(lp.attention, slots, starts, ends)
+            x = self._block(lp, x, angles, run)
         for ids, cache in zip(spans, caches, strict=True):
             cache.advance(len(ids))
         rows = np.arange(len(x)) if all_logits else ends - 1
@@ -677,12 +692,13 @@ def _group_rows(lengths: list[int], limit: int) -> list[list[int]]:
     return groups + ([long] if long else [])
 
 
-def _per_span(attention: Any, slots: list, starts: list[int], ends: np.ndarray) -> Callable:
-    """attend(q, k, v) over the rows of several sequences: each span attends in its own slot."""
+def _per_span(op: Any, slots: list, starts: list[int], ends: np.ndarray) -> Callable:
+    """attend(q, k, v) (or a token mixer's attend(h)) over the rows of several sequences: each span
+    runs in its own slot."""
 
-    def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def attend(*rows: np.ndarray) -> np.ndarray:
         bounds = zip([0, *ends[:-1]], ends, strict=True)
-        return np.concatenate([attention(q[a:b], k[a:b], v[a:b], slot, start)
+        return np.concatenate([op(*(r[a:b] for r in rows), slot, start)
                                for (a, b), slot, start in zip(bounds, slots, starts, strict=True)])
 
     return attend

@@ -62,8 +62,8 @@ class LayerPlan:
 
     spec: LayerSpec
     attn_norm: np.ndarray | None       # None: the block has no pre-norms
-    qkv: Projections | Callable        # h[n, d] -> [q, k, v] (one stacked product when the types allow;
-    o: Matrix | Callable               #   an attention op's own layout binds both: archrun.vocab.AttentionLayout)
+    qkv: Projections | Callable | None  # h[n, d] -> [q, k, v] (one stacked product when the types allow;
+    o: Matrix | Callable | None        #   an attention op's own layout binds both: archrun.vocab.AttentionLayout)
     attention: Any                     # bound attention op (makes this layer's cache slot)
     residual: Any                      # bound residual op: ffn_input(x, a), combine(x, a, f)
     ffn_norm: np.ndarray | None        # None: the FFN reads the attention's normed input
@@ -74,6 +74,7 @@ class LayerPlan:
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
+    mixer: Callable | None = None      # a token-mixer op (qkv and o None): mix(h[n, d], slot, start) -> [n, d]
 
 
 @attrs.define

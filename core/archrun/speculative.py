@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from archrun.cache import PrefixCache
+from archrun.cache import PrefixCache, restore_point, rewind_to
 from archrun.errors import InvalidRequest, PluginError, VocabularyMismatch
 from archrun.generation import Decoding, Generation, GenerationRequest, chat_prompt, make_request
 from archrun.sampling import Sampler
@@ -355,16 +355,26 @@ def _step(model: Any, cache: PrefixCache, drafter: Drafter, ids: Sequence[int], 
 
 
 def rewind(model: Any, cache: PrefixCache, drafter: Drafter, n: int) -> None:
-    """Forget the last n tokens; where a sliding-window ring cannot go back that far, recompute."""
+    """Forget the last n tokens. The cache says how far back it can return exactly (its rewind
+    reach, else a checkpoint of its stateful slots, else the start); the tokens between that
+    point and the target are recomputed."""
+    target = len(cache.ids) - n
     if n <= cache.cache.max_rewind:
         cache.cache.rewind(n)
         del cache.ids[-n:]
         drafter.rewind(n)
         return
-    keep = cache.ids[:-n]
-    cache.reset()
-    drafter.reset()
-    _step(model, cache, drafter, keep, all_logits=False)
+    keep = cache.ids[:target]
+    back = restore_point(cache.cache, target)
+    if back == 0 or drafter.follows_trunk:  # a drafter that follows the trunk must see every token again
+        cache.reset()
+        drafter.reset()
+        back = 0
+    else:
+        drafter.rewind(len(cache.ids) - back)
+        rewind_to(cache.cache, back)
+        del cache.ids[back:]
+    _step(model, cache, drafter, keep[back:], all_logits=False)
 
 
 class Speculation:
