@@ -1,0 +1,110 @@
+"""archrun-recurrent: registration, the short convolution against hand-derived math and its fast
+kernel, and the StateSlot's rewind bookkeeping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from archrun.descriptor import AttentionSpec
+from archrun.errors import InvalidRequest
+from archrun.plugins import make_plugin_manager
+from archrun.vocab import build_vocabulary
+from archrun_recurrent.shortconv import ShortConv, conv_reference
+from archrun_recurrent.state import StateSlot
+
+rng = np.random.default_rng(0)
+
+
+def test_plugin_registers_shortconv_as_a_mixer():
+    vocab = build_vocabulary(make_plugin_manager(names=["recurrent"]))
+    entry = vocab.entry("attention", "shortconv")
+    assert entry.plugin == "recurrent" and entry.op.layout.mixer and entry.op.fast is not None
+
+
+@pytest.mark.parametrize("n,d,taps", [(1, 8, 2), (7, 16, 3), (33, 5, 4)])
+def test_fast_conv_equals_reference(n, d, taps):
+    from archrun_recurrent.kernels.conv import gated_conv
+
+    ext = rng.standard_normal((n + taps - 1, d)).astype(np.float32) * 10
+    w, c = rng.standard_normal((d, taps)).astype(np.float32), rng.standard_normal((n, d)).astype(np.float32)
+    np.testing.assert_allclose(gated_conv(ext, w, c), conv_reference(ext, w, c), rtol=1e-5, atol=1e-5)
+
+
+def test_reference_conv_is_a_causal_depthwise_convolution():
+    """conv[t, i] = sum_j w[i, j] x[t - (L-1) + j, i], zeros before the first token (torch's Conv1d
+    with groups=d and L-1 padding, truncated to n)."""
+    n, d, taps = 6, 3, 3
+    x, w = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((d, taps)).astype(np.float32)
+    want = np.zeros((n, d), np.float32)
+    for t in range(n):
+        for j in range(taps):
+            src = t - (taps - 1) + j
+            if src >= 0:
+                want[t] += w[:, j] * x[src]
+    ext = np.concatenate([np.zeros((taps - 1, d), np.float32), x])
+    np.testing.assert_allclose(conv_reference(ext, w, np.ones((n, d), np.float32)), want, rtol=1e-6, atol=1e-6)
+
+
+class _Binder:
+    def __init__(self, d, taps):
+        self.t = {"shortconv.in_proj": rng.standard_normal((3 * d, d)).astype(np.float32) / d,
+                  "shortconv.conv": rng.standard_normal((d, taps)).astype(np.float32),
+                  "shortconv.out_proj": rng.standard_normal((d, d)).astype(np.float32) / d}
+
+    def matrix(self, role, layer):
+        w = self.t[role]
+        return lambda x: x @ w.T
+
+    def table(self, role, layer):
+        return self.t[role]
+
+
+def _mixer(d=8, taps=3):
+    spec = AttentionSpec(kind="shortconv", n_head=1, n_head_kv=1, head_dim=d, v_head_dim=d, scale=1.0,
+                         params={"l_cache": taps, "width": d})
+    op = ShortConv(spec)
+    op.bind(_Binder(d, taps), 0)
+    return op
+
+
+def test_mixer_prefill_equals_steps_and_rewinds():
+    op = _mixer()
+    h = rng.standard_normal((12, 8)).astype(np.float32)
+    whole = op.mix(h, op.new_slot(12, 4), 0)
+    slot = op.new_slot(12, 4)
+    steps = np.concatenate([op.mix(h[i:i + 1], slot, i) for i in range(12)])
+    np.testing.assert_allclose(steps, whole, rtol=1e-5, atol=1e-6)
+    slot.rewind_to(9)
+    np.testing.assert_allclose(op.mix(h[9:], slot, 9), whole[9:], rtol=1e-5, atol=1e-6)
+    with pytest.raises(InvalidRequest, match="continue at position"):
+        op.mix(h[:1], slot, 5)
+
+
+def test_state_slot_ring_and_checkpoints():
+    slot = StateSlot({"s": (2,)}, recent=3, max_checkpoints=2)
+    for length in range(1, 9):            # state after `length` tokens = [length, length]
+        slot.state["s"][:] = length
+        slot.keep(length)
+        if length in (2, 4, 5):
+            slot.checkpoint(length)
+    assert slot.rewind_reach == 3 and slot.checkpoints == (4, 5)   # the oldest checkpoint went
+    assert [slot.can_restore(n) for n in (0, 2, 4, 5, 6, 8)] == [True, False, True, True, True, True]
+    slot.rewind_to(6)
+    assert slot.state["s"][0] == 6 and slot.rewind_reach == 1
+    slot.rewind_to(4)                      # from a checkpoint: the ring starts again there
+    assert slot.state["s"][0] == 4 and slot.rewind_reach == 0 and slot.checkpoints == (4,)
+    slot.state["s"][:] = 99
+    slot.keep(6)                           # a gap (5 not kept): the ring's reach starts at 6
+    assert not slot.can_restore(5) and slot.can_restore(6)
+
+
+def test_state_bytes_and_clear():
+    slot = StateSlot({"a": (2, 3), "b": (4,)}, recent=1)
+    assert slot.state_bytes == 40 and slot.nbytes == 3 * 40
+    slot.state["a"][:] = 1
+    slot.keep(1)
+    slot.checkpoint(1)
+    assert slot.nbytes == 4 * 40
+    slot.clear()
+    assert slot.n == 0 and not slot.checkpoints and not slot.state["a"].any()
