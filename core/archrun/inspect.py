@@ -41,7 +41,45 @@ def inspect_model(path: str | os.PathLike, hints: dict[str, Any] | None = None) 
         "providers": providers,
         "unused_keys": list(compiled.unused_keys),
         "conventions": {name: _plain(getattr(compiled.hints, name)) for name in CONVENTIONS},
+        "memory": _memory(compiled.descriptor, vocab),
     }
+
+
+def _memory(d: Any, vocab: Any) -> list[dict[str, Any]] | None:
+    """Per trunk layer: its block op, the bytes its cache slot adds per token (K/V rows) and the
+    bytes of its fixed per-sequence state (a ring, a recurrent state), asked of the op's own
+    slot (made empty, never written) at the full context and one token less. A kept copy of a
+    recurrent state (rewind, checkpoints) costs `state_bytes` more. None when an op is not installed."""
+    out = []
+    for layer in d.layers:
+        a = layer.attention
+        try:
+            op = vocab.entry("attention", a.kind).op.reference(a)
+        except UnknownVocabulary:
+            return None
+        full, less = op.new_slot(d.n_ctx, 0), op.new_slot(max(1, d.n_ctx - 1), 0)
+        per_token = full.nbytes - less.nbytes
+        state = getattr(full, "state_bytes", full.nbytes - per_token * d.n_ctx)
+        out.append({"kind": a.kind, "bytes_per_token": per_token, "state_bytes": state})
+    return out
+
+
+def _memory_lines(memory: list[dict[str, Any]] | None) -> list[str]:
+    """One line per run of layers with the same memory, then the sequence's total."""
+    if memory is None:
+        return ["memory        unknown (an op is not installed)"]
+    out, start = [], 0
+    for i in range(1, len(memory) + 1):
+        if i == len(memory) or memory[i] != memory[start]:
+            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            m = memory[start]
+            out.append(f"memory {span:7s} {m['kind']}: {m['bytes_per_token']} B/token, state {m['state_bytes']} B")
+            start = i
+    per_token = sum(m["bytes_per_token"] for m in memory)
+    state = sum(m["state_bytes"] for m in memory)
+    out.append(f"per sequence  {per_token} B/token + {state} B of state (each kept rewind copy: the recurrent "
+               "layers' state again)")
+    return out
 
 
 def _plain(value: Any) -> Any:
@@ -63,6 +101,7 @@ def render_text(info: dict[str, Any]) -> str:
     ]
     lines += [f"rope[{i}]       {_kv(r)}" for i, r in enumerate(d["rope_tables"])]
     lines += _layer_groups(d["layers"])
+    lines += _memory_lines(info.get("memory"))
     lines.append("ops")
     lines += [f"  {op:28s} {plugin or 'NOT INSTALLED'}" for op, plugin in info["providers"].items()]
     if info["unused_keys"]:

@@ -131,3 +131,19 @@ def test_state_bytes_do_not_grow_with_the_context():
     small, big = model.init_cache(20, max_rewind=2), model.init_cache(40, max_rewind=2)
     conv = [i for i, layer in enumerate(model.descriptor.layers) if layer.attention.kind == "shortconv"]
     assert all(small.slots[i].nbytes == big.slots[i].nbytes for i in conv)
+
+
+def test_inspect_shows_each_layers_kind_and_its_state_bytes():
+    from archrun.inspect import inspect_model, render_text
+
+    info = inspect_model(GOLDENS / "lfm2_ccac.gguf")
+    d, kv = 64, 2 * 16  # width; kv heads x head_dim
+    assert info["memory"] == [
+        {"kind": "shortconv", "bytes_per_token": 0, "state_bytes": 2 * d * 4},   # (l_cache - 1) rows of d
+        {"kind": "shortconv", "bytes_per_token": 0, "state_bytes": 2 * d * 4},
+        {"kind": "causal", "bytes_per_token": 2 * kv * 4, "state_bytes": 0},      # a K and a V row per token
+        {"kind": "shortconv", "bytes_per_token": 0, "state_bytes": 2 * d * 4},
+    ]
+    text = render_text(info)
+    assert "memory 0-1     shortconv: 0 B/token, state 512 B" in text
+    assert "per sequence  256 B/token + 1536 B of state" in text
