@@ -147,3 +147,13 @@ def test_inspect_shows_each_layers_kind_and_its_state_bytes():
     text = render_text(info)
     assert "memory 0-1     shortconv: 0 B/token, state 512 B" in text
     assert "per sequence  256 B/token + 1536 B of state" in text
+
+
+def test_a_batch_of_sequences_keeps_each_its_own_state():
+    """forward_step_batch_spans runs each span's mixer in its own slot: equal to separate runs."""
+    model = archrun.load(GOLDENS / "lfm2_ccac.gguf", backend="fast")
+    ids, ref = _golden("lfm2_ccac")
+    a, b = model.init_cache(len(ids)), model.init_cache(len(ids))
+    model.forward_step(ids[:10], a)
+    got = model.forward_step_batch_spans([ids[10:14], ids[:5]], [a, b], all_logits=True)
+    assert hf.rel_err(got[0], ref[10:14]) <= hf.TOLERANCE and hf.rel_err(got[1], ref[:5]) <= hf.TOLERANCE
