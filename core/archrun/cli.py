@@ -105,6 +105,8 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", dest="repetition_penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--json-schema", metavar="FILE", default=None,
+                   help="constrain the output to JSON valid under the JSON Schema in FILE")
 
 
 def _speculative_args(p: argparse.ArgumentParser) -> None:
@@ -133,7 +135,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "max_tokens", "stop")
-    return {k: getattr(args, k) for k in keys}
+    options = {k: getattr(args, k) for k in keys}
+    if args.json_schema is not None:
+        from archrun.grammar import Grammar
+
+        with open(args.json_schema, encoding="utf-8") as f:
+            options["grammar"] = Grammar.json_schema(f.read())  # checked before the model loads
+    return options
 
 
 def _load(args: argparse.Namespace):
@@ -162,8 +170,8 @@ def _stream(gen) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     import archrun
 
-    model = _load(args)
     options, chat, generate = _sampling(args), archrun.chat, archrun.generate
+    model = _load(args)
     if args.speculative is not None:
         from archrun import speculative
 
@@ -191,6 +199,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     import archrun
     from archrun.cache import PrefixCache
 
+    options = _sampling(args)
     model = _load(args)
     history = [{"role": "system", "content": args.system}] if args.system else []
     cache = PrefixCache(model.init_cache())  # kept between turns: a turn computes only its new tokens
@@ -208,7 +217,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         history.append({"role": "user", "content": line})
-        gen = archrun.chat(model, history, cache=cache, **_sampling(args))
+        gen = archrun.chat(model, history, cache=cache, **options)
         try:
             _stream(gen)
         except KeyboardInterrupt:  # stop this answer, keep the session

@@ -22,6 +22,7 @@ import numpy as np
 
 from archrun.cache import PrefixCache
 from archrun.errors import ContextOverflow, InvalidRequest, shown
+from archrun.grammar import Constraint, Grammar, make_grammar
 from archrun.sampling import Sampler, SamplingParams
 
 _SAMPLING_FIELDS = {f.name for f in attrs.fields(SamplingParams)}
@@ -60,6 +61,7 @@ class GenerationRequest:
     stops: tuple[str, ...]
     params: SamplingParams
     logprobs: int | None = None         # alternatives per token to report (0: the chosen one only); None: off
+    grammar: Grammar | None = None      # outputs are constrained to this grammar (archrun.grammar)
 
 
 class Generation:
@@ -86,7 +88,8 @@ class Generation:
 def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None = 256,
              stop: Sequence[str] | str | None = None, add_special: bool = True,
              parse_special: bool = False, cache: PrefixCache | None = None,
-             logprobs: int | None = None, **sampling: Any) -> Generation:
+             logprobs: int | None = None, json_schema: dict | str | None = None,
+             grammar: Grammar | None = None, **sampling: Any) -> Generation:
     """Generate a continuation of `prompt` (text, or token ids) with `model` (any Decoder).
 
     Sampling options (temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
@@ -94,6 +97,9 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
     max_tokens None means "until EOS or the context is full".
     cache: a PrefixCache kept across calls (the prompt reuses the prefix it shares with it).
     logprobs: report each token's logprob and this many alternatives (result.logprobs).
+    json_schema: a JSON Schema (dict or JSON text) the output must satisfy; grammar: an
+    archrun.grammar.Grammar (JSON Schema, Lark or regex). The output is constrained token by
+    token and ends only where the grammar is complete (see archrun.grammar).
     archrun.speculative.generate takes the same options and decodes speculatively.
     """
     if isinstance(prompt, bytes | bytearray):
@@ -102,11 +108,12 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
         raise InvalidRequest(f"prompt must be text or a sequence of token ids, got {type(prompt).__name__}")
     if cache is not None and not isinstance(cache, PrefixCache):
         raise InvalidRequest(f"cache must be an archrun.cache.PrefixCache, got {type(cache).__name__}")
+    grammar = make_grammar(grammar, json_schema)
     tok = model.tokenizer
     ids = list(prompt) if not isinstance(prompt, str) else tok.encode(prompt, add_special, parse_special)
     capacity = cache.capacity if cache is not None else None
     req = make_request(model, ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs, context=capacity,
-                       **sampling)
+                       grammar=grammar, **sampling)
     return Generation(lambda gen: _run(gen, model, req, cache))
 
 
@@ -129,7 +136,8 @@ def chat_prompt(model: Any, messages: Sequence[dict], template: str | None = Non
 
 
 def make_request(model: Any, ids: Sequence[int], *, max_tokens: int | None = 256, stop: Any = None,
-                 logprobs: int | None = None, context: int | None = None, **sampling: Any) -> GenerationRequest:
+                 logprobs: int | None = None, context: int | None = None, grammar: Grammar | None = None,
+                 **sampling: Any) -> GenerationRequest:
     """Validate a generation against `model` (context: the tokens a cache holds; default n_ctx).
 
     Raises InvalidRequest for options out of range and ContextOverflow when the prompt leaves
@@ -152,7 +160,8 @@ def make_request(model: Any, ids: Sequence[int], *, max_tokens: int | None = 256
     budget = room if max_tokens is None else min(int(max_tokens), room)
     Sampler(params, model.descriptor.n_vocab)  # validates logit_bias against the vocabulary
     return GenerationRequest(ids=tuple(ids), budget=budget, stops=stops, params=params,
-                             logprobs=None if logprobs is None else int(logprobs))
+                             logprobs=None if logprobs is None else int(logprobs),
+                             grammar=make_grammar(grammar))
 
 
 def _is_int(x: Any, lo: int, hi: int | None = None) -> bool:
@@ -201,6 +210,7 @@ class Decoding:
         self.logprobs: list[TokenLogprob] | None = [] if request.logprobs is not None else None
         self.text, self.emitted = "", 0     # text so far; chars of it already returned
         self.done, self.finish_reason = False, "length"
+        self.constraint = None if request.grammar is None else Constraint(request.grammar, tokenizer, n_vocab)
 
     @property
     def next_ids(self) -> list[int]:
@@ -209,13 +219,18 @@ class Decoding:
 
     def accept(self, logits: np.ndarray) -> str:
         """Sample from logits [vocab]; return the newly streamable text ('' if none yet)."""
-        return self.push(self.sampler(logits, self.history), logits)
+        nxt = self.sampler(logits, self.history)
+        if self.constraint is not None:
+            nxt = self.constraint.choose(nxt, logits, lambda masked: self.sampler(masked, self.history))
+        return self.push(nxt, logits)
 
     def push(self, nxt: int, logits: np.ndarray) -> str:
         """Take `nxt` as the next token (chosen from logits [vocab], e.g. by speculative decoding's
         acceptance rule); return the newly streamable text ('' if none yet)."""
         if nxt in self.eog:
             return self._finish("stop")
+        if self.constraint is not None:
+            self.constraint.consume(nxt)
         if self.logprobs is not None:
             self.logprobs.append(_logprob(logits, nxt, self.request.logprobs))
         self.out_ids.append(nxt)
@@ -224,6 +239,9 @@ class Decoding:
         cut = _find_stop(self.text, self.request.stops, self.emitted)
         if cut is not None:
             self.text = self.text[:cut]
+            return self._finish("stop")
+        if self.constraint is not None and self.constraint.finished:  # only the end may follow
+            self.text += self.detok.flush()
             return self._finish("stop")
         if len(self.out_ids) >= self.request.budget:
             self.text += self.detok.flush()

@@ -126,6 +126,8 @@ def generate(model: Any, prompt: str | Sequence[int], drafter: str | Drafter, *,
     capacity = cache.capacity if cache is not None else None
     req = make_request(model, ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs, context=capacity,
                        **sampling)
+    if req.grammar is not None:
+        raise InvalidRequest("speculative decoding does not take a grammar (use archrun.generate)")
     chosen = make_drafter(model, drafter)
     return Generation(lambda gen: run(gen, model, req, cache, chosen, length))
 

@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from archrun.errors import ArchrunError
 from archrun.generation import GenerationRequest, GenerationResult, chat_prompt, make_request
+from archrun.grammar import vocabulary
 from archrun.serve import protocol
 from archrun.serve.config import ServeConfig
 from archrun.serve.engine import Engine, Event, QueueFull, Ticket
@@ -143,7 +144,7 @@ class Server:
         opts = protocol.chat_options(body)
         messages = protocol.chat_messages(body)
         ids = await run_in_threadpool(chat_prompt, self.model, messages)
-        req = make_request(self.model, ids, context=self.ctx, **opts.generation)
+        req = await run_in_threadpool(self._request, ids, opts)
         return await self._respond(request, "chat", req, opts)
 
     async def completions(self, request: Request) -> Response:
@@ -151,10 +152,17 @@ class Server:
         opts = protocol.completion_options(body)
         prompt = protocol.completion_prompt(body)
         ids = await run_in_threadpool(self.model.tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
-        req = make_request(self.model, ids, context=self.ctx, **opts.generation)
+        req = await run_in_threadpool(self._request, ids, opts)
         return await self._respond(request, "completion", req, opts)
 
     # -- generation ------------------------------------------------------------------------------
+
+    def _request(self, ids: list[int], opts: protocol.Options) -> GenerationRequest:
+        """The validated request (a grammar's vocabulary table is built here, not on the inference thread)."""
+        req = make_request(self.model, ids, context=self.ctx, **opts.generation)
+        if req.grammar is not None:
+            vocabulary(self.model.tokenizer, self.model.descriptor.n_vocab)
+        return req
 
     async def _respond(self, request: Request, kind: str, req: GenerationRequest,
                        opts: protocol.Options) -> Response:

@@ -185,10 +185,15 @@ class Engine:
                 slot.cache = PrefixCache(self.model.init_cache(self.ctx))
             if not (ticket.reuse_prefix and self.model.caps.rewind):
                 slot.cache.reset()
+            try:
+                decoding = Decoding(self.model.tokenizer, ticket.request, self.model.descriptor.n_vocab)
+            except ArchrunError as exc:  # e.g. a grammar llguidance refuses: this request fails, not the thread
+                self._free.append(slot)
+                ticket.sink(Event(error=exc))
+                continue
             feed = slot.cache.prepare(ticket.request.ids)
-            decoding = Decoding(self.model.tokenizer, ticket.request, self.model.descriptor.n_vocab)
             spec = None
-            if self.drafter is not None:
+            if self.drafter is not None and ticket.request.grammar is None:  # constrained: one token a step
                 from archrun.speculative import Speculation
 
                 spec = Speculation(self.model, self.drafter, decoding, self.draft_max, self.ctx)

@@ -18,6 +18,7 @@ import attrs
 
 from archrun.errors import InvalidRequest
 from archrun.generation import GenerationResult, TokenLogprob
+from archrun.grammar import Grammar
 
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
@@ -78,6 +79,7 @@ def _options(body: dict, max_tokens: int | None, logprobs: int | None) -> Option
         "frequency_penalty": _get(body, "frequency_penalty", float, 0.0),
         "repetition_penalty": _get(body, "repetition_penalty", float, 1.0),
         "logit_bias": _logit_bias(body.get("logit_bias")), "logprobs": logprobs,
+        "grammar": response_format(body.get("response_format")),
     }
     stream_options = _get(body, "stream_options", dict) or {}
     return Options(generation=gen, stream=bool(_get(body, "stream", bool)),
@@ -118,6 +120,26 @@ def _logit_bias(bias: Any) -> dict[str, float]:
             raise InvalidRequest(f"logit_bias key {key!r} is not a token id"[:200])
         _check_range(f"logit_bias[{key}]", _get(bias, key, float, 0.0), -100.0, 100.0)
     return bias
+
+
+def response_format(fmt: Any) -> Grammar | None:
+    """The grammar of OpenAI's response_format: {"type": "text" | "json_object" | "json_schema"}.
+
+    json_schema carries {"name", "schema", "strict"}; the output is constrained to the schema
+    whatever `strict` says. An invalid schema is InvalidRequest (HTTP 400).
+    """
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise InvalidRequest('response_format must be {"type": "text" | "json_object" | "json_schema", ...}')
+    if fmt["type"] == "text":
+        return None
+    if fmt["type"] == "json_object":
+        return Grammar.json_object()
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise InvalidRequest('response_format.json_schema must be {"name": ..., "schema": {...}}')
+    return Grammar.json_schema(spec.get("schema", {}))
 
 
 def chat_messages(body: dict) -> list[dict[str, str]]:
