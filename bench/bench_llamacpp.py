@@ -3,7 +3,8 @@
 Both sides run in their own fresh process (alternating, --repeat times each; medians are
 reported), on the same random token ids, at the same thread count: prefill of --prompt-tokens
 tokens, then --gen-tokens greedy decode steps. Prints a table of tok/s and the
-archrun/llama.cpp ratios, and writes the same as JSON (--json-out).
+archrun/llama.cpp ratios, and writes the same as JSON (--json-out). Decode at a depth: the decode
+steps run after the prompt, so `--prompt-tokens 4096` measures decode over 4k cached tokens.
 
     python bench/bench_llamacpp.py --llama-python .venv-bench/bin/python --threads 2
 
@@ -26,25 +27,33 @@ sys.path.insert(0, str(HERE.parent / "scripts"))
 from fetch_models import MODELS, model_path  # noqa: E402
 
 LLAMA_SNIPPET = r"""
-import json, resource, sys, time
+import ctypes, json, resource, sys, time
 import numpy as np
+import llama_cpp as L
 from llama_cpp import Llama
 path, (threads, n_prompt, n_gen, seed) = sys.argv[1], map(int, sys.argv[2:6])
 t0 = time.perf_counter()
 llm = Llama(model_path=path, n_ctx=n_prompt + n_gen + 8, n_batch=512, n_threads=threads,
             n_threads_batch=threads, verbose=False, seed=seed)
+ctx, n_vocab = llm.ctx, llm.n_vocab()
+
+def decode(ids):  # llama_decode in batches of n_batch (Llama.eval keeps only n_batch rows of logits)
+    for i in range(0, len(ids), 512):
+        chunk = (L.llama_token * len(ids[i:i + 512]))(*ids[i:i + 512])
+        assert L.llama_decode(ctx, L.llama_batch_get_one(chunk, len(chunk))) == 0
+    return int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))))
+
 rng = np.random.default_rng(seed)
-ids = rng.integers(0, llm.n_vocab(), size=n_prompt).tolist()
-llm.eval(ids[:1])
+ids = rng.integers(0, n_vocab, size=n_prompt).tolist()
+decode(ids[:1])
 first = time.perf_counter() - t0
-llm.reset()
-t1 = time.perf_counter(); llm.eval(ids); prefill = time.perf_counter() - t1
-tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+L.llama_memory_clear(L.llama_get_memory(ctx), True)
+t1 = time.perf_counter(); tok = decode(ids); prefill = time.perf_counter() - t1
 t2 = time.perf_counter()
 for _ in range(n_gen):
-    llm.eval([tok]); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-decode = time.perf_counter() - t2
-print(json.dumps({"prefill_tok_s": n_prompt / prefill, "decode_tok_s": n_gen / decode,
+    tok = decode([tok])
+decode_s = time.perf_counter() - t2
+print(json.dumps({"prefill_tok_s": n_prompt / prefill, "decode_tok_s": n_gen / decode_s,
                   "load_to_first_token_s": first,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
