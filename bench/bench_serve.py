@@ -14,6 +14,12 @@ after a long first one (time-to-first-token and prompt tokens computed).
 --llama-python: an interpreter with llama-cpp-python and its server extra; llama-cpp-python's
 server (llama_cpp.server: one sequence at a time, requests queue behind each other) is then
 measured the same way on the same model and thread count.
+
+--batched-bench: llama.cpp's own batched throughput at the same levels, thread count and tokens
+per stream (`llama-batched-bench`, built once from the llama.cpp source llama-cpp-python vendors by
+bench/llamacpp_tools.py): its S_TG, generated tokens per second of B sequences decoding together
+after their prompts (PP 32 tokens each, not shared), is the figure to set beside archrun's
+aggregate decode tok/s (which also carries HTTP, SSE and scheduling).
 """
 
 from __future__ import annotations
@@ -142,6 +148,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--prefill-chunk", type=int, default=None)
     ap.add_argument("--llama-python", default=None, help="interpreter with llama-cpp-python[server]")
+    ap.add_argument("--batched-bench", action="store_true",
+                    help="also run llama.cpp's llama-batched-bench at the same levels (built once)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     path = str(model_path(args.model)) if args.model in MODELS else args.model
@@ -169,6 +177,8 @@ def main() -> int:
         proc.wait(30)
     if args.llama_python:
         result["llama.cpp"] = _llama(args, path, levels, no_end)
+    if args.batched_bench:
+        result["llama-batched-bench"] = _batched_bench(path, levels, args.threads, args.max_tokens)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))
     return 0
@@ -186,6 +196,23 @@ def _llama(args: argparse.Namespace, path: str, levels: list[int], no_end: dict)
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def _batched_bench(path: str, levels: list[int], threads: int, max_tokens: int) -> list[dict]:
+    """llama.cpp's llama-batched-bench: B sequences of 32 prompt tokens each, then max_tokens decode steps of all."""
+    from llamacpp_tools import build
+
+    exe = build()["llama-batched-bench"]
+    cmd = [str(exe), "-m", path, "-c", str(max(levels) * (32 + max_tokens) + 64), "-b", "2048", "-ub", "512",
+           "-npp", "32", "-ntg", str(max_tokens), "-npl", ",".join(map(str, levels)), "-t", str(threads),
+           "-tb", str(threads), "--output-format", "jsonl"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    for r in rows:
+        r["ratio"] = r["speed_tg"] / rows[0]["speed_tg"]
+        print(f"llama-batched-bench {r['pl']:3d} sequences  decode {r['speed_tg']:7.1f} tok/s  x{r['ratio']:.2f}  "
+              f"prompt {r['t_pp']:6.2f} s", flush=True)
+    return rows
 
 
 if __name__ == "__main__":
