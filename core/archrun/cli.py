@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--only", nargs="*", help="fixture names (default: all)")
     rec.add_argument("--llamacpp-check", action="store_true",
                      help="run the stored GGUFs in llama.cpp (needs llama-cpp-python) into llamacpp_check.json")
+    rec.add_argument("--hashes", action="store_true",
+                     help="record the logit-bit hashes of archrun's own output for this machine class "
+                          "(tests/logit_hashes/; a regression pin, not a correctness golden)")
     rec.set_defaults(func=_cmd_conformance_record)
     return p
 
@@ -272,6 +275,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_conformance_record(args: argparse.Namespace) -> int:
     from archrun.conformance import hf
 
+    if args.hashes:
+        from archrun.conformance.kit import record_package_hashes
+
+        for path in record_package_hashes(args.package):
+            print(f"wrote {path}")
+        return 0
     argv = (["--only", *args.only] if args.only else []) + (["--llamacpp-check"] if args.llamacpp_check else [])
     hf.record_package(args.package, argv)
     return 0

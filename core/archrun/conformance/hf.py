@@ -713,9 +713,9 @@ def record_main(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], out_d
     print(f"total {total} bytes")
 
 
-def package_fixture_specs(entry_point: str) -> list[Path]:
-    """The fixture declarations (``tests/**/hf_arch.py``) of the installed plugin package whose
-    archrun entry point is ``entry_point``; InvalidRequest when it is not installed or declares none."""
+def package_root(entry_point: str) -> Path:
+    """The source folder of the installed plugin package whose archrun entry point is ``entry_point``
+    (its ``tests/`` lives there in a source or editable install); InvalidRequest when not installed."""
     import importlib.util
     from importlib.metadata import entry_points
 
@@ -727,7 +727,15 @@ def package_fixture_specs(entry_point: str) -> list[Path]:
     module = eps[entry_point].value.split(":")[0].split(".")[0]
     spec = importlib.util.find_spec(module)
     origin = Path(spec.origin if spec and spec.origin else "")
-    root = origin.parent.parent  # <package root>/<module>/__init__.py (a source or editable install)
+    return origin.parent.parent  # <package root>/<module>/__init__.py
+
+
+def package_fixture_specs(entry_point: str) -> list[Path]:
+    """The fixture declarations (``tests/**/hf_arch.py``) of the installed plugin package whose
+    archrun entry point is ``entry_point``; InvalidRequest when it is not installed or declares none."""
+    from archrun.errors import InvalidRequest
+
+    root = package_root(entry_point)
     found = sorted((root / "tests").rglob("hf_arch.py")) if (root / "tests").is_dir() else []
     if not found:
         raise InvalidRequest(f"plugin {entry_point!r} ({root}) declares no fixtures: no tests/**/hf_arch.py "

@@ -21,7 +21,7 @@ import contextlib
 import io
 import json
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +44,17 @@ class Conformance:
     ``entry_point``: its archrun entry-point name. ``synthetic``: the model variants to write
     (default: one standard dense model per architecture the package describes). ``reference``:
     an independent forward pass ``reference(path, ids) -> logits [n, vocab]`` (numpy, reading the
-    file without archrun), checked on every variant.
+    file without archrun), checked on every variant. ``op_specs``: ``"slot=name"`` -> the factory
+    specs the fast-op check drives that op on (``AttentionSpec``s of an attention op with its own
+    layout). ``op_deviations``: ``"slot=name"`` -> {input-case pattern: why}: cases where the fast
+    op is known to differ from its reference (each must still differ; ``archrun.conformance.ops``).
     """
 
     entry_point: str
     synthetic: Sequence[Synthetic] = attrs.field(default=(), converter=tuple)
     reference: Callable[[Path, np.ndarray], np.ndarray] | None = None
+    op_specs: Mapping[str, Sequence[Any]] = attrs.field(factory=dict)
+    op_deviations: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
 
     @classmethod
     def of(cls, value: Any) -> Conformance:
@@ -292,6 +297,27 @@ def check_reference(path: Path, ids: np.ndarray, reference: Callable, backend: s
 # ------------------------------------------------------------------------------ the test class
 
 
+def synthetic_path(decl: Conformance, variant: Synthetic, tmp_path_factory) -> Path:
+    """The variant's GGUF file, written once per session."""
+    key = (decl.entry_point, variant.name)
+    if key not in ConformanceKit._files:
+        folder = tmp_path_factory.mktemp(f"conformance-{variant.name}")
+        ConformanceKit._files[key] = synth.write(folder / f"{variant.name}.gguf", variant, hints_of(variant.arch))
+    return ConformanceKit._files[key]
+
+
+def load_cached(path: Path, backend: str, block_style: str | None = None) -> Any:
+    """``archrun.load``, kept for the session (a few models at a time)."""
+    import archrun
+
+    key = (str(path), backend, block_style or "")
+    if key not in ConformanceKit._models:
+        if len(ConformanceKit._models) > 16:
+            ConformanceKit._models.clear()
+        ConformanceKit._models[key] = archrun.load(path, backend=backend, block_style=block_style)
+    return ConformanceKit._models[key]
+
+
 class ConformanceKit:
     """The model-free battery; the pytest plugin builds a subclass per declaring package."""
 
@@ -318,21 +344,10 @@ class ConformanceKit:
 
     @pytest.fixture
     def path(self, variant, tmp_path_factory) -> Path:
-        key = (self.declaration.entry_point, variant.name)
-        if key not in ConformanceKit._files:
-            folder = tmp_path_factory.mktemp(f"conformance-{variant.name}")
-            ConformanceKit._files[key] = synth.write(folder / f"{variant.name}.gguf", variant, hints_of(variant.arch))
-        return ConformanceKit._files[key]
+        return synthetic_path(self.declaration, variant, tmp_path_factory)
 
     def model(self, path: Path, backend: str, block_style: str | None = None) -> Any:
-        import archrun
-
-        key = (str(path), backend, block_style or "")
-        if key not in ConformanceKit._models:
-            if len(ConformanceKit._models) > 16:
-                ConformanceKit._models.clear()
-            ConformanceKit._models[key] = archrun.load(path, backend=backend, block_style=block_style)
-        return ConformanceKit._models[key]
+        return load_cached(path, backend, block_style)
 
     # -- registration ----------------------------------------------------------------------------
 
@@ -393,8 +408,10 @@ class ConformanceKit:
     def test_fast_op_equals_reference(self, op_entry) -> None:
         from archrun.conformance.ops import Unsupported, check_fast_op
 
+        key = f"{op_entry.op.slot}={op_entry.op.name}"
+        decl = self.declaration
         try:
-            check_fast_op(op_entry)
+            check_fast_op(op_entry, decl.op_deviations.get(key), decl.op_specs.get(key, ()))
         except Unsupported as e:
             pytest.skip(str(e))
 
@@ -410,6 +427,159 @@ class ConformanceKit:
         if self.declaration.reference is None:
             pytest.skip("the package declares no independent reference forward pass (Conformance.reference)")
         check_reference(path, ids_of(variant, 16), self.declaration.reference, backend, variant.name)
+
+
+# ------------------------------------------------------------------------------ logit-bit hashes
+
+
+@attrs.frozen
+class HashedModel:
+    """One model whose logit bits the package pins: a synthetic variant or a tiny HF fixture."""
+
+    source: str  # "synthetic" | "hf"
+    name: str
+    variant: Synthetic | None = None
+    gguf: Path | None = None
+
+    def ids(self) -> np.ndarray:
+        if self.variant is not None:
+            return ids_of(self.variant)
+        from archrun.conformance import hf
+
+        return hf.load_golden(self.gguf.with_suffix(".npz"))["ids"].astype(np.int64)
+
+
+def hashed_models(decl: Conformance, here: Path) -> list[HashedModel]:
+    """The package's synthetic variants, then the fixtures of every ``hf_arch.py`` under ``here``
+    with a ``goldens/`` folder beside it."""
+    from archrun.conformance import hf
+
+    out = [HashedModel("synthetic", v.name, variant=v) for v in variants(decl)]
+    for spec_path in sorted(Path(here).rglob("hf_arch.py")):
+        goldens = spec_path.parent / "goldens"
+        if goldens.is_dir():
+            out += [HashedModel("hf", f.name, gguf=goldens / f"{f.name}.gguf")
+                    for f in hf.load_module(spec_path).FIXTURES]
+    return out
+
+
+def declarations(entry_point: str) -> list[tuple[Conformance, Path]]:
+    """The kit declarations (``conftest.py`` files with ``archrun_conformance``) of an installed package."""
+    import sys
+
+    from archrun.conformance import hf
+    from archrun.errors import InvalidRequest
+
+    tests = hf.package_root(entry_point) / "tests"
+    out = []
+    for conftest in sorted(tests.rglob("conftest.py")) if tests.is_dir() else []:
+        if "archrun_conformance" not in conftest.read_text():
+            continue
+        sys.path.insert(0, str(conftest.parent))  # a conftest may import its folder's helpers
+        try:
+            module = hf.load_module(conftest)
+        finally:
+            sys.path.remove(str(conftest.parent))
+        if hasattr(module, "archrun_conformance"):
+            out.append((Conformance.of(module.archrun_conformance), conftest.parent))
+    if not out:
+        raise InvalidRequest(f"plugin {entry_point!r} does not use the conformance kit: no tests/**/conftest.py "
+                             "declares archrun_conformance (see docs/conformance.md)")
+    return out
+
+
+def record_package_hashes(entry_point: str) -> list[Path]:
+    """``archrun conformance record PACKAGE --hashes``: record the logit bits of every model of each kit
+    declaration of the package, for this machine class; return the files written."""
+    import tempfile
+
+    written = []
+    with tempfile.TemporaryDirectory() as work:
+        for decl, here in declarations(entry_point):
+            written.append(record_hashes(decl, here, Path(work)))
+    return written
+
+
+def record_hashes(decl: Conformance, here: Path, work: Path) -> Path:
+    """Hash every model of the package on both backends into ``here/logit_hashes/<machine class>.json``.
+
+    Each model is checked first (fast = reference backend; HF fixtures against their goldens; a
+    declared reference forward pass): the hashes pin an output the correctness checks accept.
+    """
+    import archrun
+    from archrun.conformance import bithash
+    from archrun.errors import InvalidRequest
+
+    entries = {}
+    for m in hashed_models(decl, here):
+        path = m.gguf if m.variant is None else synth.write(work / f"{m.name}.gguf", m.variant,
+                                                            hints_of(m.variant.arch))
+        ids = m.ids()
+        models = {b: archrun.load(path, backend=b) for b in ("reference", "fast")}
+        try:
+            _check_before_hashing(m, path, ids, models, decl)
+        except AssertionError as e:
+            raise InvalidRequest(f"not recording logit-bit hashes of an output the checks refuse: {e}") from None
+        for backend, model in models.items():
+            entries[bithash.key(m.source, m.name, backend)] = bithash.entry(path, ids, model)
+        print(f"hashed {m.source}/{m.name}")
+    return bithash.write_record(here, entries)
+
+
+def _check_before_hashing(m: HashedModel, path: Path, ids: np.ndarray, models: dict[str, Any],
+                          decl: Conformance) -> None:
+    from archrun.conformance import hf
+
+    check_backends_agree(models["fast"], models["reference"], ids, m.name)
+    if m.source == "hf":
+        want = hf.load_golden(path.with_suffix(".npz"))["logits"]
+        msg = _diff_message(f"{m.name}: logits vs the HF golden", models["reference"].logits(ids), want, hf.TOLERANCE)
+        assert msg is None, msg
+    elif decl.reference is not None:
+        check_reference(path, ids, decl.reference, "reference", m.name)
+
+
+class BitHashes:
+    """Logit-bit regression pins (``archrun.conformance.bithash``); the plugin builds a subclass per package."""
+
+    declaration: Conformance
+    here: Path
+
+    def pytest_generate_tests(self, metafunc) -> None:
+        models = hashed_models(self.declaration, self.here)
+        metafunc.parametrize("hashed", models, ids=[f"{m.source}-{m.name}" for m in models])
+        metafunc.parametrize("backend", ["reference", "fast"])
+
+    def test_logit_bits(self, hashed, backend, tmp_path_factory) -> None:
+        from archrun.conformance import bithash
+
+        cls = _machine_class()
+        record, why = bithash.record_for(self.here, cls)
+        if record is None:
+            pytest.skip(why)
+        k = bithash.key(hashed.source, hashed.name, backend)
+        if k not in record["entries"]:
+            pytest.skip(f"{k} is not in this machine class's record (added after it was recorded): re-record with "
+                        "archrun conformance record PACKAGE --hashes")
+        if hashed.gguf is not None:
+            import archrun
+
+            path, model = hashed.gguf, archrun.load(hashed.gguf, backend=backend)
+        else:
+            path = synthetic_path(self.declaration, hashed.variant, tmp_path_factory)
+            model = load_cached(path, backend)
+        bithash.check_entry(record["entries"][k], path, model, k, record["class_id"])
+
+
+_MACHINE: list[dict[str, Any]] = []
+
+
+def _machine_class() -> dict[str, Any]:
+    from archrun.conformance import bithash
+
+    if not _MACHINE:
+        _MACHINE.append(bithash.machine_class())
+    return _MACHINE[0]
 
 
 def _all_described() -> set[str]:

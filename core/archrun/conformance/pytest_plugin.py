@@ -10,9 +10,11 @@ The plugin then collects, under that ``conftest.py``, the class ``TestArchrunCon
 (``archrun.conformance.kit.ConformanceKit``: registration, descriptor JSON round trip and
 ``archrun inspect``, cached prefill = token by token = no cache, rewind and re-decode, batch =
 single, fused = op by op, backends, block-style guards, every fast op = its reference, the
-corruptions of BAD_INPUTS.md, the independent reference) and, when the folder holds
-``hf_arch.py`` and ``goldens/``, ``TestArchrunTinyHf`` (``archrun.conformance.tiny_hf``:
-the recorded HF goldens, llama.cpp's agreement, the fixtures' sensitivity, ``-m live``).
+corruptions of BAD_INPUTS.md, the independent reference); for each ``hf_arch.py`` with a
+``goldens/`` folder beside it (in the folder or below), ``TestArchrunTinyHf``
+(``archrun.conformance.tiny_hf``: the recorded HF goldens, llama.cpp's agreement, the fixtures'
+sensitivity, ``-m live``); and ``TestArchrunBitHashes`` (``archrun.conformance.bithash``: the
+logit bits recorded for this machine class in ``logit_hashes/``, skipped on other classes).
 
 ``pytest --archrun-conformance=off`` disables the generated tests.
 """
@@ -28,6 +30,10 @@ import pytest
 DECLARATION = "archrun_conformance"
 # what the kit's tests tolerate whatever the package's own warning filters say: numba calls the fused
 # path's kernel parts as first-class functions (experimental), gguf-py's deprecations
+#: the kit's tests that run a synthetic model
+_MODEL_TESTS = ("test_descriptor_json_round_trip", "test_inspect", "test_cache_paths_agree", "test_rewind_and_redecode",
+                "test_backends_agree", "test_batch_equals_single", "test_fused_decode_equals_op_by_op",
+                "test_block_style_guards", "test_bad_input", "test_matches_reference")
 _MARKS = [pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaExperimentalFeatureWarning"),
           pytest.mark.filterwarnings("ignore::DeprecationWarning:gguf.*")]
 
@@ -58,7 +64,7 @@ class KitModule(pytest.Module):
     """The generated test module of one declaring ``conftest.py``."""
 
     def _getobj(self):
-        from archrun.conformance.kit import Conformance, ConformanceKit, own_ops
+        from archrun.conformance.kit import BitHashes, Conformance, ConformanceKit, hashed_models, own_ops, variants
 
         conftest = self.config.pluginmanager.get_plugin(str(self.path))
         decl = Conformance.of(getattr(conftest, DECLARATION))
@@ -71,10 +77,24 @@ class KitModule(pytest.Module):
             body["test_matches_reference"] = None
         if not any(e.op.fast is not None for e in own_ops(decl.entry_point)):
             body["test_fast_op_equals_reference"] = None
+        if not variants(decl):  # a vocabulary package without models: its ops' checks only
+            body.update({name: None for name in _MODEL_TESTS})
         module.TestArchrunConformance = type("TestArchrunConformance", (ConformanceKit,), body)
-        if (here / "hf_arch.py").is_file() and (here / "goldens").is_dir():
-            from archrun.conformance.tiny_hf import TinyHfBattery
-
-            module.TestArchrunTinyHf = type("TestArchrunTinyHf", (TinyHfBattery,),
-                                            {"entry_point": decl.entry_point, "pytestmark": _MARKS})
+        _add_tiny_hf(module, decl.entry_point, here)
+        if hashed_models(decl, here):
+            module.TestArchrunBitHashes = type("TestArchrunBitHashes", (BitHashes,),
+                                               {"declaration": decl, "here": here, "pytestmark": _MARKS})
         return module
+
+
+def _add_tiny_hf(module: types.ModuleType, entry_point: str, here: Path) -> None:
+    """``TestArchrunTinyHf`` for ``here/hf_arch.py``; ``TestArchrunTinyHf_<folder>`` for each nested one."""
+    from archrun.conformance.tiny_hf import TinyHfBattery
+
+    for spec_path in sorted(here.rglob("hf_arch.py")):
+        folder = spec_path.parent
+        if not (folder / "goldens").is_dir():
+            continue
+        name = "TestArchrunTinyHf" + ("" if folder == here else "_" + "_".join(folder.relative_to(here).parts))
+        setattr(module, name, type(name, (TinyHfBattery,), {"entry_point": entry_point, "folder": folder,
+                                                           "pytestmark": _MARKS}))

@@ -112,9 +112,14 @@ class TinyHfBattery:
     """Subclass in a family package's tests (set ``entry_point``); see the module docstring."""
 
     entry_point: str = ""
+    #: the folder holding hf_arch.py and goldens/ (default: the test module's folder)
+    folder: Path | None = None
+
+    def _folder(self, metafunc_or_request) -> Path:
+        return self.folder if self.folder is not None else _here(metafunc_or_request)
 
     def pytest_generate_tests(self, metafunc) -> None:
-        spec = _spec(_here(metafunc))
+        spec = _spec(self._folder(metafunc))
         fixtures = list(spec.FIXTURES)
         if "fixture" in metafunc.fixturenames:
             metafunc.parametrize("fixture", fixtures, ids=[f.name for f in fixtures])
@@ -127,11 +132,11 @@ class TinyHfBattery:
 
     @pytest.fixture
     def goldens(self, request) -> Path:
-        return _here(request) / "goldens"
+        return self._folder(request) / "goldens"
 
     @pytest.fixture
     def spec(self, request):
-        return _spec(_here(request))
+        return _spec(self._folder(request))
 
     def test_family_installed(self, spec) -> None:
         archs = check_family_plugin(self.entry_point)
