@@ -1,0 +1,158 @@
+"""Meta-tests of the hook specifications: each hookspec has a section of docs/plugins.md headed by its exact
+signature and call semantics, and a behavioural test that registers a plugin implementing it and observes
+what the hook changes (BEHAVIOURS below: one per hookspec)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pluggy
+import pytest
+
+import archrun
+from archrun import hookspecs
+from archrun.plugins import make_plugin_manager
+from archrun.vocab import Op
+
+hookimpl = pluggy.HookimplMarker("archrun")
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "families/archrun-llama/tests/goldens/llama_gqa.gguf"
+SPECS = sorted(n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("archrun_"))
+
+
+def signature(name: str) -> str:
+    """``name(param: annotation, ...) -> annotation`` as hookspecs.py declares it."""
+    sig = inspect.signature(getattr(hookspecs, name))
+    params = ", ".join(f"{p.name}: {p.annotation}" for p in sig.parameters.values())
+    return f"{name}({params}) -> {sig.return_annotation}"
+
+
+def semantics(name: str) -> str:
+    first = getattr(make_plugin_manager(names=[]).hook, name).spec.opts["firstresult"]
+    return "firstresult" if first else "collect-all"
+
+
+def documented() -> dict[str, tuple[str, str]]:
+    """hook name -> (signature, semantics) of each ``### `signature` — semantics`` heading of docs/plugins.md."""
+    text = (ROOT / "docs" / "plugins.md").read_text()
+    found = re.findall(r"^### `((archrun_\w+)\(.*\) -> .+)` — (firstresult|collect-all)\s*$", text, re.M)
+    return {name: (sig, sem) for sig, name, sem in found}
+
+
+def test_every_hookspec_has_a_doc_section_with_its_exact_signature():
+    docs = documented()
+    assert sorted(docs) == SPECS, f"docs/plugins.md documents {sorted(docs)}; hookspecs.py declares {SPECS}"
+    for name in SPECS:
+        assert getattr(hookspecs, name).__doc__, f"{name} has no docstring"
+        assert docs[name] == (signature(name), semantics(name)), \
+            f"docs/plugins.md: {docs[name]} != the hookspec's {(signature(name), semantics(name))}"
+
+
+def test_every_hookspec_has_a_behavioural_test():
+    assert sorted(BEHAVIOURS) == SPECS, f"hookspecs without a behavioural test: {sorted(set(SPECS) - set(BEHAVIOURS))}"
+
+
+# ------------------------------------------------------------------------------ behaviours
+
+
+def _ids() -> np.ndarray:
+    return np.arange(1, 9, dtype=np.int64)
+
+
+def register_vocabulary(monkeypatch) -> None:
+    """A plugin's op is registered, bound once per layer when a model names it, and runs."""
+    bound, calls = [], []
+
+    def relu_glu():  # the factory: called when the plan is built
+        bound.append(1)
+
+        def act(x, up=None):
+            calls.append(x.shape)
+            y = np.maximum(x, np.float32(0))
+            return y if up is None else y * up
+        return act
+
+    class Probe:
+        @hookimpl
+        def archrun_register_vocabulary(self, register):
+            register(Op("activation", "probe_relu_glu", relu_glu, doc="max(x, 0) * up"))
+
+    pm = make_plugin_manager(extra=[Probe()])
+    model = archrun.load(FIXTURE, backend="reference", plugins=pm, hints={"activation": "probe_relu_glu"})
+    got = model.logits(_ids())
+    assert len(bound) == len(model.descriptor.layers) and calls, "the registered op was not bound and run"
+    plain = archrun.load(FIXTURE, backend="reference").logits(_ids())
+    assert np.abs(got - plain).max() > 1e-3, "the model computes the same with the plugin's activation"
+
+
+def describe_family(monkeypatch) -> None:
+    """firstresult: a plugin registered after the family answers first, and its conventions are used."""
+    stock = make_plugin_manager()
+    llama = stock.hook.archrun_describe_family(architecture="llama")
+    asked = []
+
+    class Probe:
+        @hookimpl
+        def archrun_describe_family(self, architecture):
+            asked.append(architecture)
+            return attrs.evolve(llama, rope_pairing="neox") if architecture == "llama" else None
+
+    pm = make_plugin_manager(extra=[Probe()])
+    model = archrun.load(FIXTURE, backend="reference", plugins=pm)
+    assert "llama" in asked and model.descriptor.rope_tables[0].pairing == "neox"
+    assert archrun.load(FIXTURE, backend="reference").descriptor.rope_tables[0].pairing == "norm"
+
+
+def families(monkeypatch, capsys) -> None:
+    """The architectures a plugin lists appear in `archrun plugins` under its name."""
+    from archrun import cli
+    from archrun import inspect as archrun_inspect
+
+    class Probe:
+        @hookimpl
+        def archrun_families(self):
+            return ["probe-arch"]
+
+    pm = make_plugin_manager(names=["blocks"], extra=[Probe()])
+    monkeypatch.setattr(archrun_inspect, "default_plugin_manager", lambda: pm)
+    assert cli.main(["plugins", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["families"]
+    assert ["probe-arch"] in listed.values()
+
+
+def register_drafters(monkeypatch) -> None:
+    """A plugin's drafter is found by name and built by its factory with the spec's argument."""
+    from archrun.speculative import LookupDrafter, make_drafter
+
+    built = []
+
+    class Probe:
+        @hookimpl
+        def archrun_register_drafters(self, register):
+            register("probe", lambda model, arg: built.append((model, arg)) or LookupDrafter(), "a probe")
+
+    model = archrun.load(FIXTURE, backend="reference")
+    drafter = make_drafter(model, "probe:xyz", make_plugin_manager(names=[], extra=[Probe()]))
+    assert isinstance(drafter, LookupDrafter) and built == [(model, "xyz")]
+
+
+BEHAVIOURS = {
+    "archrun_register_vocabulary": register_vocabulary,
+    "archrun_describe_family": describe_family,
+    "archrun_families": families,
+    "archrun_register_drafters": register_drafters,
+}
+
+
+@pytest.mark.parametrize("hook", SPECS)
+def test_hook_behaviour(hook, monkeypatch, capsys):
+    behaviour = BEHAVIOURS.get(hook)
+    if behaviour is None:
+        pytest.fail(f"{hook} has no behavioural test (BEHAVIOURS)")
+    kwargs = {"capsys": capsys} if "capsys" in inspect.signature(behaviour).parameters else {}
+    behaviour(monkeypatch, **kwargs)
