@@ -86,15 +86,21 @@ PLAIN_STR_FIELDS = {("Descriptor", "architecture"), ("RopeSpec", "scaling"), ("R
 
 
 def test_every_descriptor_field_is_documented():
-    """docs/descriptor.md documents every field of every descriptor class in its class's section,
-    with a meaning, and names the slot of every field whose value is a vocabulary name."""
+    """docs/descriptor.md documents every field of every attrs class of archrun.descriptor in its class's
+    section, with a meaning, names the slot of every field whose value is a vocabulary name, and
+    documents no field that does not exist."""
     from pathlib import Path
 
     from archrun.vocab import SLOTS
 
     doc = (Path(__file__).parents[1] / "docs" / "descriptor.md").read_text()
-    for cls in (Descriptor, LayerSpec, AttentionSpec, FfnSpec, MoeSpec, RopeSpec):
+    classes = _descriptor_classes()
+    assert {Descriptor, LayerSpec, AttentionSpec, FfnSpec, MoeSpec, RopeSpec} <= set(classes)
+    for cls in classes:
+        assert f"## {cls.__name__}\n" in doc, f"docs/descriptor.md has no section '## {cls.__name__}'"
         rows = _rows(_section(doc, cls.__name__))
+        stale = set(rows) - {f.name for f in attrs.fields(cls)}
+        assert not stale, f"docs/descriptor.md documents {cls.__name__} fields that do not exist: {sorted(stale)}"
         for f in attrs.fields(cls):
             key = (cls.__name__, f.name)
             where = f"{cls.__name__}.{f.name}"
@@ -107,6 +113,16 @@ def test_every_descriptor_field_is_documented():
                 slot = VOCABULARY_FIELDS[key]
                 assert slot in SLOTS
                 assert meaning.startswith(f"[{slot}]"), f"{where}: docs/descriptor.md must name its slot [{slot}]"
+
+
+def _descriptor_classes() -> list[type]:
+    """Every attrs class archrun.descriptor defines (the descriptor and its parts)."""
+    import inspect
+
+    from archrun import descriptor
+
+    return [cls for _, cls in inspect.getmembers(descriptor, inspect.isclass)
+            if attrs.has(cls) and cls.__module__ == descriptor.__name__]
 
 
 def _section(doc: str, name: str) -> str:
