@@ -60,6 +60,19 @@ def q8_activation(x: np.ndarray) -> np.ndarray:
     return (qs.astype(np.float64) * d).reshape(x.shape)
 
 
+def tie_rows(x: np.ndarray) -> np.ndarray:
+    """Tokens whose 8-bit activation rounds differently in archrun than in gguf-py: only at a
+    half-way tie (x / d within float32 rounding of k + 0.5), where the two roundings may land on
+    either side. Such rows are excluded from the tight comparison (seen: 1 token in 64 x 256)."""
+    X, _, _ = dots._quantized(np.ascontiguousarray(x, np.float32))
+    qs = gguf.quants.quantize(x, T.Q8_0).reshape(-1, 34)[:, 2:].view(np.int8).reshape(X.shape)
+    diff = qs != X
+    blocks = x.reshape(X.shape).astype(np.float64)
+    ratio = blocks / (np.abs(blocks).max(axis=2, keepdims=True) / 127)
+    assert np.all(np.abs(X[diff] - qs[diff]) == 1) and np.all(np.abs(np.abs(ratio[diff]) % 1 - 0.5) < 1e-5)
+    return np.unique(np.argwhere(diff)[:, 0])
+
+
 def widths(name: str) -> tuple[int, ...]:
     block = GGML_QUANT_SIZES[T[name]][0]
     if SMALL:
@@ -92,7 +105,8 @@ def test_matmul_matches_gguf_dequantize(name, n_in):
             assert y.shape == (n, n_out) and y.dtype == np.float32
             exact = x.astype(np.float64) @ ref_w.T
             if qmatrix.quantizes_activations(w, n):
-                assert rel_err(y, q8_activation(x) @ ref_w.T) < 1e-5
+                keep = np.setdiff1d(np.arange(n), tie_rows(x))
+                assert rel_err(y[keep], (q8_activation(x) @ ref_w.T)[keep]) < 1e-5
                 assert rel_err(y, exact) < 3e-2  # 8-bit activation rounding only
             else:
                 assert rel_err(y, exact) < 1e-5

@@ -7,9 +7,11 @@ without materialising float32 weights:
 - quantized and 16-bit float weights are repacked (layout.py). Few tokens (decode, n <=
   INT_MAX_TOKENS[type]): the activation is quantized to 8-bit blocks and integer kernels
   (dots.py; float kernels for F16/BF16) read the packed blocks directly, split over numba's
-  threads when the matrix is big enough. Many tokens (prefill): tiles of rows are dequantized
-  to float32 in a cache-sized buffer (dequant.py) and multiplied with BLAS, so each weight is
-  decoded once for all tokens.
+  threads when the matrix is big enough. Many tokens (prefill): the activation is quantized
+  the same way and multiplied as an int8 GEMM (gemm.py: each row group's blocks unpacked once
+  for all tokens, vpdpbusd / vpmaddubsw tiles) where the CPU has AVX2 or AVX-512 VNNI; for
+  the types gemm.py does not take (and without SIMD), tiles of rows are dequantized to float32
+  in a cache-sized buffer (dequant.py) and multiplied with BLAS.
 
 Shapes and dtypes are validated here; the kernels do not bounds-check.
 """
@@ -23,15 +25,16 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from archrun import quant
 from archrun.errors import InvalidRequest, ShapeMismatch, UnsupportedQuantType
-from archrun.kernels import dequant, dots, floatmm, runtime
+from archrun.kernels import dequant, dots, floatmm, gemm, runtime
 from archrun.kernels._jit import LANES, QB
 from archrun.kernels.layout import repack
 
 F32, F16, BF16 = 0, 1, 30
 SUPPORTED_TYPES = frozenset({F32, F16, BF16, *dots.KERNELS})
 
-# Token counts up to which the integer kernels beat float32 tiles + BLAS (bench_kernels.py):
-# 4-bit-ish types decode ~2.5x more elements per cycle than byte-sized and 16-bit ones.
+# Token counts up to which the decode kernels (dots.py) run; past them the GEMM (gemm.TYPES) or
+# float32 tiles + BLAS (bench_kernels.py): 4-bit-ish types decode ~2.5x more elements per cycle
+# than byte-sized and 16-bit ones.
 INT_MAX_TOKENS = {t: 24 for t in dots.KERNELS} | {8: 6, 14: 6, F16: 4, BF16: 4}
 # packed bytes below which one thread beats waking the pool (~5 us per parallel call)
 PARALLEL_MIN_BYTES = 96 * 1024
@@ -158,7 +161,9 @@ def set_threads(n: int) -> None:
 
 def quantizes_activations(w: QMatrix, n: int) -> bool:
     """Whether matmul(w, x) with n tokens quantizes x to 8-bit blocks (the integer path)."""
-    return not w.dense and w.ggml_type not in (F16, BF16) and n <= INT_MAX_TOKENS[w.ggml_type]
+    if w.dense or w.ggml_type in (F16, BF16):
+        return False
+    return n <= INT_MAX_TOKENS[w.ggml_type] or w.ggml_type in gemm.KERNELS
 
 
 def _decode(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
@@ -197,6 +202,8 @@ def matmul(w: QMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
         np.dot(x, w.arrays[0].T, out=out)
     elif x.shape[0] <= INT_MAX_TOKENS[w.ggml_type]:
         _decode(w, x, out)
+    elif w.ggml_type in gemm.KERNELS:  # int8 GEMM, the row groups split over the threads
+        gemm.KERNELS[w.ggml_type](*w.arrays, x, out, current_threads())
     else:
         _prefill(w, x, out)
     return out

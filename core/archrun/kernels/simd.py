@@ -196,3 +196,138 @@ def fives_dot(typingctx, w, x, xp, c0, c1, sa, sb):
         return context.get_dummy_value()
 
     return types.void(w, x, xp, c0, c1, sa, sb), codegen
+
+
+# -- prefill: int8 GEMM tiles (kernels.gemm) -------------------------------------------------------
+# A row group's weights, unpacked once per product into unsigned bytes in quads (U uint32 [nb, 8 * LANES]:
+# word q * LANES + l holds elements 4q..4q+3 of lane l, one byte each, fields of at most 7 bits except
+# Q8_0's w + 128), are multiplied with GEMM_TOKENS tokens at a time, every block: vpdpbusd (AVX-512 VNNI:
+# 4 u8 x s8 products summed into each int32, 16 lanes per instruction) or vpmaddubsw + vpmaddwd (AVX2:
+# the same int32 sums, 8 lanes; fields <= 127, so the pair sums never saturate). The int32 block sums
+# start at the block's offset (-c * sum(x), exact) and are scaled into float32 accumulators that stay in
+# registers over all blocks: acc += float(isum) * (a * dx) [+ m * (dx * sum(x))].
+
+
+
+def _host_vnni() -> bool:
+    """AVX-512 VNNI (and BW, for 512-bit byte vectors) where the AVX2 dots are used."""
+    if not AVX2:
+        return False
+    features = binding.get_host_cpu_features()
+    return bool(features.get("avx512vnni", False) and features.get("avx512bw", False))
+
+
+VNNI = _host_vnni()
+
+GEMM_TOKENS = 4  # tokens per tile (the float accumulators: GEMM_TOKENS x LANES in registers)
+ONE, MIN, HALVES = 0, 1, 2  # tile kinds: a * (q - c); a * q + m; per-16 halves a_h * (q - c_h)
+
+_F32T, _I64 = ir.FloatType(), ir.IntType(64)
+_V16I32, _V16F32, _V8F32 = ir.VectorType(_I32, 16), ir.VectorType(_F32T, 16), ir.VectorType(_F32T, 8)
+
+
+def _splat(builder, value, vec):
+    """`vec` with `value` in every element."""
+    v = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(_I32, vec.count),
+                                                                                  [0] * vec.count))
+
+
+def _arrays(context, builder, sig, args):
+    return [context.make_array(ty)(context, builder, val) for ty, val in zip(sig.args, args, strict=False)
+            if isinstance(ty, types.Array)]
+
+
+def _ptr(builder, arr, elem):
+    return builder.bitcast(arr.data, elem.as_pointer())
+
+
+def _tile_codegen(kind: int, vnni: bool):
+    """IR of one tile: U uint32 [nb, 8 * LANES], XQ int32 [nb, n_pad, 8], OFF int32 [nb, n_pad, 2],
+    DXT f32 [nb, n_pad], A f32 [nb, 2, LANES], M f32 [nb, LANES], MS f32 [nb, n_pad], t0
+    -> acc f32 [GEMM_TOKENS, LANES] (gemm._tile_loops states the arithmetic; kinds ONE and MIN read
+    only OFF[..., 0] and A[:, 0])."""
+    width = 16 if vnni else 8  # int32 lanes per register
+    vi, vf = (_V16I32, _V16F32) if vnni else (_V8I32, _V8F32)
+    regs = LANES // width
+    halves = 2 if kind == HALVES else 1
+    tok = GEMM_TOKENS
+
+    def codegen(context, builder, sig, args):
+        U, XQ, OFF, DXT, A, M, MS, acc = _arrays(context, builder, sig, args)
+        t0 = args[7]
+        nb, n_pad = cgutils.unpack_tuple(builder, XQ.shape)[:2]
+        up, xp, op = _ptr(builder, U, vi), _ptr(builder, XQ, _I32), _ptr(builder, OFF, _I32)
+        dp = _ptr(builder, DXT, _F32T)
+        ap, mp, msp = _ptr(builder, A, vf), _ptr(builder, M, vf), _ptr(builder, MS, _F32T)
+        if vnni:
+            dot = _declare(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [_V16I32] * 3)
+        else:
+            pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+            pmaddwd = _declare(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+            ones = ir.Constant(_V16I16, [1] * 16)
+
+            def dot(acc_, u, x):  # AVX2: the same int32 sums in two steps
+                p = builder.call(pmaddubs, [builder.bitcast(u, _V32I8), builder.bitcast(x, _V32I8)])
+                return builder.add(acc_, builder.call(pmaddwd, [p, ones]))
+        fma = _declare(builder, f"llvm.fma.v{width}f32", vf, [vf] * 3)
+        facc = [[cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(regs)] for _ in range(tok)]
+        k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            row = builder.add(builder.mul(b, n_pad), t0)  # (b, t0) in [nb, n_pad]
+            ia = [[[_splat(builder, builder.load(builder.gep(op, [builder.add(builder.mul(row, k(2)), k(2 * t + h))])),
+                            vi)
+                    for _ in range(regs)] for h in range(halves)] for t in range(tok)]
+            ub = builder.mul(b, k(8 * regs))
+            xb = builder.mul(row, k(8))
+            for q in range(8):
+                h = q // 4 if halves == 2 else 0
+                u = [builder.load(builder.gep(up, [builder.add(ub, k(q * regs + r))]), align=4) for r in range(regs)]
+                for t in range(tok):
+                    x = _splat(builder, builder.load(builder.gep(xp, [builder.add(xb, k(8 * t + q))])), vi)
+                    for r in range(regs):
+                        ia[t][h][r] = builder.call(dot, [ia[t][h][r], u[r], x]) if vnni else dot(ia[t][h][r], u[r], x)
+            ab = builder.mul(b, k(2 * regs))
+            a = [[builder.load(builder.gep(ap, [builder.add(ab, k(h * regs + r))]), align=4) for r in range(regs)]
+                 for h in range(halves)]
+            if kind == MIN:
+                m = [builder.load(builder.gep(mp, [builder.add(builder.mul(b, k(regs)), k(r))]), align=4)
+                     for r in range(regs)]
+            for t in range(tok):
+                dx = _splat(builder, builder.load(builder.gep(dp, [builder.add(row, k(t))])), vf)
+                if kind == MIN:
+                    ms = _splat(builder, builder.load(builder.gep(msp, [builder.add(row, k(t))])), vf)
+                for r in range(regs):
+                    f = builder.load(facc[t][r])
+                    for h in range(halves):
+                        s = builder.sitofp(ia[t][h][r], vf)
+                        f = builder.call(fma, [s, builder.fmul(a[h][r], dx), f])
+                    if kind == MIN:
+                        f = builder.call(fma, [m[r], ms, f])
+                    builder.store(f, facc[t][r])
+        out = _ptr(builder, acc, vf)
+        for t in range(tok):
+            for r in range(regs):
+                builder.store(builder.load(facc[t][r]), builder.gep(out, [k(t * regs + r)]), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _tile_intrinsic(kind: int, vnni: bool):
+    @intrinsic
+    def tile(typingctx, U, XQ, OFF, DXT, A, M, MS, t0, acc):
+        if not all(isinstance(a, types.Array) for a in (U, XQ, OFF, DXT, A, M, MS, acc)):
+            return None
+        if not isinstance(t0, types.Integer):
+            return None
+        sig = types.void(U, XQ, OFF, DXT, A, M, MS, types.int64, acc)
+        return sig, _tile_codegen(kind, vnni)
+
+    return tile
+
+
+# tile_<kind>_<isa>(U, XQ, OFF, DXT, A, M, MS, t0, acc): see _tile_codegen; gemm.py holds the loop versions
+tile_one_vnni, tile_min_vnni, tile_halves_vnni = (_tile_intrinsic(k, True) for k in (ONE, MIN, HALVES))
+tile_one_avx2, tile_min_avx2, tile_halves_avx2 = (_tile_intrinsic(k, False) for k in (ONE, MIN, HALVES))

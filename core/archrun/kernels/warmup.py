@@ -22,7 +22,7 @@ _N_IN = 256  # a multiple of every block size
 
 
 def _matmul_paths(ggml_type: int) -> None:
-    """Run the decode (integer) and prefill (tile + BLAS) paths of one weight type."""
+    """Run the decode (integer) and prefill (int8 GEMM, or tile + BLAS) paths of one weight type."""
     raw = np.zeros((LANES, quant.row_bytes(ggml_type, _N_IN)), np.uint8)
     w = qmatrix.prepare(raw, ggml_type, _N_IN)
     for n in (1, qmatrix.INT_MAX_TOKENS.get(ggml_type, 0) + 1):

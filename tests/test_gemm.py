@@ -1,0 +1,137 @@
+"""The prefill int8 GEMM (kernels.gemm): simd's tiles against the loop tile, and whole products.
+
+A tile's int32 block sums are exact in every version, so on inputs whose float scaling is exact
+too (scales that are small powers of two, integer activation sums) every SIMD tile must return
+the very floats of the loop version; on random scales they agree to float32 rounding. Whole
+products are checked against gguf-py's dequantization with the activation replaced by its Q8_0
+quantization, as test_kernels does for the decode path. Also run with NUMBA_BOUNDSCHECK=1, and
+with NUMBA_DISABLE_JIT=1 (the loop tile only, small sizes).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from numba import njit
+from test_kernels import T, dense, q8_activation, random_rows, rel_err, tie_rows
+
+from archrun import kernels
+from archrun.kernels import gemm, qmatrix, simd
+from archrun.kernels._jit import LANES
+from archrun.kernels.simd import GEMM_TOKENS, HALVES, MIN, ONE
+
+SMALL = numba.config.DISABLE_JIT
+KINDS = {ONE: "one", MIN: "min", HALVES: "halves"}
+
+
+def _isas():
+    return [isa for isa, present in (("vnni", simd.VNNI), ("avx2", simd.AVX2)) if present]
+
+
+def _tile_fn(kind: int, isa: str):
+    return getattr(simd, f"tile_{KINDS[kind]}_{isa}")
+
+
+def _loop_fn(kind: int):
+    return getattr(gemm, f"tile_{KINDS[kind]}_loops")
+
+
+def _compare(kind: int, isa: str):
+    tile, loops = _tile_fn(kind, isa), _loop_fn(kind)
+
+    @njit
+    def run(U, XQ, OFF, DXT, A, M, MS, t0):
+        got = np.empty((GEMM_TOKENS, LANES), np.float32)
+        ref = np.empty((GEMM_TOKENS, LANES), np.float32)
+        tile(U, XQ, OFF, DXT, A, M, MS, t0, got)
+        loops(U, XQ, OFF, DXT, A, M, MS, t0, ref)
+        return got, ref
+
+    return run
+
+
+def _inputs(rng, nb: int, n_pad: int, umax: int, exact: bool, extreme: str):
+    """Random tile inputs: field bytes in 0..umax, activation bytes in -127..127."""
+    qb = rng.integers(0, umax + 1, (nb, 8 * LANES, 4))
+    xb = rng.integers(-127, 128, (nb, n_pad, 8, 4))
+    if extreme == "max":
+        qb[:] = umax
+        xb[:] = 127
+    elif extreme == "signs":
+        qb[:] = umax
+        xb = np.where(rng.random(xb.shape) < 0.5, -127, 127)
+    U = (qb.astype(np.uint32) << (8 * np.arange(4, dtype=np.uint32))).sum(-1).astype(np.uint32)
+    XQ = ((xb & 255).astype(np.uint32) << (8 * np.arange(4, dtype=np.uint32))).sum(-1).astype(np.uint32)
+    XQ = XQ.view(np.int32)
+    OFF = rng.integers(-(1 << 19), 1 << 19, (nb, n_pad, 2)).astype(np.int32)
+    if exact:  # every product and partial sum a float32 integer
+        DXT = rng.choice(np.array([0.5, 1.0, 2.0], np.float32), (nb, n_pad))
+        A = rng.choice(np.array([0.0, 0.25, 1.0], np.float32), (nb, 2, LANES))
+        M = rng.integers(-4, 5, (nb, LANES)).astype(np.float32)
+        MS = rng.integers(-64, 65, (nb, n_pad)).astype(np.float32)
+    else:
+        DXT = rng.random((nb, n_pad), np.float32) * 0.01
+        A = rng.standard_normal((nb, 2, LANES), np.float32) * 0.01
+        M = rng.standard_normal((nb, LANES), np.float32) * 0.01
+        MS = rng.standard_normal((nb, n_pad), np.float32)
+    return U, XQ, OFF, DXT, A, M, MS
+
+
+@pytest.mark.skipif(not _isas(), reason="no AVX2 here (or the JIT is off)")
+@pytest.mark.parametrize("isa", ["vnni", "avx2"])
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("extreme", ["random", "max", "signs"])
+def test_simd_tile_equals_loop_tile_exactly(isa, kind, extreme):
+    if isa not in _isas():
+        pytest.skip(f"no {isa} here")
+    rng = np.random.default_rng(kind * 10 + len(extreme))
+    umax = 255 if isa == "vnni" else 127  # Q8_0's w + 128 only on VNNI (vpmaddubsw would saturate)
+    run = _compare(kind, isa)
+    for nb, n_pad, t0 in ((1, 4, 0), (3, 8, 4), (9, 12, 8)):
+        args = _inputs(rng, nb, n_pad, umax, exact=True, extreme=extreme)
+        got, ref = run(*args, t0)
+        assert np.array_equal(got, ref), f"nb={nb} t0={t0}"
+
+
+@pytest.mark.skipif(not _isas(), reason="no AVX2 here (or the JIT is off)")
+@pytest.mark.parametrize("isa", ["vnni", "avx2"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_simd_tile_matches_loop_tile_on_random_scales(isa, kind):
+    if isa not in _isas():
+        pytest.skip(f"no {isa} here")
+    rng = np.random.default_rng(kind)
+    args = _inputs(rng, 7, 8, 63, exact=False, extreme="random")
+    got, ref = _compare(kind, isa)(*args, 4)
+    assert np.abs(got - ref).max() <= 1e-6 * np.abs(ref).max()
+
+
+GEMM_NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+
+
+@pytest.mark.parametrize("name", GEMM_NAMES)
+def test_gemm_entries_match_quantized_reference(name):
+    """Every entry (the loop tile without the JIT) = x's Q8_0 blocks @ gguf-py's weights."""
+    t = int(T[name])
+    if gemm.ISA and t not in gemm.TYPES:
+        pytest.skip(f"{name} keeps the float path on {gemm.ISA}")
+    rng = np.random.default_rng(t)
+    n_in = 256 if name.endswith("_K") else (64 if SMALL else 96)
+    n_out, tokens = (37, (5,)) if SMALL else (71, (25, 66))
+    raw = random_rows(name, n_out, n_in, rng)
+    w = kernels.prepare(raw, t, n_in)
+    ref_w = dense(raw, name, n_in)
+    for n in tokens:
+        x = rng.standard_normal((n, n_in), np.float32)
+        for chunks in (1, 2):
+            out = np.full((n, n_out), np.nan, np.float32)
+            gemm._ALL[t](*w.arrays, x, out, chunks)
+            keep = np.setdiff1d(np.arange(n), tie_rows(x))
+            assert rel_err(out[keep], (q8_activation(x) @ ref_w.T)[keep]) < 1e-5, (n, chunks)
+
+
+@pytest.mark.skipif(SMALL, reason="the prefill path needs the JIT's SIMD tiles")
+def test_matmul_takes_the_gemm_for_many_tokens():
+    assert gemm.ISA in ("avx512vnni", "avx2") if simd.AVX2 else gemm.ISA == ""
+    for t in gemm.TYPES:
+        assert qmatrix.quantizes_activations(qmatrix.QMatrix(t, 1, 32, 0, (np.zeros((1, 1, 1)),)), 500)
