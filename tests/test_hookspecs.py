@@ -141,11 +141,44 @@ def register_drafters(monkeypatch) -> None:
     assert isinstance(drafter, LookupDrafter) and built == [(model, "xyz")]
 
 
+def tool_call_format(monkeypatch) -> None:
+    """firstresult: a format a later plugin declares replaces the family's; it splits replies and forces calls."""
+    from archrun.grammar import Grammar
+    from archrun.tools import Tool, ToolCallFormat, ToolCallStream, tool_format
+
+    class Bang(ToolCallFormat):
+        triggers = ("!call ",)
+
+        def parse(self, section, final):
+            name, _, args = section.removeprefix("!call ").partition(" ")
+            return [(name, args)] if final else []
+
+        def grammar(self, tools):
+            return Grammar.regex(f"!call ({'|'.join(t.name for t in tools)}) [{{}}]+")
+
+    class Probe:
+        @hookimpl
+        def archrun_tool_call_format(self, architecture, chat_template):
+            return Bang() if architecture == "llama" else None
+
+    model = archrun.load(FIXTURE, backend="reference")
+    assert type(tool_format(model, make_plugin_manager())).__name__ == "Llama3ToolCalls"  # the family's
+    fmt = tool_format(model, make_plugin_manager(extra=[Probe()]))
+    assert isinstance(fmt, Bang)
+    stream = ToolCallStream(fmt)
+    assert stream.push("Sure. !ca") == ("Sure.", [])  # text that may open a call is held back
+    assert stream.push("ll f {}")[0] == ""
+    content, calls = stream.finish()
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("f", "{}")]
+    assert fmt.grammar([Tool("f", "", {})]).source == "regex"
+
+
 BEHAVIOURS = {
     "archrun_register_vocabulary": register_vocabulary,
     "archrun_describe_family": describe_family,
     "archrun_families": families,
     "archrun_register_drafters": register_drafters,
+    "archrun_tool_call_format": tool_call_format,
 }
 
 

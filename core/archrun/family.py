@@ -179,14 +179,16 @@ def parse_hints(items: list[str] | tuple[str, ...]) -> dict[str, str]:
 
 
 class FamilyPlugin:
-    """A family plugin made from architecture -> FamilyHints: implements both family hooks.
+    """A family plugin made from architecture -> FamilyHints: implements the family hooks (and, given
+    `tool_calls`, archrun_tool_call_format for its architectures).
 
     A family package needs only `plugin = FamilyPlugin({...})` and the entry point
     `[project.entry-points.archrun] name = "package:plugin"`.
     """
 
-    def __init__(self, hints: Mapping[str, FamilyHints]):
+    def __init__(self, hints: Mapping[str, FamilyHints], tool_calls: Any = None):
         self.hints = MappingProxyType(dict(hints))
+        self.tool_calls = tool_calls  # an archrun.tools.ToolCallFormat for these architectures, or None
 
     @hookimpl
     def archrun_describe_family(self, architecture: str) -> FamilyHints | None:
@@ -195,3 +197,7 @@ class FamilyPlugin:
     @hookimpl
     def archrun_families(self) -> list[str]:
         return sorted(self.hints)
+
+    @hookimpl
+    def archrun_tool_call_format(self, architecture: str, chat_template: str | None) -> Any:
+        return self.tool_calls if architecture in self.hints else None

@@ -50,6 +50,8 @@ class GenerationResult:
     timings: dict[str, float]           # prompt_s, generate_s, prompt_tok_s, generate_tok_s
     cached_tokens: int = 0              # prompt tokens reused from a PrefixCache (not computed)
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per generated token, when asked for
+    tool_calls: tuple[Any, ...] = ()    # archrun.tools.ToolCall parsed from the reply (chat with tools)
+    content: str | None = None          # with tools: the reply's text outside its tool calls
 
 
 @attrs.frozen
@@ -117,22 +119,61 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
     return Generation(lambda gen: _run(gen, model, req, cache))
 
 
-def chat(model: Any, messages: Sequence[dict], *, template: str | None = None, **options: Any) -> Generation:
+def chat(model: Any, messages: Sequence[dict], *, template: str | None = None, tools: Any = None,
+         tool_choice: Any = None, **options: Any) -> Generation:
     """Generate the assistant's reply to `messages` (list of {"role", "content"} dicts).
 
     The template is the file's tokenizer.chat_template, else the family's default, else
-    `template=`. Other options are those of `generate` (`cache=` keeps the conversation's
-    KV between turns, so a turn computes only its new tokens).
+    `template=`. Options of `generate` go to it (`cache=` keeps the conversation's KV between
+    turns, so a turn computes only its new tokens); every other keyword is a template variable
+    (e.g. enable_thinking=False for Qwen3's template).
+    tools: OpenAI-shaped function tools offered to the model; tool_choice "auto" (the default with
+    tools), "none", "required" or {"type": "function", "function": {"name": ...}} (a forced call
+    is constrained to the family's tool-call syntax). With tools, the pieces streamed are the
+    reply's content and `result.tool_calls` holds the calls (archrun.tools.ToolCall),
+    `result.content` the text outside them, `result.text` the raw reply.
     """
-    return generate(model, chat_prompt(model, messages, template), **options)
+    generation = {k: v for k, v in options.items() if k in _GENERATE_OPTIONS}
+    template_vars = {k: v for k, v in options.items() if k not in _GENERATE_OPTIONS}
+    if tools is None and tool_choice is None:
+        return generate(model, chat_prompt(model, messages, template, **template_vars), **generation)
+    from archrun.tools import plan_tool_chat
+
+    plan = plan_tool_chat(model, messages, tools, tool_choice, template, **template_vars)
+    if plan.grammar is not None:
+        if generation.get("grammar") is not None or generation.get("json_schema") is not None:
+            raise InvalidRequest("a forced tool call cannot also take a grammar or json_schema")
+        generation["grammar"] = plan.grammar
+    inner = generate(model, plan.ids, **generation)
+    return inner if plan.format is None else Generation(lambda gen: _tool_reply(gen, inner, plan.format))
 
 
-def chat_prompt(model: Any, messages: Sequence[dict], template: str | None = None) -> list[int]:
-    """Token ids of `messages` rendered with the chat template, ending in the assistant's turn."""
+_GENERATE_OPTIONS = {"max_tokens", "stop", "add_special", "parse_special", "cache", "logprobs", "json_schema",
+                     "grammar", *_SAMPLING_FIELDS}
+
+
+def _tool_reply(gen: Generation, inner: Generation, fmt: Any) -> Iterator[str]:
+    """The content pieces of `inner`; its result with the parsed tool calls."""
+    from archrun.tools import ToolCallStream
+
+    stream = ToolCallStream(fmt)
+    for piece in inner:
+        content, _ = stream.push(piece)
+        if content:
+            yield content
+    content, _ = stream.finish()
+    if content:
+        yield content
+    gen.result = attrs.evolve(inner.result, tool_calls=tuple(stream.calls), content=stream.content)
+
+
+def chat_prompt(model: Any, messages: Sequence[dict], template: str | None = None, **template_vars: Any) -> list[int]:
+    """Token ids of `messages` rendered with the chat template, ending in the assistant's turn
+    (`template_vars` are variables the template sees, e.g. tools=[...])."""
     from archrun.chat_template import chat_tokens
 
     template = template or model.chat_template
-    return chat_tokens(model.tokenizer, messages, template=template, add_generation_prompt=True)
+    return chat_tokens(model.tokenizer, messages, template=template, add_generation_prompt=True, **template_vars)
 
 
 def make_request(model: Any, ids: Sequence[int], *, max_tokens: int | None = 256, stop: Any = None,

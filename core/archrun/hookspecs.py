@@ -60,3 +60,14 @@ def archrun_register_drafters(register: Callable[..., None]) -> None:
     spec such as ``draft:PATH``, or None). Registering a name another plugin already provides
     raises `archrun.errors.PluginError` naming both plugins.
     """
+
+
+@hookspec(firstresult=True)
+def archrun_tool_call_format(architecture: str, chat_template: str | None) -> Any:
+    """Return an `archrun.tools.ToolCallFormat` for a model, or None.  firstresult.
+
+    Called when a chat offers tools. ``architecture`` is the file's `general.architecture`,
+    ``chat_template`` the template the chat renders with (the file's or the family default; None
+    if neither). The format parses the model's tool-call syntax into calls and writes the grammar
+    of one call (used when `tool_choice` forces a call). The first plugin that answers wins.
+    """

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import attrs
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -21,12 +22,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from archrun.errors import ArchrunError
-from archrun.generation import GenerationRequest, GenerationResult, chat_prompt, make_request
+from archrun.generation import GenerationRequest, GenerationResult, make_request
 from archrun.grammar import vocabulary
 from archrun.serve import protocol
 from archrun.serve.config import ServeConfig
 from archrun.serve.engine import Engine, Event, QueueFull, Ticket
 from archrun.serve.metrics import Metrics
+from archrun.tools import ToolCallFormat, ToolCallStream, plan_tool_chat
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
@@ -143,9 +145,14 @@ class Server:
         body = await self._json(request)
         opts = protocol.chat_options(body)
         messages = protocol.chat_messages(body)
-        ids = await run_in_threadpool(chat_prompt, self.model, messages)
-        req = await run_in_threadpool(self._request, ids, opts)
-        return await self._respond(request, "chat", req, opts)
+        tools, choice, template_vars = protocol.chat_tools(body)
+        plan = await run_in_threadpool(plan_tool_chat, self.model, messages, tools, choice, None, **template_vars)
+        if plan.grammar is not None:
+            if opts.generation["grammar"] is not None:
+                raise ApiError(400, "a forced tool call (tool_choice) cannot also take a response_format")
+            opts = attrs.evolve(opts, generation={**opts.generation, "grammar": plan.grammar})
+        req = await run_in_threadpool(self._request, plan.ids, opts)
+        return await self._respond(request, "chat", req, opts, plan.format)
 
     async def completions(self, request: Request) -> Response:
         body = await self._json(request)
@@ -165,7 +172,7 @@ class Server:
         return req
 
     async def _respond(self, request: Request, kind: str, req: GenerationRequest,
-                       opts: protocol.Options) -> Response:
+                       opts: protocol.Options, tool_format: ToolCallFormat | None = None) -> Response:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -175,13 +182,14 @@ class Server:
 
         ticket = self.engine.submit(req, sink, reuse_prefix=opts.cache_prompt)
         if opts.stream:
-            return StreamingResponse(self._stream(kind, ticket, events, opts), media_type="text/event-stream",
+            chunks = _Chunks(self, kind, opts, tool_format)
+            return StreamingResponse(self._stream(chunks, ticket, events, opts), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
             result = await self._collect(request, events)
         finally:
             ticket.cancel()  # a no-op once finished; frees the slot when the client left
-        return JSONResponse(self._complete(kind, result, opts))
+        return JSONResponse(self._complete(kind, result, opts, tool_format))
 
     async def _collect(self, request: Request, events: asyncio.Queue[Event]) -> GenerationResult:
         while True:
@@ -196,12 +204,22 @@ class Server:
             if event.result is not None:
                 return event.result
 
-    def _complete(self, kind: str, result: GenerationResult, opts: protocol.Options) -> dict[str, Any]:
+    def _complete(self, kind: str, result: GenerationResult, opts: protocol.Options,
+                  tool_format: ToolCallFormat | None = None) -> dict[str, Any]:
         lps = result.logprobs if opts.logprobs is not None else None
         if kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+            message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
+            if tool_format is not None:
+                stream = ToolCallStream(tool_format)
+                stream.push(result.text)
+                stream.finish()
+                if stream.calls:
+                    message = {"role": "assistant", "content": stream.content or None,
+                               "tool_calls": [c.to_openai() for c in stream.calls]}
+                    finish = "tool_calls"
+            choice = {"index": 0, "message": message,
                       "logprobs": None if lps is None else {"content": self.logprobs.chat(lps), "refusal": None},
-                      "finish_reason": result.finish_reason}
+                      "finish_reason": finish}
             out = protocol.envelope("chat.completion", protocol.new_id("chatcmpl"), self.model_id)
         else:
             choice = {"index": 0, "text": result.text, "finish_reason": result.finish_reason,
@@ -209,12 +227,11 @@ class Server:
             out = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_id)
         return {**out, "choices": [choice], "usage": protocol.usage(result)}
 
-    async def _stream(self, kind: str, ticket: Ticket, events: asyncio.Queue[Event],
+    async def _stream(self, chunks: _Chunks, ticket: Ticket, events: asyncio.Queue[Event],
                       opts: protocol.Options) -> AsyncIterator[str]:
-        chunks = _Chunks(self, kind, opts)
         finished = False
         try:
-            if kind == "chat":
+            if chunks.kind == "chat":
                 yield chunks.delta({"role": "assistant", "content": ""})
             while not finished:
                 event = await events.get()
@@ -222,10 +239,12 @@ class Server:
                     yield _sse(_api_error(event.error).response().body.decode())
                     break
                 if event.piece or event.logprobs:
-                    yield chunks.piece(event.piece, event.logprobs)
+                    for chunk in chunks.piece(event.piece, event.logprobs):
+                        yield chunk
                 if event.result is not None:
                     finished = True
-                    yield chunks.finish(event.result)
+                    for chunk in chunks.finish(event.result):
+                        yield chunk
                     if opts.include_usage:
                         yield chunks.usage(event.result)
             yield "data: [DONE]\n\n"
@@ -235,13 +254,15 @@ class Server:
 
 
 class _Chunks:
-    """The SSE chunks of one streamed response (chat.completion.chunk or text_completion)."""
+    """The SSE chunks of one streamed response (chat.completion.chunk or text_completion); with a
+    tool-call format, chat text is split into content deltas and tool_calls deltas."""
 
-    def __init__(self, server: Server, kind: str, opts: protocol.Options):
+    def __init__(self, server: Server, kind: str, opts: protocol.Options, tool_format: ToolCallFormat | None = None):
         self.server, self.kind, self.opts = server, kind, opts
         prefix, obj = ("chatcmpl", "chat.completion.chunk") if kind == "chat" else ("cmpl", "text_completion")
         self.head = protocol.envelope(obj, protocol.new_id(prefix), server.model_id)
         self.offset = 0  # characters streamed (completion logprobs' text_offset)
+        self.tools = ToolCallStream(tool_format) if tool_format is not None and kind == "chat" else None
 
     def _choice(self, text_or_delta: Any, logprobs: Any, finish: str | None) -> str:
         key = "delta" if self.kind == "chat" else "text"
@@ -251,16 +272,28 @@ class _Chunks:
     def delta(self, delta: dict[str, Any]) -> str:
         return self._choice(delta, None, None)
 
-    def piece(self, text: str, entries: tuple) -> str:
+    def piece(self, text: str, entries: tuple) -> list[str]:
         lps = None
         if self.opts.logprobs is not None and entries:
             fmt = self.server.logprobs
             lps = {"content": fmt.chat(entries)} if self.kind == "chat" else fmt.completion(entries, self.offset)
         self.offset += len(text)
-        return self._choice({"content": text} if self.kind == "chat" else text, lps, None)
+        if self.tools is not None:
+            return self._split(*self.tools.push(text), lps)
+        return [self._choice({"content": text} if self.kind == "chat" else text, lps, None)]
 
-    def finish(self, result: GenerationResult) -> str:
-        return self._choice({} if self.kind == "chat" else "", None, result.finish_reason)
+    def _split(self, content: str, calls: list, lps: Any = None) -> list[str]:
+        out = [self._choice({"content": content}, lps, None)] if content or lps else []
+        first = len(self.tools.calls) - len(calls)
+        out += [self.delta({"tool_calls": [{"index": first + i, **c.to_openai()}]}) for i, c in enumerate(calls)]
+        return out
+
+    def finish(self, result: GenerationResult) -> list[str]:
+        out, reason = [], result.finish_reason
+        if self.tools is not None:
+            out = self._split(*self.tools.finish())
+            reason = "tool_calls" if self.tools.calls else reason
+        return [*out, self._choice({} if self.kind == "chat" else "", None, reason)]
 
     def usage(self, result: GenerationResult) -> str:
         return _sse(json.dumps({**self.head, "choices": [], "usage": protocol.usage(result)}))

@@ -166,7 +166,30 @@ def _message(message: Any, i: int) -> dict[str, str]:
         content = ""
     if not isinstance(content, str):
         raise InvalidRequest(f"messages[{i}].content must be a string or an array of text parts")
-    return {"role": "system" if role == "developer" else role, "content": content}
+    out = {"role": "system" if role == "developer" else role, "content": content}
+    for name, kind in _MESSAGE_FIELDS.items():  # what chat templates render of tool calls and results
+        if message.get(name) is not None:
+            out[name] = _get(message, name, kind)
+    return out
+
+
+_MESSAGE_FIELDS = {"tool_calls": list, "tool_call_id": str, "name": str}
+
+
+def chat_tools(body: dict) -> tuple[Any, Any, dict[str, Any]]:
+    """(tools, tool_choice, chat_template_kwargs) of a chat body; archrun.tools validates the first two.
+
+    chat_template_kwargs (an extension) are variables for the chat template, e.g.
+    {"enable_thinking": false} for Qwen3.
+    """
+    tools = _get(body, "tools", list)
+    choice = body.get("tool_choice")
+    kwargs = _get(body, "chat_template_kwargs", dict) or {}
+    reserved = {"model", "messages", "tools", "tool_choice", "template", "add_generation_prompt", "bos_token",
+                "eos_token"} & set(kwargs)
+    if reserved:
+        raise InvalidRequest(f"chat_template_kwargs cannot set {', '.join(sorted(reserved))}")
+    return tools, choice, kwargs
 
 
 def completion_prompt(body: dict) -> str | list[int]:
