@@ -92,6 +92,8 @@ def tensors(spec: Synthetic, hints: Any = None) -> dict[str, np.ndarray]:
 
     def put(role: str, layer: int | None, value: np.ndarray) -> None:
         template = names.get(role)
+        if isinstance(template, tuple):  # alternatives the family accepts: write the first
+            template = template[0]
         if template is not None:
             out[template.format(i=layer) if "{i}" in template else template] = value
 

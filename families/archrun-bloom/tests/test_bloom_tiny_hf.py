@@ -1,7 +1,0 @@
-"""archrun-bloom's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestBloom(TinyHfBattery):
-    entry_point = "bloom"

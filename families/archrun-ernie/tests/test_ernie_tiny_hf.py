@@ -1,7 +1,0 @@
-"""archrun-ernie's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestErnie(TinyHfBattery):
-    entry_point = "ernie"

@@ -1,7 +1,0 @@
-"""archrun-exaone's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestExaone(TinyHfBattery):
-    entry_point = "exaone"

@@ -1,7 +1,0 @@
-"""archrun-falcon's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestFalcon(TinyHfBattery):
-    entry_point = "falcon"

@@ -1,0 +1,4 @@
+"""archrun-gemma's tests: archrun's conformance kit (docs/conformance.md) on a synthetic model of each architecture
+the family describes and, through hf_arch.py and goldens/, on the tiny HF fixtures."""
+
+archrun_conformance = "gemma"  # the package's archrun entry-point name

@@ -1,7 +1,0 @@
-"""archrun-gemma's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestGemma(TinyHfBattery):
-    entry_point = "gemma"

@@ -1,7 +1,0 @@
-"""archrun-glm4's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestGlm4(TinyHfBattery):
-    entry_point = "glm4"

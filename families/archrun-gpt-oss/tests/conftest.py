@@ -1,0 +1,6 @@
+"""archrun-gpt-oss's tests: archrun's conformance kit (docs/conformance.md) on a synthetic gpt-oss model and,
+through hf_arch.py and goldens/, on the tiny HF fixtures."""
+
+from archrun.conformance import Conformance
+
+archrun_conformance = Conformance("gpt-oss", op_by_op="activation=swiglu_oai (archrun-blocks) has no kernel part")

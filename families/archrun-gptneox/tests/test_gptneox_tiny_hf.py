@@ -1,7 +1,0 @@
-"""archrun-gptneox's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestGptneox(TinyHfBattery):
-    entry_point = "gptneox"

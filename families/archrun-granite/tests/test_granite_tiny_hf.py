@@ -1,7 +1,0 @@
-"""archrun-granite's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestGranite(TinyHfBattery):
-    entry_point = "granite"

@@ -1,7 +1,0 @@
-"""archrun-nemotron's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestNemotron(TinyHfBattery):
-    entry_point = "nemotron"

@@ -1,7 +1,0 @@
-"""archrun-olmo's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestOlmo(TinyHfBattery):
-    entry_point = "olmo"

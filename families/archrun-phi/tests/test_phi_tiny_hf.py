@@ -1,7 +1,0 @@
-"""archrun-phi's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestPhi(TinyHfBattery):
-    entry_point = "phi"

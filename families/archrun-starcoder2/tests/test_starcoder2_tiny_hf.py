@@ -1,7 +1,0 @@
-"""archrun-starcoder2's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestStarcoder2(TinyHfBattery):
-    entry_point = "starcoder2"
