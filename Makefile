@@ -51,6 +51,7 @@ test: install-test models
 	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider -m 'not live' tests/test_kernels.py tests/test_gemm.py \
 		plugins/archrun-blocks/tests/test_decode_attention.py plugins/archrun-blocks/tests/test_elementwise.py \
 		tests/test_tiny_hf.py tests/test_model.py families/*/tests/test_*_tiny_hf.py
+	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider -m 'not live' families -k TestArchrunTinyHf
 
 lint: install-test
 	$(VENV)/bin/ruff check .

@@ -1,8 +1,8 @@
 """The op-by-op kernels (archrun_blocks.elementwise) and the reference ops (archrun_blocks.reference)
 against hand-derived float64 formulas written here: RMSNorm, LayerNorm, rotary embedding,
 causal attention (window, softcap), the activations (SiLU, tanh-GELU, exact GELU via math.erf,
-squared ReLU) and the residual topologies. test_fast_vs_reference.py ties every fast op to its
-reference; this file ties both to the math.
+squared ReLU) and the residual topologies. archrun's conformance kit (conftest.py) ties every fast op
+to its reference; this file ties both to the math.
 
 (The elementwise tests moved here from the core's tests/test_kernels.py with the kernels.)
 """
