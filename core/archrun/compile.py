@@ -412,12 +412,15 @@ class _Geometry:
         self.heads = meta.per_layer("attention.head_count", n_block)
         self.heads_kv = meta.per_layer("attention.head_count_kv", n_block, 0)
         self.n_ff = meta.per_layer("feed_forward_length", n_block, 0)
+        self.recurrent = self._recurrent_layers()
         for i, (h, kv) in enumerate(zip(self.heads, self.heads_kv, strict=True)):
+            if self.recurrent[i]:
+                continue  # the mixer's layout states its own geometry
             _bounded(meta.key("attention.head_count"), h, 1, MAX_HEADS)
             kv = kv or h
             if kv < 1 or h % kv:
                 raise MetadataError(f"layer {i}: head_count_kv {kv} does not divide head_count {h}")
-        head0 = self.heads[0]
+        head0 = max(self.heads) or 1
         self.head_dim = meta.get("attention.key_length", int, n_embd // head0)
         self.v_head_dim = meta.get("attention.value_length", int, self.head_dim)
         _bounded(meta.key("attention.key_length"), self.head_dim, 1, MAX_WIDTH)
@@ -435,7 +438,6 @@ class _Geometry:
         self.nope = self._nope_layers()
         self.attention_kind = conv.need("attention")
         self.layout = self._layout()
-        self.recurrent = self._recurrent_layers()
         self.recurrent_kind = conv.need("recurrent") if any(self.recurrent) else None
         if any(self.recurrent) and self.recurrent_kind is None:
             conv.check()  # the recurrent layers' op is a convention nobody stated
@@ -446,7 +448,8 @@ class _Geometry:
         self.n_rot = meta.get("rope.dimension_count", int, self.head_dim)
         if self.n_rot > self.head_dim:
             raise MetadataError(f"rope.dimension_count {self.n_rot} exceeds the head width {self.head_dim}")
-        self.pairing = (conv.need("rope_pairing") or "") if self.n_rot and not all(self.nope) else NO_ROPE
+        rotary = self.n_rot and not all(n or r for n, r in zip(self.nope, self.recurrent, strict=True))
+        self.pairing = (conv.need("rope_pairing") or "") if rotary else NO_ROPE
         self.leading_dense = _bounded(meta.key("leading_dense_block_count"),
                                       meta.get("leading_dense_block_count", int, 0), 0, n_block)
         self.residual = conv.residual()
@@ -464,8 +467,11 @@ class _Geometry:
 
     def _recurrent_layers(self) -> tuple[bool, ...]:
         """Layers the file marks recurrent: with `full_attention_interval` P every layer but each
-        P-th; else those whose per-layer `attention.head_count_kv` is 0."""
+        P-th; else those whose per-layer `attention.head_count_kv` is 0; every layer of a file
+        without attention heads (`attention.head_count` 0)."""
         meta, n = self.meta, self.n_block
+        if not any(self.heads) and self.fam.recurrent is not None:
+            return (True,) * n
         if meta.has("full_attention_interval"):
             period = _bounded(meta.key("full_attention_interval"), meta.get("full_attention_interval", int),
                               1, MAX_LAYERS)
@@ -553,10 +559,11 @@ class _Geometry:
         if i < self.leading_dense and t.has("ffn_gate_inp", i):
             raise MetadataError(f"layer {i} has a router but leading_dense_block_count says the first "
                                 f"{self.leading_dense} layers are dense")
-        ffn_norm = pre and (_vector_if_present(t, "ffn_norm", i, d) if weights else True)
+        ffn = self._ffn(i)
+        ffn_norm = ffn is not None and pre and (_vector_if_present(t, "ffn_norm", i, d) if weights else True)
         return LayerSpec(
             attention=self._attention(i),
-            ffn=self._moe(i) if t.has("ffn_gate_inp", i) else self._dense(i),
+            ffn=ffn,
             post_attn_norm=_vector_if_present(t, "post_attn_norm", i, d),
             post_ffn_norm=_vector_if_present(t, "post_ffn_norm", i, d),
             residual=self.residual or "",
@@ -565,6 +572,16 @@ class _Geometry:
             attn_norm=pre,
             norm_bias=pre and weights and self._norm_bias(i, ffn_norm),
         )
+
+    def _ffn(self, i: int) -> FfnSpec | MoeSpec | None:
+        """The block's FFN: MoE by its router, dense by its up projection, none without either
+        (a block whose only branch is its token mixer, e.g. Mamba2; it then has no ffn_norm)."""
+        t = self.t
+        if t.has("ffn_gate_inp", i):
+            return self._moe(i)
+        if t.has("ffn_up", i) or t.has("ffn_norm", i):
+            return self._dense(i)
+        return None
 
     def _norm_bias(self, i: int, ffn_norm: bool) -> bool:
         bias = _vector_if_present(self.t, "attn_norm.bias", i, self.n_embd)
@@ -619,9 +636,9 @@ class _Geometry:
         states the geometry."""
         n_head = self.heads[i]
         ctx = LayerContext(self.meta, self.t, i, self.n_embd, n_head, self.heads_kv[i] or n_head)
-        fields = dict(layout.describe(ctx))
+        fields = {"n_head": n_head, **layout.describe(ctx)}
         fields.setdefault("scale", self.scale)
-        return AttentionSpec(kind=kind, n_head=n_head, rope=self._rope_table(i),
+        return AttentionSpec(kind=kind, rope=self._rope_table(i),
                              window=self.window if self.sliding[i] else 0, softcap=self.softcap, **fields)
 
     def _dense(self, i: int) -> FfnSpec:

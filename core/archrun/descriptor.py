@@ -277,10 +277,11 @@ class LayerSpec:
     ffn_norm False: the FFN reads the attention's normed input (a parallel block with one norm).
     attn_norm False: the block has no pre-norms at all (attention reads x, the FFN reads g as is;
     post-norms only, as OLMo 2). residual_scale s multiplies each branch before it joins the stream.
+    ffn None: the block has no FFN (a state-space block: out = combine(x, a, 0)).
     """
 
     attention: AttentionSpec = field(validator=v.instance_of(AttentionSpec))
-    ffn: FfnSpec | MoeSpec = field(validator=v.instance_of((FfnSpec, MoeSpec)))
+    ffn: FfnSpec | MoeSpec | None = field(validator=v.optional(v.instance_of((FfnSpec, MoeSpec))))
     post_attn_norm: bool = field(default=False, validator=v.instance_of(bool))
     post_ffn_norm: bool = field(default=False, validator=v.instance_of(bool))
     residual: str = field(default="sequential", validator=v.instance_of(str))  # vocabulary slot "residual"

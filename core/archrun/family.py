@@ -103,7 +103,7 @@ class FamilyHints:
     (slot "attention", a token mixer such as a short convolution or a state-space scan) of the
     layers a file marks recurrent — those whose per-layer `attention.head_count_kv` is 0, or, with
     `full_attention_interval` P, every layer but each P-th; a file with no attention heads at all
-    is recurrent throughout.
+    (`attention.head_count` 0) is recurrent throughout.
     """
 
     name: str = field(validator=v.instance_of(str))

@@ -123,7 +123,7 @@ def _layer_groups(layers: list[dict[str, Any]]) -> list[str]:
             span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
             ly = layers[start]
             out.append(f"layers {span:7s} attn[{_kv(ly['attention'])}]")
-            out.append(f"               ffn[{_kv(ly['ffn'])}]")
+            out.append(f"               ffn[{_kv(ly['ffn'])}]" if ly["ffn"] else "               no ffn")
             rest = {k: v for k, v in ly.items() if k not in ("attention", "ffn")}
             out.append(f"               {_kv(rest)}")
             start = i

@@ -134,6 +134,8 @@ def vocabulary_of(d: Descriptor) -> list[tuple[str, str]]:
     wanted += [("rope", r.pairing) for r in d.rope_tables if r.pairing != NO_ROPE and r.n_rot]
     for layer in (*d.layers, *d.nextn_layers):
         wanted += [("attention", layer.attention.kind), ("residual", layer.residual)]
+        if layer.ffn is None:
+            continue
         if isinstance(layer.ffn, MoeSpec):
             wanted += [("gating", layer.ffn.gating), ("activation", layer.ffn.activation), ("moe", layer.ffn.kind)]
         else:
@@ -220,7 +222,8 @@ def _bind_rope(b: _Binder, spec) -> Any:
 def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     a = spec.attention
     residual = b.op("residual", spec.residual, spec.residual_scale)
-    if spec.attn_norm and not spec.ffn_norm and not getattr(residual, "ffn_reads_input", False):
+    if spec.ffn is not None and spec.attn_norm and not spec.ffn_norm and not getattr(residual, "ffn_reads_input",
+                                                                                     False):
         # only a topology whose FFN reads the block's input can share the attention's norm
         raise MissingTensor(f"block {i} has no {b.d.tensor_name('ffn_norm', i)!r}, which its residual topology "
                             f"{spec.residual!r} needs")
@@ -240,7 +243,7 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
         attention=b.op("attention", a.kind, a),
         residual=residual,
         ffn_norm=b.norm_weight("ffn_norm", i) if spec.ffn_norm else None,
-        ffn=_bind_moe(b, i, spec.ffn) if isinstance(spec.ffn, MoeSpec) else _bind_dense(b, i, spec.ffn),
+        ffn=_bind_ffn(b, i, spec.ffn),
     )
     if spec.norm_bias:
         lp.attn_norm_b = b.vector("attn_norm.bias", i)
@@ -281,6 +284,12 @@ def _bind_qkv(b: _Binder, i: int, spec: LayerSpec) -> Projections:
         return b.packed("attn_qkv", i, widths, "attn_qkv.bias" if a.qkv_bias else None)
     biases = ("attn_q.bias", "attn_k.bias", "attn_v.bias") if a.qkv_bias else (None, None, None)
     return b.projections(("attn_q", "attn_k", "attn_v"), i, biases)
+
+
+def _bind_ffn(b: _Binder, i: int, spec: Any) -> DenseFfn | MoeFfn | None:
+    if spec is None:
+        return None
+    return _bind_moe(b, i, spec) if isinstance(spec, MoeSpec) else _bind_dense(b, i, spec)
 
 
 def _bind_dense(b: _Binder, i: int, spec) -> DenseFfn:
@@ -507,6 +516,8 @@ class Interpreter:
         o = attend(h) if lp.mixer is not None else self._attend(lp, h, angles, attend)
         if lp.post_attn_norm is not None:
             o = norm(o, lp.post_attn_norm)
+        if lp.ffn is None:  # the mixer is the block's only branch
+            return lp.residual.combine(x, o, np.zeros_like(x))
         if lp.ffn_norm is not None:
             g = norm(lp.residual.ffn_input(x, o), lp.ffn_norm, lp.ffn_norm_b)
         else:  # a parallel block's shared norm, or (no pre-norms) the FFN's input as is
@@ -605,15 +616,16 @@ class FusedDecoder(Interpreter):
     @functools.cached_property
     def _rows_per_pass(self) -> tuple[int, int]:
         """(blocks, head): most rows a product of the blocks' / the output head's weights takes on the
-        weight-reading integer path. Past it a product dequantizes tiles of the whole matrix first,
-        which pays off for a prefill but not for a batch of decode steps, so batches are cut there."""
+        weight-reading integer paths (unbounded for the GEMM's types). Past it a product dequantizes
+        tiles of the whole matrix first, which pays off for a prefill but not for a batch of decode
+        steps, so batches are cut there."""
         if self.plan.binder.backend != "fast":
             return (1 << 30, 1 << 30)
-        from archrun.kernels.qmatrix import INT_MAX_TOKENS
+        from archrun.kernels.qmatrix import rows_per_pass
 
         def limit(names: list[str]) -> int:
             types = {self.gguf.tensors[n].ggml_type for n in names if n in self.gguf.tensors}
-            return min([INT_MAX_TOKENS[t] for t in types if t in INT_MAX_TOKENS] or [1 << 30])
+            return min([rows_per_pass(t) for t in types] or [1 << 30])
 
         bound = sorted(self.plan.binder.bound)
         head = self.descriptor.tensor_name("token_embd" if self.descriptor.tied_output else "output")

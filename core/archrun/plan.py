@@ -67,7 +67,7 @@ class LayerPlan:
     attention: Any                     # bound attention op (makes this layer's cache slot)
     residual: Any                      # bound residual op: ffn_input(x, a), combine(x, a, f)
     ffn_norm: np.ndarray | None        # None: the FFN reads the attention's normed input
-    ffn: DenseFfn | MoeFfn
+    ffn: DenseFfn | MoeFfn | None      # None: the block has no FFN
     attn_norm_b: np.ndarray | None = None
     ffn_norm_b: np.ndarray | None = None
     q_norm: np.ndarray | None = None

@@ -49,6 +49,14 @@ def _add_checkpoint_fields(model_base, extra: dict) -> None:
         return config
 
     model_base.load_hparams = staticmethod(load_hparams)
+    init = model_base.__init__
+
+    def __init__(self, *args, **kwargs):  # models that read config.json themselves (Mamba2 and its hybrids)
+        init(self, *args, **kwargs)
+        if isinstance(getattr(self, "hparams", None), dict):
+            self.hparams.update(extra)
+
+    model_base.__init__ = __init__
 
 
 def main(argv: list[str]) -> None:

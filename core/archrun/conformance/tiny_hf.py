@@ -203,10 +203,11 @@ def _stated(descriptor, convention: str):
     if convention == "rope_pairing":
         used = {lay.attention.rope for lay in descriptor.layers if lay.attention.rope < len(descriptor.rope_tables)}
         return descriptor.rope_tables[min(used)].pairing if used else None
-    if convention == "activation":
-        return layer.ffn.activation
-    if convention == "residual":
-        return layer.residual
+    if convention == "activation":  # the first block with an FFN (state-space blocks have none)
+        ffns = [lay.ffn for lay in descriptor.layers if lay.ffn is not None]
+        return ffns[0].activation if ffns else None
+    if convention == "residual":  # topologies differ only in what the FFN reads: none without one
+        return layer.residual if any(lay.ffn is not None for lay in descriptor.layers) else None
     return descriptor.norm
 
 

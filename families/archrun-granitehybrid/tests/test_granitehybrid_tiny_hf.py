@@ -1,0 +1,7 @@
+"""archrun-granitehybrid's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
+
+from archrun.conformance.tiny_hf import TinyHfBattery
+
+
+class TestGraniteHybrid(TinyHfBattery):
+    entry_point = "granitehybrid"
