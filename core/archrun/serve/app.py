@@ -1,24 +1,27 @@
 """The HTTP layer: OpenAI-compatible routes on Starlette, in front of the batching Engine.
 
-Every route checks the API key (except /health), reads at most `max_body` bytes (413 beyond,
-before parsing) and answers errors in OpenAI's shape: {"error": {"message", "type", "code"}}.
+Every route checks the API key (except /health and the chat page at /), reads at most `max_body`
+bytes (413 beyond, before parsing) and answers errors in OpenAI's shape: {"error": {"message",
+"type", "code"}}.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import resources
 from typing import Any
 
 import attrs
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from archrun.errors import ArchrunError
@@ -31,6 +34,13 @@ from archrun.serve.metrics import Metrics
 from archrun.tools import ToolCallFormat, ToolCallStream, plan_tool_chat
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+OPEN_PATHS = ("/", "/health")  # answered without the API key (the page asks for it and sends it itself)
+PAGE_POLICY = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'none'"
+
+
+@functools.cache
+def _chat_page() -> str:
+    return resources.files("archrun.serve").joinpath("static/index.html").read_text(encoding="utf-8")
 
 
 class ApiError(Exception):
@@ -81,7 +91,7 @@ class Server:
 
     def routes(self) -> list[Route]:
         """The server's routes, each wrapped with the key check, error mapping and request count."""
-        table = [("/health", self.health, ["GET"]), ("/metrics", self.prometheus, ["GET"]),
+        table = [("/", self.page, ["GET"]), ("/health", self.health, ["GET"]), ("/metrics", self.prometheus, ["GET"]),
                  ("/v1/models", self.models, ["GET"]), ("/v1/chat/completions", self.chat, ["POST"]),
                  ("/v1/completions", self.completions, ["POST"])]
         return [Route(path, self._wrap(path, fn), methods=methods) for path, fn, methods in table]
@@ -89,7 +99,7 @@ class Server:
     def _wrap(self, path: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable:
         async def endpoint(request: Request) -> Response:
             try:
-                if path != "/health":
+                if path not in OPEN_PATHS:
                     self._check_key(request)
                 response = await handler(request)
             except Exception as exc:  # every failure is an HTTP answer, never a dropped connection
@@ -128,6 +138,10 @@ class Server:
         return body
 
     # -- routes ----------------------------------------------------------------------------------
+
+    async def page(self, request: Request) -> Response:
+        """The chat page: one static file that streams from /v1/chat/completions."""
+        return HTMLResponse(_chat_page(), headers={"Content-Security-Policy": PAGE_POLICY, "Cache-Control": "no-cache"})
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "running": self.engine.running,
