@@ -11,7 +11,8 @@ or declares synthetic variants and an independent reference forward pass::
 
 Modules: ``pytest_plugin`` (the ``pytest11`` entry point), ``kit`` (the battery), ``synthetic``
 (GGUF variants and corruptions), ``ops`` (fast op = reference), ``trace`` (per-op activations and
-the diagnosis of a mismatch), ``tiny_hf`` and ``hf`` (HF goldens), ``llamacpp`` (its converter).
+the diagnosis of a mismatch), ``tiny_hf`` and ``hf`` (HF goldens), ``llamacpp`` (its converter),
+``bithash`` (archrun's own logit bits pinned per machine class: a regression check, not a golden).
 """
 
 from __future__ import annotations
