@@ -60,6 +60,8 @@ ARCH_KEYS = frozenset(
     for group in vars(Keys).values() if isinstance(group, type)
     for value in vars(group).values() if isinstance(value, str) and value.startswith("{arch}.")
 )
+# llama.cpp's per-layer flags of recurrent layers (a bool array; gguf-py here predates the key).
+RECURRENT_LAYERS_KEY = "attention.recurrent_layers"
 # Rope scalings a RopeSpec can state (the rope ops implement them); others are refused at compile time.
 ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
 
@@ -468,8 +470,16 @@ class _Geometry:
     def _recurrent_layers(self) -> tuple[bool, ...]:
         """Layers the file marks recurrent: with `full_attention_interval` P every layer but each
         P-th; else those whose per-layer `attention.head_count_kv` is 0; every layer of a file
-        without attention heads (`attention.head_count` 0)."""
+        without attention heads (`attention.head_count` 0). An explicit per-layer
+        `attention.recurrent_layers` (llama.cpp's key, newer than this gguf-py) comes first."""
         meta, n = self.meta, self.n_block
+        key = f"{meta.arch}.{RECURRENT_LAYERS_KEY}"
+        marked = meta.gguf.metadata.get(key)
+        if marked is not None:
+            meta.used.add(key)
+            if not isinstance(marked, np.ndarray) or marked.ndim != 1 or len(marked) < n:
+                raise MetadataError(f"{key!r} must hold a flag per layer ({n})")
+            return tuple(bool(x) for x in marked[:n])
         if not any(self.heads) and self.fam.recurrent is not None:
             return (True,) * n
         if meta.has("full_attention_interval"):

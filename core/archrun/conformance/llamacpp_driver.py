@@ -73,6 +73,8 @@ def main(argv: list[str]) -> None:
     def get_model_class(name, mmproj=False):
         cls = pick(name, mmproj=mmproj)
         cls.set_vocab = _tiny_set_vocab(vocab)
+        if getattr(cls, "supports_mtp_export", False):  # tiny models carry no MTP weights (`--no-mtp`):
+            cls.no_mtp = True                            # Qwen3-Next's converter otherwise requires them
         return cls
 
     converter.get_model_class = get_model_class

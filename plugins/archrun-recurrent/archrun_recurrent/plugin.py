@@ -5,7 +5,7 @@ from __future__ import annotations
 import pluggy
 
 from archrun.vocab import Lazy, Op
-from archrun_recurrent import mamba2, shortconv
+from archrun_recurrent import deltanet, gated_attention, mamba2, shortconv
 
 hookimpl = pluggy.HookimplMarker("archrun")
 
@@ -19,3 +19,11 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("attention", "mamba2", mamba2.mamba2_reference, Lazy("archrun_recurrent.mamba2:mamba2_fast"),
                 "Mamba2 selective state-space mixer (SSD): conv1d, dt/A/D, gated grouped RMSNorm, a state per head",
                 layout=mamba2.Mamba2Layout()))
+    register(Op("attention", "gated_deltanet", deltanet.deltanet_reference,
+                Lazy("archrun_recurrent.deltanet:deltanet_fast"),
+                "gated DeltaNet (Qwen3-Next): conv, l2-normed q/k, beta/alpha gates, delta-rule state, gated norm",
+                layout=deltanet.DeltaNetLayout()))
+    register(Op("attention", "gated_causal", gated_attention.gated_reference,
+                Lazy("archrun_recurrent.gated_attention:gated_fast"),
+                "causal attention whose output is gated by sigmoid(gate) from the query projection (Qwen3-Next)",
+                layout=gated_attention.GatedAttentionLayout()))

@@ -145,3 +145,41 @@ def test_reference_scan_is_the_recurrence():
                          np.array([-1.3], np.float32), np.array(b, np.float32).reshape(2, 1, 1),
                          np.array(c, np.float32).reshape(2, 1, 1))
     np.testing.assert_allclose(got.ravel(), want, rtol=1e-6)
+
+
+def test_plugin_registers_the_qwen3next_vocabulary():
+    vocab = build_vocabulary(make_plugin_manager(names=["recurrent"]))
+    assert vocab.entry("attention", "gated_deltanet").op.layout.mixer
+    assert not getattr(vocab.entry("attention", "gated_causal").op.layout, "mixer", False)
+
+
+@pytest.mark.parametrize("n,heads,dk,dv", [(1, 1, 2, 3), (7, 4, 16, 8), (3, 2, 1, 1)])
+def test_fast_delta_rule_equals_reference(n, heads, dk, dv):
+    from archrun_recurrent.deltanet import delta_reference
+    from archrun_recurrent.kernels.scan import delta_rule
+
+    q, k = (rng.standard_normal((n, heads, dk)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal((n, heads, dv)).astype(np.float32)
+    g = -np.abs(rng.standard_normal((n, heads))).astype(np.float32)
+    beta = rng.random((n, heads)).astype(np.float32)
+    s0 = rng.standard_normal((heads, dk, dv)).astype(np.float32)
+    s1, s2 = s0.copy(), s0.copy()
+    np.testing.assert_allclose(delta_rule(s1, q, k, v, g, beta), delta_reference(s2, q, k, v, g, beta),
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(s1, s2, rtol=1e-4, atol=1e-5)
+
+
+def test_reference_delta_rule_is_the_delta_rule():
+    """One head, dk = dv = 1: S = e^g S; S += k beta (v - S k); o = S q."""
+    from archrun_recurrent.deltanet import delta_reference
+
+    q, k, v, g, beta = [0.5, 2.0], [1.0, -0.5], [3.0, 1.0], [-0.1, -0.7], [0.9, 0.4]
+    s, want = 1.5, []
+    for t in range(2):
+        s *= np.exp(g[t])
+        s += k[t] * beta[t] * (v[t] - s * k[t])
+        want.append(s * q[t])
+    state = np.full((1, 1, 1), 1.5, np.float32)
+    arr = [np.array(x, np.float32).reshape(2, 1, 1) for x in (q, k, v)]
+    got = delta_reference(state, *arr, np.array(g, np.float32).reshape(2, 1), np.array(beta, np.float32).reshape(2, 1))
+    np.testing.assert_allclose(got.ravel(), want, rtol=1e-6)

@@ -39,3 +39,42 @@ def selective_scan(state: np.ndarray, x: np.ndarray, dt: np.ndarray, a: np.ndarr
     f32 = [np.ascontiguousarray(v, np.float32) for v in (x, dt, a, b, c)]
     _scan(state, *f32, y)
     return y
+
+
+@njit(**JIT)
+def _delta(state, q, k, v, g, beta, o):  # pragma: no cover - compiled
+    """state [H, dk, dv] in place; q/k [n, H, dk], v/o [n, H, dv], g/beta [n, H]."""
+    n, heads, dk = q.shape
+    dv = v.shape[2]
+    kv = np.empty(dv, np.float32)
+    for t in range(n):
+        for h in range(heads):
+            decay = np.float32(np.exp(g[t, h]))
+            kv[:] = 0.0
+            for i in range(dk):
+                for j in range(dv):
+                    state[h, i, j] *= decay
+                    kv[j] += state[h, i, j] * k[t, h, i]
+            for j in range(dv):
+                kv[j] = (v[t, h, j] - kv[j]) * beta[t, h]           # the delta
+            for j in range(dv):
+                o[t, h, j] = 0.0
+            for i in range(dk):
+                for j in range(dv):
+                    state[h, i, j] += k[t, h, i] * kv[j]
+                    o[t, h, j] += state[h, i, j] * q[t, h, i]
+
+
+def delta_rule(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+               beta: np.ndarray) -> np.ndarray:
+    """The gated delta rule (state updated in place) -> o [n, H, dv] (archrun_recurrent.deltanet.delta_reference)."""
+    n, heads, dk = q.shape
+    dv = v.shape[2]
+    if state.shape != (heads, dk, dv) or k.shape != q.shape or v.shape[:2] != (n, heads) \
+            or g.shape != (n, heads) or beta.shape != (n, heads) or state.dtype != np.float32:
+        raise ValueError(f"delta_rule: state {state.shape}, q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, "
+                         f"beta {beta.shape} do not agree")
+    o = np.empty((n, heads, dv), np.float32)
+    f32 = [np.ascontiguousarray(x, np.float32) for x in (q, k, v, g, beta)]
+    _delta(state, *f32, o)
+    return o

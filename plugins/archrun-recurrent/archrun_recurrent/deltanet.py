@@ -1,0 +1,153 @@
+"""Gated DeltaNet (Qwen3-Next's linear-attention layers): a token mixer whose memory is a
+convolution window and a key x value state per head, updated by the delta rule.
+
+Per layer, with Hk key heads of width dk, Hv value heads of width dv (r = Hv / Hk value heads read
+each key head), K conv taps, conv_dim = 2 Hk dk + Hv dv (llama.cpp src/models/qwen3next.cpp
+build_layer_attn_linear, HF modeling_qwen3_next.py Qwen3NextGatedDeltaNet):
+
+    qkv = attn_qkv h;  z = attn_gate h;  b | a = ssm_ba h     (b, a interleaved per key head: [Hk, 2r])
+    qkv = silu(conv(qkv))                                      causal depthwise, no bias
+    q, k = l2norm(q), l2norm(k) [n, Hk, dk], repeated to Hv heads (value head j reads key head j // r)
+    beta = sigmoid(b);  g = softplus(a + dt_bias) * A          [n, Hv]  (A = ssm_a = -exp(A_log))
+    S_t  = exp(g_t) S_{t-1};  S_t += k_t (beta_t (v_t - S_t^T k_t))^T      [Hv, dk, dv]
+    o_t  = S_t^T q_t / sqrt(dk)                                [Hv, dv]
+    out  = ssm_out(rms(o) * ssm_norm * silu(z))                (the norm per value head, weight [dv])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from archrun.errors import MetadataError
+from archrun_recurrent.mamba2 import silu, softplus
+from archrun_recurrent.state import StateSlot
+
+F32 = np.float32
+
+
+class DeltaNetLayout:
+    """The op is the whole token mixer (`mixer`); describe reads the ssm.* keys and checks the tensors."""
+
+    mixer = True
+
+    def describe(self, ctx: Any) -> dict[str, Any]:
+        """AttentionSpec fields of a gated DeltaNet layer (see archrun.vocab.AttentionLayout)."""
+        m, t, i, d = ctx.meta, ctx.tensors, ctx.layer, ctx.n_embd
+        taps, dk = m.get("ssm.conv_kernel", int), m.get("ssm.state_size", int)
+        hk, hv = m.get("ssm.group_count", int), m.get("ssm.time_step_rank", int)
+        inner = m.get("ssm.inner_size", int)
+        if min(taps - 1, dk, hk, hv, inner) < 1 or hv % hk or inner % hv:
+            raise MetadataError(f"gated DeltaNet widths are impossible: conv_kernel {taps}, state_size {dk}, "
+                                f"key heads {hk}, value heads {hv}, inner_size {inner}")
+        dv = inner // hv
+        conv_dim = 2 * hk * dk + hv * dv
+        t.expect("attn_qkv", i, (d, conv_dim))
+        t.expect("attn_gate", i, (d, hv * dv))
+        t.expect("ssm_ba", i, (d, 2 * hv))
+        t.expect("ssm_conv1d", i, (taps, conv_dim))
+        t.expect("ssm_dt.bias", i, (hv,))
+        t.expect("ssm_a", i, (hv,))
+        t.expect("ssm_norm", i, (dv,))
+        t.expect("ssm_out", i, (hv * dv, d))
+        return {"n_head": hv, "n_head_kv": hv, "head_dim": dk, "v_head_dim": dv, "scale": 1.0 / np.sqrt(dk),
+                "params": {"conv_kernel": taps, "key_heads": hk}}
+
+
+def l2norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(sum x^2 + eps) over the last axis."""
+    return (x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + F32(eps))).astype(F32)
+
+
+def delta_reference(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+                    beta: np.ndarray) -> np.ndarray:
+    """The gated delta rule, token by token: state [H, dk, dv] in place; q/k [n, H, dk] (q scaled),
+    v [n, H, dv], g/beta [n, H] -> o [n, H, dv]."""
+    o = np.empty_like(v)
+    for t in range(len(q)):
+        state *= np.exp(g[t])[:, None, None]
+        kv = np.einsum("hkv,hk->hv", state, k[t])                            # [H, dv]
+        delta = (v[t] - kv) * beta[t][:, None]
+        state += k[t][:, :, None] * delta[:, None, :]
+        o[t] = np.einsum("hkv,hk->hv", state, q[t])
+    return o
+
+
+class GatedDeltaNet:
+    """The bound gated DeltaNet mixer of one layer: mix(h [n, d], slot, start) -> [n, d]."""
+
+    def __init__(self, spec: Any, rule: Callable[..., np.ndarray] = delta_reference):
+        self.taps, self.hk = int(spec.param("conv_kernel")), int(spec.param("key_heads"))
+        self.hv, self.dk, self.dv = spec.n_head, spec.head_dim, spec.v_head_dim
+        self.scale = F32(spec.scale)
+        self.conv_dim = 2 * self.hk * self.dk + self.hv * self.dv
+        self.rule = rule
+
+    def bind(self, binder: Any, layer: int) -> None:
+        """Bind the layer's projections, convolution, gates and norm (once, at load)."""
+        self.qkv, self.gate = binder.matrix("attn_qkv", layer), binder.matrix("attn_gate", layer)
+        self.ba = binder.matrix("ssm_ba", layer)
+        self.conv_w = np.ascontiguousarray(binder.table("ssm_conv1d", layer).reshape(self.conv_dim, self.taps))
+        self.dt_bias, self.a = binder.vector("ssm_dt.bias", layer), binder.vector("ssm_a", layer)
+        self.norm_w = binder.vector("ssm_norm", layer)
+        self.out_proj = binder.matrix("ssm_out", layer)
+        self.eps = float(binder.d.norm_eps)
+
+    def new_slot(self, capacity: int, max_rewind: int = 64) -> StateSlot:
+        """The conv window [K-1, conv_dim] and the state [Hv, dk, dv], with copies for the last
+        min(max_rewind, 16) tokens."""
+        return StateSlot({"conv": (self.taps - 1, self.conv_dim), "delta": (self.hv, self.dk, self.dv)},
+                         recent=min(max_rewind, 16))
+
+    def mix(self, h: np.ndarray, slot: StateSlot, start: int) -> np.ndarray:
+        """Append h [n, d] at positions start.. to the layer's state; the mixer output [n, d]."""
+        slot.begin(start)
+        n, kd = len(h), self.hk * self.dk
+        ext = np.concatenate([slot.state["conv"], self.qkv(h)])              # [K-1+n, conv_dim]
+        acc = np.zeros((n, self.conv_dim), F32)
+        for j in range(self.taps):
+            acc += ext[j:j + n] * self.conv_w[:, j]
+        mixed = silu(acc)
+        r = self.hv // self.hk
+        q = np.repeat(l2norm(mixed[:, :kd].reshape(n, self.hk, self.dk), 1e-6), r, axis=1) * self.scale
+        k = np.repeat(l2norm(mixed[:, kd:2 * kd].reshape(n, self.hk, self.dk), 1e-6), r, axis=1)
+        v = np.ascontiguousarray(mixed[:, 2 * kd:].reshape(n, self.hv, self.dv))
+        ba = self.ba(h).reshape(n, self.hk, 2 * r)
+        beta = 1.0 / (1.0 + np.exp(-ba[:, :, :r].reshape(n, self.hv)))
+        g = softplus(ba[:, :, r:].reshape(n, self.hv) + self.dt_bias) * self.a
+        o = self._run(slot, ext, q.astype(F32), k.astype(F32), v, g.astype(F32), beta.astype(F32), start)
+        o = o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + F32(self.eps)) * self.norm_w
+        o = o * silu(self.gate(h).reshape(n, self.hv, self.dv))
+        return self.out_proj(o.reshape(n, self.hv * self.dv).astype(F32))
+
+    def _run(self, slot: StateSlot, ext, q, k, v, g, beta, start: int) -> np.ndarray:
+        """The delta rule over the step; the states after its last tokens are kept in the slot's ring."""
+        n, end = len(q), start + len(q)
+        state, conv = slot.state["delta"], slot.state["conv"]
+        first = slot.first_kept(start, end) - start - 1
+        o = np.empty_like(v)
+        if first > 0:
+            o[:first] = self.rule(state, q[:first], k[:first], v[:first], g[:first], beta[:first])
+        for j in range(first, n):
+            o[j:j + 1] = self.rule(state, q[j:j + 1], k[j:j + 1], v[j:j + 1], g[j:j + 1], beta[j:j + 1])
+            conv[...] = ext[j + 1:j + self.taps]
+            slot.keep(start + j + 1)
+        slot.end(end)
+        return o
+
+    def __call__(self, *args: Any) -> np.ndarray:
+        raise TypeError("gated_deltanet is a token mixer: the interpreter calls mix(h, slot, start)")
+
+
+def deltanet_reference(spec: Any) -> GatedDeltaNet:
+    """The float32 numpy reference (a token-by-token delta rule)."""
+    return GatedDeltaNet(spec)
+
+
+def deltanet_fast(spec: Any) -> GatedDeltaNet:
+    """The same mixer with its delta rule in a numba kernel (runs op by op)."""
+    from archrun_recurrent.kernels import scan  # imported on use: loading the plugin compiles no kernel
+
+    return GatedDeltaNet(spec, scan.delta_rule)
