@@ -106,6 +106,33 @@ def test_non_finite_block_scale_is_refused_at_load(tmp_path, ggml_type) -> None:
         archrun.load(path, backend="reference")
 
 
+@pytest.mark.parametrize("ggml_type", [T.F32, T.Q8_0])
+def test_the_scan_in_ranges_names_the_global_index(tmp_path, monkeypatch, ggml_type) -> None:
+    """The load scans a tensor a range at a time (releasing each range's pages); an Inf in a later
+    range is reported at its index in the whole tensor."""
+    from gguf_fixtures import SCALE_FIELDS, random_blocks
+
+    from archrun import ggufio
+
+    def poison(m):
+        t = m.tensor("blk.1.ffn_down.weight")
+        if ggml_type == T.F32:
+            arr = np.frombuffer(t.data, np.float32).copy()
+            arr[3000] = np.inf
+            t.data = arr.tobytes()
+        else:
+            blocks = random_blocks(np.random.default_rng(0), ggml_type, 64 * 64 // 32)
+            lo, hi = SCALE_FIELDS[ggml_type][0]
+            blocks[100, lo:hi] = np.array([np.inf], np.float16).view(np.uint8)
+            t.ggml_type, t.data = int(ggml_type), blocks.tobytes()
+
+    monkeypatch.setattr(ggufio, "_SCAN_BYTES", 1000)  # ranges of 250 floats / 29 blocks
+    path = _variant(tmp_path, poison)
+    where = "element 3000" if ggml_type == T.F32 else "scale of block 100"
+    with pytest.raises(ModelLoadError, match=rf"'blk.1.ffn_down.weight'.*non-finite.*{where};"):
+        archrun.load(path, backend="reference")
+
+
 def test_first_non_finite_finds_k_quant_scales() -> None:
     from gguf_fixtures import SCALE_FIELDS, random_blocks
 

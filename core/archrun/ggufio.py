@@ -38,6 +38,7 @@ __all__ = ["GGUFFile", "TensorInfo", "open_gguf", "release_view"]
 _V = GGUFValueType
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
+_SCAN_BYTES = 16 << 20  # bytes of a tensor scanned for non-finite values at a time
 _HEADER_BYTES = 24  # magic, version, n_tensors, n_kv
 _DEFAULT_ALIGNMENT = 32
 _MAX_ALIGNMENT = 1 << 24
@@ -499,11 +500,20 @@ class GGUFFile:
         if name in self._checked:
             return
         info = self._info(name)
-        bad = quant.first_non_finite(self.raw(name), info.ggml_type)
-        if bad is not None:
-            what, index = bad
-            raise ModelLoadError(f"{self.path.name}: tensor {name!r} ({info.type_name}) holds a non-finite value "
-                                 f"(Inf or NaN) in its {what} {index}; archrun refuses such weights")
+        raw = self.raw(name)
+        unit = quant.block_info(info.ggml_type)[1]  # bytes of one element (float types) or block
+        step = max(unit, _SCAN_BYTES // unit * unit)
+        for start in range(0, len(raw), step):
+            part = raw[start:start + step]
+            bad = quant.first_non_finite(part, info.ggml_type)
+            # the scan made these pages resident: let them go before the next range, so a big
+            # tensor never sits in memory twice (its file pages and the repacked copy made next)
+            release_view(part)
+            if bad is not None:
+                what, index = bad
+                raise ModelLoadError(f"{self.path.name}: tensor {name!r} ({info.type_name}) holds a non-finite "
+                                     f"value (Inf or NaN) in its {what} {index + start // unit}; archrun refuses "
+                                     "such weights")
         self._checked.add(name)
 
     def check_intact(self) -> None:
