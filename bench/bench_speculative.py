@@ -10,6 +10,10 @@ Cases (greedy; each checks that the speculative text equals plain decoding):
   Qwen2.5 151936, Gemma 3 262144), so the documented substitute drafts with a *layer subset* of
   the target (Qwen2.5-Coder-0.5B keeping its first half and last quarter of blocks, written by
   `layer_subset`): a same-vocabulary draft model at 3/4 of the target's cost, without training.
+- draft-f16: the other substitute, quantized self-drafting: the target is the model at higher
+  precision (SmolLM2-135M's and Qwen2.5-Coder-0.5B's weights dequantized to F16 by `as_f16`:
+  ~2-3x the shipped file's bytes per token) and the draft the shipped Q4 file itself, as a
+  user would draft an F16 model with its own Q4 quantization.
 - mtp: the tiny glm4moe fixture's MTP (next-n) head on both block styles (random weights, so its
   drafts are rarely right: the case measures the overhead and the identity, not a speed-up).
 With --llama-python (an interpreter with llama-cpp-python), llama.cpp's own prompt lookup
@@ -105,6 +109,33 @@ def layer_subset(src: Path, dst: Path, keep: list[int]) -> Path:
     return dst
 
 
+def as_f16(src: Path, dst: Path) -> Path:
+    """Write dst: src with every quantized matrix dequantized (gguf-py) and stored as F16; the rest as is."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment", "general.file_type"):
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(name, f.contents(), f.types[0], sub_type=f.types[-1])
+        else:
+            w.add_key_value(name, f.contents(), f.types[0])
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+    for t in r.tensors:
+        if t.tensor_type in plain:
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+        else:
+            w.add_tensor(t.name, gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
 def measure(model, prompt: list[int], drafter, tokens: int, repeat: int, draft_max: int) -> dict:
     """Median decode tok/s of plain and speculative greedy decoding, run alternately."""
     plain_s, spec_s, spec = [], [], None
@@ -175,6 +206,22 @@ def draft_case(args) -> dict:
         return {name: measure(target, prompt, drafter, args.tokens, args.repeat, args.draft_max)}
 
 
+def draft_f16_case(args) -> dict:
+    out = {}
+    for name in ("smollm2", "qwen25"):
+        path = model_path(name)
+        if not path.exists():
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            target = archrun.load(as_f16(path, Path(tmp) / "f16.gguf"), threads=args.threads)
+            draft = archrun.load(path, threads=args.threads)
+            prompt = target.tokenizer.encode("The history of the Roman Empire begins with")
+            drafter = speculative.ModelDrafter(draft, target)
+            out[f"draft {name}: Q4 file drafting its F16"] = measure(target, prompt, drafter, args.tokens,
+                                                                    args.repeat, args.draft_max)
+    return out
+
+
 def mtp_case(args) -> dict:
     ids = [int(t) for t in np.load(GLM_TINY.with_suffix(".npz"))["ids"][:8]]
     out = {}
@@ -203,12 +250,12 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--draft-max", type=int, default=5)
-    p.add_argument("--cases", nargs="*", default=["lookup", "draft", "mtp"])
+    p.add_argument("--cases", nargs="*", default=["lookup", "draft", "draft-f16", "mtp"])
     p.add_argument("--llama-python", default=None, help="an interpreter with llama-cpp-python (lookup comparison)")
     p.add_argument("--json-out", type=Path, default=HERE / "results" / "speculative.json")
     args = p.parse_args()
     warnings.simplefilter("ignore")
-    cases = {"lookup": lookup_cases, "draft": draft_case, "mtp": mtp_case}
+    cases = {"lookup": lookup_cases, "draft": draft_case, "draft-f16": draft_f16_case, "mtp": mtp_case}
     rows = {}
     for case in args.cases:
         rows.update(cases[case](args))
