@@ -13,8 +13,9 @@ single, fused = op by op, backends, block-style guards, every fast op = its refe
 corruptions of BAD_INPUTS.md, the independent reference); for each ``hf_arch.py`` with a
 ``goldens/`` folder beside it (in the folder or below), ``TestArchrunTinyHf``
 (``archrun.conformance.tiny_hf``: the recorded HF goldens, llama.cpp's agreement, the fixtures'
-sensitivity, ``-m live``); and ``TestArchrunBitHashes`` (``archrun.conformance.bithash``: the
-logit bits recorded for this machine class in ``logit_hashes/``, skipped on other classes).
+sensitivity, ``-m live``); and, once the package has recorded them, ``TestArchrunBitHashes``
+(``archrun.conformance.bithash``: the logit bits recorded for this machine class in
+``logit_hashes/``, skipped on other classes).
 
 ``pytest --archrun-conformance=off`` disables the generated tests.
 """
@@ -81,7 +82,7 @@ class KitModule(pytest.Module):
             body.update({name: None for name in _MODEL_TESTS})
         module.TestArchrunConformance = type("TestArchrunConformance", (ConformanceKit,), body)
         _add_tiny_hf(module, decl.entry_point, here)
-        if hashed_models(decl, here):
+        if (here / "logit_hashes").is_dir() and hashed_models(decl, here):  # recorded for some machine class
             module.TestArchrunBitHashes = type("TestArchrunBitHashes", (BitHashes,),
                                                {"declaration": decl, "here": here, "pytestmark": _MARKS})
         return module
