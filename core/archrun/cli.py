@@ -134,6 +134,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"prompt tokens computed per step while other streams decode ({d.prefill_chunk})")
     p.add_argument("--max-body", type=int, default=d.max_body, help=f"request body limit in bytes ({d.max_body})")
     p.add_argument("--model-name", default=None, help="the model id clients see (default: the file's name)")
+    p.add_argument("--ray", action="store_true",
+                   help="serve --replicas N replicas as a Ray Serve deployment (needs 'archrun[ray]')")
+    p.add_argument("--replicas", type=int, default=1, help="model replicas with --ray (1)")
+    p.add_argument("--ray-address", default=None,
+                   help="with --ray: the cluster to join ('auto' for the local node's; default: start a local one)")
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
@@ -233,6 +238,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
+    from archrun.family import parse_hints
     from archrun.serve.config import ServeConfig
 
     key = args.api_key if args.api_key is not None else os.environ.get("ARCHRUN_API_KEY")
@@ -240,6 +246,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                          parallel=args.parallel, ctx=args.ctx, queue=args.queue, prefill_chunk=args.prefill_chunk,
                          max_body=args.max_body, model_name=args.model_name,
                          speculative=args.speculative, draft_max=args.draft_max)  # validated before the model loads
+    if args.ray:
+        from archrun.serve import ray
+
+        load_options = dict(threads=args.threads, backend=args.backend, block_style=args.block_style,
+                            hints=parse_hints(args.hint))
+        ray.run(args.model, config, args.replicas, args.ray_address, load_options)
+        return 0
     from archrun.serve import serve
 
     serve(_load(args), config, model_path=args.model)
