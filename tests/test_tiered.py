@@ -13,6 +13,7 @@ import pytest
 import archrun
 from archrun import tiered
 from archrun.errors import ArchrunWarning
+from archrun.ggufio import open_gguf
 
 FIXTURE = Path(__file__).parents[1] / "families/archrun-llama/tests/goldens/llama_gqa.gguf"
 
@@ -73,3 +74,28 @@ def test_the_cli_starts_tiered_unless_a_backend_is_named(fresh, monkeypatch, cap
     monkeypatch.setenv("ARCHRUN_TIERED", "0")  # the switch users (and this suite) turn it off with
     assert cli.main(["run", str(fresh), "-p", "hi", "-n", "2", "--temp", "0"]) == 0
     assert seen == [str(fresh)]
+
+
+def test_a_tiered_start_that_would_not_fit_loads_the_fast_model_directly(fresh, monkeypatch):
+    """The reference phase holds float32 weights beside the warm-up's fast copy; where the memory
+    available now cannot hold both, the fast model is loaded at once (compiling first), with a warning."""
+    need = tiered.tiered_bytes(fresh)
+    with open_gguf(fresh) as g:
+        n_float = sum(int(np.prod(t.shape)) for t in g.tensors.values())
+    assert need == 4 * n_float + fresh.stat().st_size + 2 * tiered._RUNTIME_BYTES
+    monkeypatch.setattr(tiered, "available_memory", lambda: need)  # 80 % of it is not enough
+    with pytest.warns(ArchrunWarning, match=r"compiling the fast kernels before the first token.*GiB are available"):
+        model = tiered.load(fresh)
+    assert not isinstance(model, tiered.TieredModel)  # the fast model itself
+    monkeypatch.setattr(tiered, "available_memory", lambda: 2 * need)
+    model = tiered.load(fresh)
+    try:
+        assert isinstance(model, tiered.TieredModel)
+    finally:
+        model.close()
+
+
+def test_available_memory_reads_the_os_figure():
+    available = tiered.available_memory()
+    if Path("/proc/meminfo").exists():
+        assert available is not None and available > 0

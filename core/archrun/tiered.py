@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -123,14 +124,49 @@ class TieredModel:
         return self.backend == "fast"
 
 
+_RUNTIME_BYTES = 300 << 20  # a process's fixed part: imports, compiled kernels, tokenizer (docs/performance.md)
+_HEADROOM = 0.8  # of the memory available now, what the tiered start may plan to use
+
+
+def available_memory() -> int | None:
+    """Bytes the OS reports available now (Linux MemAvailable), or None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def tiered_bytes(path: str | os.PathLike) -> int:
+    """Memory a tiered start needs at once: this process on the reference backend (every weight as
+    float32) plus the warm-up process on the fast one (about the file, repacked), each with its runtime."""
+    from archrun.ggufio import open_gguf
+
+    with open_gguf(path) as g:
+        float32 = sum(4 * math.prod(t.shape) for t in g.tensors.values())
+    return float32 + os.path.getsize(path) + 2 * _RUNTIME_BYTES
+
+
 def load(path: str | os.PathLike, **load_kwargs: Any) -> Any:
     """The fast model when its kernels are cached (or the cache is unusable), else a TieredModel.
 
+    A tiered start holds the weights as float32 in this process while the warm-up process holds the
+    fast copy: several times the file. When that would not fit in the memory available now, the fast
+    model is loaded directly (its kernels compile first) and an ArchrunWarning says why.
     load_kwargs go to archrun.load (hints, threads, progress, plugins ...), never `backend`.
     """
     from archrun.api import load as load_model
 
     if is_warm(path):
+        return load_model(path, backend="fast", **load_kwargs)
+    need, available = tiered_bytes(path), available_memory()
+    if available is not None and need > _HEADROOM * available:
+        warnings.warn(f"compiling the fast kernels before the first token: a tiered start (float32 weights "
+                      f"while they compile) needs ~{need / 2**30:.1f} GiB, {available / 2**30:.1f} GiB are "
+                      "available", ArchrunWarning, stacklevel=2)
         return load_model(path, backend="fast", **load_kwargs)
     return TieredModel(path, load_kwargs)
 
