@@ -163,6 +163,11 @@ def _rope(label: str, ref_f: Callable, fast_f: Callable) -> None:
             v = x[-1].reshape(-1).copy()
             part.fn(part.params, v, heads, hd, cos[-1], sin[-1])
             _close(label, case + " kernel part", v.reshape(heads, hd), want[-1])
+    spec = RopeSpec(pairing=name, n_rot=64, freq_base=1e4)  # far positions, huge values
+    ref, fast = ref_f(spec, None), fast_f(spec, None)
+    cos, sin = ref.cos_sin(np.arange(65000, 65009))
+    x = (rng.standard_normal((9, 2, 128)) * 1e4).astype(F32)
+    _close(label, "positions 65000-65008, values ~1e4", fast(x, cos, sin), ref(x, cos, sin))
 
 
 def _attention_specs(name: str) -> list[Any]:
@@ -255,6 +260,9 @@ def _residual(label: str, ref_f: Callable, fast_f: Callable) -> None:
                 row = x[0].copy()
                 comb.fn(comb.params, row, a[0].copy(), f[0].copy())
                 _close(label, case + " kernel part combine", row, ref.combine(x, a, f)[0])
+        x, a = np.stack([EXTREMES, EXTREMES[::-1], -EXTREMES]), np.stack([EXTREMES[::-1], -EXTREMES, EXTREMES])
+        _close(label, f"extreme values scale={scale} ffn_input", fast.ffn_input(x, a), ref.ffn_input(x, a))
+        _close(label, f"extreme values scale={scale} combine", fast.combine(x, a, -x), ref.combine(x, a, -x))
 
 
 def _gating(label: str, ref_f: Callable, fast_f: Callable) -> None:
