@@ -36,6 +36,9 @@ SUPPORTED_TYPES = frozenset({F32, F16, BF16, *dots.KERNELS})
 # float32 tiles + BLAS (bench_kernels.py): 4-bit-ish types decode ~2.5x more elements per cycle
 # than byte-sized and 16-bit ones.
 INT_MAX_TOKENS = {t: 24 for t in dots.KERNELS} | {8: 6, 14: 6, F16: 4, BF16: 4}
+# With the GEMM, from 6 tokens on (4 for the byte-sized Q8_0 and Q6_K) it beats the decode kernels
+# (one thread, n = 1..24, 896-1024 x 4864: e.g. Q5_0 at 8 tokens 0.64 vs 1.19 ms, Q6_K at 4: 0.60 vs 0.77)
+INT_MAX_TOKENS |= {t: 3 if t in (8, 14) else 5 for t in gemm.TYPES}
 # packed bytes below which one thread beats waking the pool (~5 us per parallel call)
 PARALLEL_MIN_BYTES = 96 * 1024
 # float32 elements per dequantized tile (16 MiB): fewer, larger BLAS calls beat L2-sized tiles
@@ -166,6 +169,14 @@ def quantizes_activations(w: QMatrix, n: int) -> bool:
     return n <= INT_MAX_TOKENS[w.ggml_type] or w.ggml_type in gemm.KERNELS
 
 
+def rows_per_pass(ggml_type: int) -> int:
+    """Most rows a product of this type takes while reading the packed weights directly (the decode
+    kernels or the GEMM); past it a product dequantizes float32 tiles of the whole matrix first."""
+    if ggml_type in gemm.KERNELS or ggml_type not in INT_MAX_TOKENS:
+        return 1 << 30
+    return INT_MAX_TOKENS[ggml_type]
+
+
 def _decode(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
     """Few tokens: integer kernels (float kernels for 16-bit floats) over all row groups."""
     chunks = 1 if w.nbytes < PARALLEL_MIN_BYTES else (_threads[0] or _chunks(w.nbytes))
@@ -203,7 +214,8 @@ def matmul(w: QMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     elif x.shape[0] <= INT_MAX_TOKENS[w.ggml_type]:
         _decode(w, x, out)
     elif w.ggml_type in gemm.KERNELS:  # int8 GEMM, the row groups split over the threads
-        gemm.KERNELS[w.ggml_type](*w.arrays, x, out, current_threads())
+        # 4 chunks per thread: a thread that finds its core taken costs a quarter of its share
+        gemm.KERNELS[w.ggml_type](*w.arrays, x, out, min(w.arrays[0].shape[0], 4 * current_threads()))
     else:
         _prefill(w, x, out)
     return out
