@@ -1,0 +1,101 @@
+"""Decode speed of a hybrid (state-space + attention) model at a short and a long context, archrun vs llama.cpp.
+
+    .venv/bin/python bench/bench_hybrid.py [--contexts 512 8192] [--steps 32] [--llama-python PY]
+
+The model is a random Granite-4.0-style hybrid built with transformers (d 512, 8 layers: Mamba2
+mixers with one attention layer in four, a dense SwiGLU FFN) and converted by llama.cpp's own
+converter into bench/results/hybrid_d512.gguf (built once). For each context c a prompt of c
+tokens is prefilled, then --steps single-token steps are timed (after 3 warm steps), on 1 thread.
+A recurrent layer's step costs the same at any context (its state does not grow); only the
+attention layers' cost grows with c. With --llama-python (an interpreter with llama-cpp-python),
+llama.cpp decodes the same file the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "bench" / "results" / "hybrid_d512.gguf"
+
+CONFIG = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
+          "num_local_experts": 0, "num_experts_per_tok": 0, "shared_intermediate_size": 1024,
+          "mamba_n_heads": 16, "mamba_d_head": 64,
+          "mamba_n_groups": 1, "mamba_d_state": 64, "mamba_d_conv": 4, "mamba_expand": 2,
+          "mamba_chunk_size": 64, "position_embedding_type": None, "max_position_embeddings": 16384,
+          "layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+          "num_hidden_layers": 8}
+
+
+def build(path: Path) -> Path:
+    """The random hybrid, converted by llama.cpp's converter (as the granitehybrid fixtures are)."""
+    from archrun.conformance import hf
+
+    spec = hf.load_module(ROOT / "families" / "archrun-granitehybrid" / "tests" / "hf_arch.py")
+    model, _ = hf.build_tiny(spec.GRANITEHYBRID, 0, **CONFIG)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return hf.convert(model, path, spec.GRANITEHYBRID, name="hybrid-d512")
+
+
+def archrun_decode(path: Path, context: int, steps: int) -> float:
+    import numpy as np
+
+    import archrun
+
+    model = archrun.load(path, backend="fast")
+    ids = np.random.default_rng(0).integers(0, 256, context)
+    cache = model.init_cache(context + steps + 8)
+    model.forward_step(ids, cache)
+    for _ in range(3):
+        model.forward_step([7], cache)
+    t0 = time.perf_counter()
+    for _ in range(steps):  # a fixed token: the cost of a step does not depend on it
+        model.forward_step([7], cache)
+    return steps / (time.perf_counter() - t0)
+
+
+LLAMA = """
+import json, sys, time, numpy as np, llama_cpp
+path, context, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+llm = llama_cpp.Llama(path, n_ctx=context + steps + 8, n_batch=512, n_threads=1, verbose=False)
+llm.eval(np.random.default_rng(0).integers(0, 256, context).tolist())
+for _ in range(3):
+    llm.eval([7])
+t0 = time.perf_counter()
+for _ in range(steps):
+    llm.eval([7])
+print(json.dumps(steps / (time.perf_counter() - t0)))
+"""
+
+
+def llama_decode(python: str, path: Path, context: int, steps: int) -> float:
+    out = subprocess.run([python, "-c", LLAMA, str(path), str(context), str(steps)], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"llama.cpp run failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[512, 8192])
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--llama-python", default=None)
+    args = ap.parse_args()
+    os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+    path = MODEL if MODEL.is_file() else build(MODEL)
+    print(f"{path.name}: {path.stat().st_size / 1e6:.0f} MB; 1 thread; {args.steps} decode steps")
+    for c in args.contexts:
+        line = f"context {c:6d}: archrun {archrun_decode(path, c, args.steps):7.1f} tok/s"
+        if args.llama_python:
+            line += f"   llama.cpp {llama_decode(args.llama_python, path, c, args.steps):7.1f} tok/s"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
