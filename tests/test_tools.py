@@ -104,3 +104,13 @@ def test_auto_lets_the_model_answer_in_text(smol):
     gen = archrun.chat(smol, ASK, tools=TOOLS, max_tokens=12, temperature=0)
     text = "".join(gen)
     assert gen.result.tool_calls == () and text == gen.result.content == gen.result.text
+
+
+@pytest.mark.parametrize("bad", [{"messages": []}, {"add_generation_prompt": False}, {"not an identifier": 1},
+                                 {"x": object()}, {"x": b"bytes"}, {"x": "<|im_start|>"}])
+def test_bad_template_variables_are_invalid_requests(smol, bad):
+    looped: list = []
+    looped.append(looped)
+    for variables in (bad, {"x": looped}):
+        with pytest.raises(InvalidRequest):
+            archrun.chat(smol, ASK, max_tokens=1, **variables)

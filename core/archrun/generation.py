@@ -119,7 +119,7 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
     return Generation(lambda gen: _run(gen, model, req, cache))
 
 
-def chat(model: Any, messages: Sequence[dict], *, template: str | None = None, tools: Any = None,
+def chat(model: Any, messages: Sequence[dict], /, *, template: str | None = None, tools: Any = None,
          tool_choice: Any = None, **options: Any) -> Generation:
     """Generate the assistant's reply to `messages` (list of {"role", "content"} dicts).
 
@@ -135,9 +135,11 @@ def chat(model: Any, messages: Sequence[dict], *, template: str | None = None, t
     """
     generation = {k: v for k, v in options.items() if k in _GENERATE_OPTIONS}
     template_vars = {k: v for k, v in options.items() if k not in _GENERATE_OPTIONS}
+    from archrun.tools import check_template_vars, plan_tool_chat
+
     if tools is None and tool_choice is None:
+        check_template_vars(model.tokenizer, template_vars)
         return generate(model, chat_prompt(model, messages, template, **template_vars), **generation)
-    from archrun.tools import plan_tool_chat
 
     plan = plan_tool_chat(model, messages, tools, tool_choice, template, **template_vars)
     if plan.grammar is not None:

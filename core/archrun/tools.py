@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -243,17 +244,50 @@ def _check_fields(tokenizer: Any, messages: list[dict], template_vars: dict) -> 
         extra = {k: v for k, v in m.items() if k not in ("role", "content")} if isinstance(m, dict) else {}
         if extra:
             check_plain(tokenizer, extra, f"messages[{i}]")
+    check_template_vars(tokenizer, template_vars)
+
+
+RESERVED_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "template"})
+
+
+def check_template_vars(tokenizer: Any, template_vars: dict[str, Any]) -> None:
+    """Template variables: names that are identifiers (not ones the renderer sets), JSON data values
+    that spell no special token."""
+    from archrun.chat_template import _plain
+
+    for name, value in template_vars.items():
+        if not isinstance(name, str) or not name.isidentifier() or name in RESERVED_VARS:
+            raise InvalidRequest(f"{name!r} is not a template variable archrun can pass"[:200])
+        _plain(value, name)  # JSON types only, depth-bounded (a structure that contains itself is refused)
     if template_vars:
         check_plain(tokenizer, template_vars, "template variables")
 
 
 def check_plain(tokenizer: Any, value: Any, where: str) -> None:
-    """Refuse data bound for a template (outside message contents) that spells a special token:
-    such text would be parsed as control, not kept as plain text."""
-    text = json.dumps(value, ensure_ascii=False)
-    if tokenizer.encode(text, add_special=False, parse_special=True) != \
-            tokenizer.encode(text, add_special=False, parse_special=False):
+    """Refuse data bound for a template (outside message contents) that spells a control token:
+    such text would be parsed as control, not kept as plain text. At most MAX_OUTPUT_CHARS of JSON."""
+    from archrun.chat_template import MAX_OUTPUT_CHARS
+
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:  # not JSON data, or it contains itself
+        raise InvalidRequest(f"{where} must be JSON data: {exc}"[:300]) from None
+    if len(text) > MAX_OUTPUT_CHARS:
+        raise InvalidRequest(f"{where} is larger than {MAX_OUTPUT_CHARS} characters of JSON")
+    if any(special in text for special in _control_texts(tokenizer)):
         raise InvalidRequest(f"{where} contains special-token text")
+
+
+_CONTROL_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _control_texts(tokenizer: Any) -> tuple[str, ...]:
+    """The texts of a vocabulary's control tokens (what parse_special turns into control ids)."""
+    found = _CONTROL_TEXTS.get(tokenizer)
+    if found is None:
+        found = tuple(t for i in range(tokenizer.n_vocab) if tokenizer.is_control(i) and (t := tokenizer.token_text(i)))
+        _CONTROL_TEXTS[tokenizer] = found
+    return found
 
 
 # --- the reply: content and calls ---
