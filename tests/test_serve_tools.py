@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 from conftest import real_model
 from live_server import live_server
@@ -105,3 +106,40 @@ def test_bad_tool_requests_are_400(smol):
                dict(extra_body={"chat_template_kwargs": {"messages": []}})):
         with pytest.raises(openai.BadRequestError):
             smol.chat.completions.create(model="m", messages=ASK, max_tokens=4, **kw)
+
+
+class Scripted:
+    """A Decoder that writes a fixed reply, with SmolLM2's vocabulary, descriptor and template: what the llama
+    family's parser does with a call the model chose to write (auto), which the 135M model itself does not."""
+
+    def __init__(self, model, reply: str):
+        self.descriptor, self.tokenizer, self.chat_template = model.descriptor, model.tokenizer, model.chat_template
+        self.caps = model.caps.__class__(rewind=True, batch=False, all_logits=False)
+        self.script = model.tokenizer.encode(reply, add_special=False) + [model.tokenizer.eos_id]
+        self.init_cache = model.init_cache
+        self.fed: list[int] = []
+
+    def forward_step(self, tokens, cache):
+        self.fed += [int(t) for t in tokens]
+        done = max((k for k in range(len(self.script)) if k == 0 or self.fed[-k:] == self.script[:k]), default=0)
+        logits = np.zeros(self.descriptor.n_vocab, dtype=np.float32)
+        logits[self.script[done]] = 10.0
+        return logits
+
+
+@pytest.fixture(scope="module")
+def smol_model():
+    return archrun.load(real_model("smollm2"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_llama_format_in_auto_mode(smol_model, stream):
+    model = smol_model
+    call = {"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}
+    with live_server(Scripted(model, " " + json.dumps(call)), parallel=1) as (url, _srv):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        content, calls, finish = ask(client, "auto", stream, max_tokens=60)
+    assert valid(calls) == ("get_weather", call["parameters"]) and finish == "tool_calls" and not content
+    with live_server(Scripted(model, "It is sunny in Paris."), parallel=1) as (url, _srv):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        assert ask(client, "auto", stream, max_tokens=60) == ("It is sunny in Paris.", [], "stop")
