@@ -5,9 +5,12 @@ Per layer, with Hk key heads of width dk, Hv value heads of width dv (r = Hv / H
 each key head), K conv taps, conv_dim = 2 Hk dk + Hv dv (llama.cpp src/models/qwen3next.cpp
 build_layer_attn_linear, HF modeling_qwen3_next.py Qwen3NextGatedDeltaNet):
 
-    qkv = attn_qkv h;  z = attn_gate h;  b | a = ssm_ba h     (b, a interleaved per key head: [Hk, 2r])
+    qkv = attn_qkv h;  z = attn_gate h;  b | a = ssm_ba h     (b, a interleaved per key head: [Hk, 2r];
+                                                               or b = ssm_beta h, a = ssm_alpha h: Qwen3.5)
     qkv = silu(conv(qkv))                                      causal depthwise, no bias
-    q, k = l2norm(q), l2norm(k) [n, Hk, dk], repeated to Hv heads (value head j reads key head j // r)
+    q, k = l2norm(q), l2norm(k) [n, Hk, dk], repeated to Hv heads: value head j reads key head j // r
+           ("gated_deltanet", grouped as HF stores them) or j % Hk ("gated_deltanet_tiled": Qwen3.5 files,
+           whose converter reorders every value-head tensor so)
     beta = sigmoid(b);  g = softplus(a + dt_bias) * A          [n, Hv]  (A = ssm_a = -exp(A_log))
     S_t  = exp(g_t) S_{t-1};  S_t += k_t (beta_t (v_t - S_t^T k_t))^T      [Hv, dk, dv]
     o_t  = S_t^T q_t / sqrt(dk)                                [Hv, dv]
@@ -46,14 +49,19 @@ class DeltaNetLayout:
         conv_dim = 2 * hk * dk + hv * dv
         t.expect("attn_qkv", i, (d, conv_dim))
         t.expect("attn_gate", i, (d, hv * dv))
-        t.expect("ssm_ba", i, (d, 2 * hv))
+        split = not t.has("ssm_ba", i)
+        if split:
+            t.expect("ssm_beta", i, (d, hv))
+            t.expect("ssm_alpha", i, (d, hv))
+        else:
+            t.expect("ssm_ba", i, (d, 2 * hv))
         t.expect("ssm_conv1d", i, (taps, conv_dim))
         t.expect("ssm_dt.bias", i, (hv,))
         t.expect("ssm_a", i, (hv,))
         t.expect("ssm_norm", i, (dv,))
         t.expect("ssm_out", i, (hv * dv, d))
         return {"n_head": hv, "n_head_kv": hv, "head_dim": dk, "v_head_dim": dv, "scale": 1.0 / np.sqrt(dk),
-                "params": {"conv_kernel": taps, "key_heads": hk}}
+                "params": {"conv_kernel": taps, "key_heads": hk, "split_ba": int(split)}}
 
 
 def l2norm(x: np.ndarray, eps: float) -> np.ndarray:
@@ -78,8 +86,9 @@ def delta_reference(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarr
 class GatedDeltaNet:
     """The bound gated DeltaNet mixer of one layer: mix(h [n, d], slot, start) -> [n, d]."""
 
-    def __init__(self, spec: Any, rule: Callable[..., np.ndarray] = delta_reference):
+    def __init__(self, spec: Any, rule: Callable[..., np.ndarray] = delta_reference, tiled: bool = False):
         self.taps, self.hk = int(spec.param("conv_kernel")), int(spec.param("key_heads"))
+        self.split, self.tiled = bool(spec.param("split_ba")), tiled
         self.hv, self.dk, self.dv = spec.n_head, spec.head_dim, spec.v_head_dim
         self.scale = F32(spec.scale)
         self.conv_dim = 2 * self.hk * self.dk + self.hv * self.dv
@@ -88,7 +97,10 @@ class GatedDeltaNet:
     def bind(self, binder: Any, layer: int) -> None:
         """Bind the layer's projections, convolution, gates and norm (once, at load)."""
         self.qkv, self.gate = binder.matrix("attn_qkv", layer), binder.matrix("attn_gate", layer)
-        self.ba = binder.matrix("ssm_ba", layer)
+        if self.split:
+            self.beta_proj, self.alpha_proj = binder.matrix("ssm_beta", layer), binder.matrix("ssm_alpha", layer)
+        else:
+            self.ba = binder.matrix("ssm_ba", layer)
         self.conv_w = np.ascontiguousarray(binder.table("ssm_conv1d", layer).reshape(self.conv_dim, self.taps))
         self.dt_bias, self.a = binder.vector("ssm_dt.bias", layer), binder.vector("ssm_a", layer)
         self.norm_w = binder.vector("ssm_norm", layer)
@@ -110,17 +122,29 @@ class GatedDeltaNet:
         for j in range(self.taps):
             acc += ext[j:j + n] * self.conv_w[:, j]
         mixed = silu(acc)
-        r = self.hv // self.hk
-        q = np.repeat(l2norm(mixed[:, :kd].reshape(n, self.hk, self.dk), 1e-6), r, axis=1) * self.scale
-        k = np.repeat(l2norm(mixed[:, kd:2 * kd].reshape(n, self.hk, self.dk), 1e-6), r, axis=1)
+        q = self._to_value_heads(l2norm(mixed[:, :kd].reshape(n, self.hk, self.dk), 1e-6)) * self.scale
+        k = self._to_value_heads(l2norm(mixed[:, kd:2 * kd].reshape(n, self.hk, self.dk), 1e-6))
         v = np.ascontiguousarray(mixed[:, 2 * kd:].reshape(n, self.hv, self.dv))
-        ba = self.ba(h).reshape(n, self.hk, 2 * r)
-        beta = 1.0 / (1.0 + np.exp(-ba[:, :, :r].reshape(n, self.hv)))
-        g = softplus(ba[:, :, r:].reshape(n, self.hv) + self.dt_bias) * self.a
+        b, a = self._beta_alpha(h)
+        beta = 1.0 / (1.0 + np.exp(-b))
+        g = softplus(a + self.dt_bias) * self.a
         o = self._run(slot, ext, q.astype(F32), k.astype(F32), v, g.astype(F32), beta.astype(F32), start)
         o = o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + F32(self.eps)) * self.norm_w
         o = o * silu(self.gate(h).reshape(n, self.hv, self.dv))
         return self.out_proj(o.reshape(n, self.hv * self.dv).astype(F32))
+
+    def _to_value_heads(self, x: np.ndarray) -> np.ndarray:
+        """[n, Hk, dk] -> [n, Hv, dk]: grouped (j // r) or tiled (j % Hk) value heads."""
+        r = self.hv // self.hk
+        return np.tile(x, (1, r, 1)) if self.tiled else np.repeat(x, r, axis=1)
+
+    def _beta_alpha(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The pre-activation beta and alpha gates [n, Hv] each."""
+        if self.split:
+            return self.beta_proj(h), self.alpha_proj(h)
+        r, n = self.hv // self.hk, len(h)
+        ba = self.ba(h).reshape(n, self.hk, 2 * r)                           # per key head [b (r) | a (r)]
+        return ba[:, :, :r].reshape(n, self.hv), ba[:, :, r:].reshape(n, self.hv)
 
     def _run(self, slot: StateSlot, ext, q, k, v, g, beta, start: int) -> np.ndarray:
         """The delta rule over the step; the states after its last tokens are kept in the slot's ring."""
@@ -146,8 +170,18 @@ def deltanet_reference(spec: Any) -> GatedDeltaNet:
     return GatedDeltaNet(spec)
 
 
-def deltanet_fast(spec: Any) -> GatedDeltaNet:
+def deltanet_fast(spec: Any, tiled: bool = False) -> GatedDeltaNet:
     """The same mixer with its delta rule in a numba kernel (runs op by op)."""
     from archrun_recurrent.kernels import scan  # imported on use: loading the plugin compiles no kernel
 
-    return GatedDeltaNet(spec, scan.delta_rule)
+    return GatedDeltaNet(spec, scan.delta_rule, tiled)
+
+
+def tiled_reference(spec: Any) -> GatedDeltaNet:
+    """The reference mixer with tiled value heads (value head j reads key head j % Hk)."""
+    return GatedDeltaNet(spec, tiled=True)
+
+
+def tiled_fast(spec: Any) -> GatedDeltaNet:
+    """The fast mixer with tiled value heads."""
+    return deltanet_fast(spec, tiled=True)

@@ -27,3 +27,7 @@ def archrun_register_vocabulary(register) -> None:
                 Lazy("archrun_recurrent.gated_attention:gated_fast"),
                 "causal attention whose output is gated by sigmoid(gate) from the query projection (Qwen3-Next)",
                 layout=gated_attention.GatedAttentionLayout()))
+    register(Op("attention", "gated_deltanet_tiled", deltanet.tiled_reference,
+                Lazy("archrun_recurrent.deltanet:tiled_fast"),
+                "gated DeltaNet whose value head j reads key head j % key heads (Qwen3.5 files' tiled order)",
+                layout=deltanet.DeltaNetLayout()))

@@ -183,3 +183,14 @@ def test_reference_delta_rule_is_the_delta_rule():
     arr = [np.array(x, np.float32).reshape(2, 1, 1) for x in (q, k, v)]
     got = delta_reference(state, *arr, np.array(g, np.float32).reshape(2, 1), np.array(beta, np.float32).reshape(2, 1))
     np.testing.assert_allclose(got.ravel(), want, rtol=1e-6)
+
+
+def test_tiled_value_heads_read_key_head_j_mod_key_heads():
+    from archrun_recurrent.deltanet import GatedDeltaNet
+
+    spec = AttentionSpec(kind="gated_deltanet", n_head=6, n_head_kv=6, head_dim=2, v_head_dim=2, scale=1.0,
+                         params={"conv_kernel": 2, "key_heads": 2, "split_ba": 1})
+    x = np.arange(2 * 2 * 2, dtype=np.float32).reshape(2, 2, 2)       # [n, Hk, dk]
+    grouped, tiled = GatedDeltaNet(spec)._to_value_heads(x), GatedDeltaNet(spec, tiled=True)._to_value_heads(x)
+    assert [int(grouped[0, j, 0]) for j in range(6)] == [0, 0, 0, 2, 2, 2]
+    assert [int(tiled[0, j, 0]) for j in range(6)] == [0, 2, 0, 2, 0, 2]
