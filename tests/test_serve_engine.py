@@ -12,7 +12,7 @@ from test_tiny_hf import TINY, fixtures, golden
 
 import archrun
 from archrun.generation import make_request
-from archrun.serve.engine import Engine, QueueFull
+from archrun.serve.engine import AUTO_MAX_CHUNK, AUTO_MIN_CHUNK, Engine, QueueFull, StepCosts
 
 NAME = fixtures("gemma3")[0]
 
@@ -106,6 +106,40 @@ def test_prefill_is_chunked_while_other_streams_keep_decoding(model, engine, ids
     b.wait()
     names = [name for name, _ in log[mark:]]
     assert names[:names.index("b")].count("a") >= 8            # a streamed while b's prompt was computed
+
+
+def test_the_automatic_chunk_prefills_a_lone_prompt_in_one_step_and_chunks_beside_decoding(model, ids):
+    eng = Engine(model, parallel=2, ctx=96, queue=1)  # prefill_chunk None: automatic
+    eng.start()
+    try:
+        _, a = submit(eng, model, "a", ids[:60], [], max_tokens=3)
+        assert a.wait().token_ids == greedy(model, ids[:60], 3)
+        assert eng.metrics.steps == 3  # the whole prompt in the first step (a fixed 8: 8 + 2 steps)
+        log: list = []
+        _, b = submit(eng, model, "b", ids[:4], log, max_tokens=60, logprobs=0)
+        until(lambda: len(log) >= 4)  # b decodes: its steps are measured
+        mark = len(log)
+        _, c = submit(eng, model, "c", ids[10:90], log, max_tokens=2, logprobs=0)
+        b.wait()
+        c.wait()
+        names = [name for name, _ in log[mark:]]
+        assert names[:names.index("c")].count("b") >= 80 // AUTO_MAX_CHUNK + 1  # b kept streaming
+        assert eng.costs.row_s is not None and eng.costs.token_s is not None
+    finally:
+        eng.stop()
+
+
+def test_step_costs_size_the_chunk_to_one_decode_step():
+    costs = StepCosts(weight=1.0)  # the last step only
+    assert costs.chunk(0) == AUTO_MAX_CHUNK and costs.chunk(2) == 16  # nothing measured yet
+    costs.record(0.010, decoding=2, prompt_tokens=0)             # 5 ms per decoding sequence
+    costs.record(0.010 + 16 * 0.001, decoding=2, prompt_tokens=16)  # + 1 ms per prompt token
+    assert costs.row_s == pytest.approx(0.005) and costs.token_s == pytest.approx(0.001)
+    assert costs.chunk(2) == 10 and costs.chunk(8) == 40 and costs.chunk(0) == AUTO_MAX_CHUNK
+    costs.record(1.0, decoding=0, prompt_tokens=10)             # a slow prefill: at least the minimum
+    assert costs.chunk(1) == AUTO_MIN_CHUNK
+    costs.record(0.004, decoding=1, prompt_tokens=10)          # nothing left after the decode rows: kept
+    assert costs.token_s == pytest.approx(0.1)
 
 
 def test_cancel_frees_the_slot_and_a_full_queue_refuses(model, engine, ids):

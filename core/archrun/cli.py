@@ -131,7 +131,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=None, help="context of each sequence (default: min(model's, 4096))")
     p.add_argument("--queue", type=int, default=d.queue, help=f"requests that may wait for a slot ({d.queue})")
     p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk,
-                   help=f"prompt tokens computed per step while other streams decode ({d.prefill_chunk})")
+                   help="prompt tokens computed per step (default: automatic: a whole prompt of up to 512 "
+                        "tokens when nothing else decodes, else about one decode step's worth, measured)")
     p.add_argument("--max-body", type=int, default=d.max_body, help=f"request body limit in bytes ({d.max_body})")
     p.add_argument("--model-name", default=None, help="the model id clients see (default: the file's name)")
     p.add_argument("--ray", action="store_true",

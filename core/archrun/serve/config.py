@@ -28,7 +28,9 @@ class ServeConfig:
     parallel: int = attrs.field(default=4, validator=_int_in(1, 256))    # sequences decoded together
     ctx: int | None = attrs.field(default=None, validator=_int_in(2))    # tokens per sequence (None: min(n_ctx, 4096))
     queue: int = attrs.field(default=32, validator=_int_in(0))           # requests waiting for a slot (429 beyond)
-    prefill_chunk: int = attrs.field(default=16, validator=_int_in(1))   # prompt tokens per step
+    # prompt tokens per step; None: automatic (all of a prompt, up to 512, when nothing else decodes; else
+    # as many as cost about one decode-only step, measured)
+    prefill_chunk: int | None = attrs.field(default=None, validator=_int_in(1))
     max_body: int = attrs.field(default=4 << 20, validator=_int_in(1))   # request body bytes (413 beyond)
     model_name: str | None = None           # the model id clients see (None: the file's name)
     speculative: str | None = None          # a drafter spec ("lookup", "draft:PATH"): decode speculatively

@@ -2,8 +2,10 @@
 
 Requests wait in a bounded queue (QueueFull beyond it) and join the running batch at a token
 boundary, in a slot whose cached ids share the longest prefix with their prompt (that KV is
-reused, see archrun.cache.PrefixCache). A prompt is computed in chunks of `prefill_chunk`
-tokens per step, alongside the other sequences' next tokens, so running streams keep flowing.
+reused, see archrun.cache.PrefixCache). A prompt is computed in chunks alongside the other
+sequences' next tokens, so running streams keep flowing: `prefill_chunk` tokens per step, or,
+automatically (None), up to AUTO_MAX_CHUNK tokens when no sequence is decoding and otherwise as
+many as fit in the time of the decode-only step (StepCosts, measured as the engine runs).
 Each step is one call of the model's batch entry (`forward_step_batch`, where `caps.batch`
 says it exists; else one forward_step per sequence). A cancelled request leaves at the next
 boundary and its slot is free at once. With a drafter (archrun.speculative), each decoding
@@ -29,6 +31,44 @@ from archrun.cache import PrefixCache, common_prefix
 from archrun.errors import ArchrunError, InvalidRequest
 from archrun.generation import Decoding, GenerationRequest, GenerationResult, TokenLogprob
 from archrun.serve.metrics import Metrics
+
+AUTO_MAX_CHUNK = 512  # prompt tokens of a step when no sequence is decoding (one prefill, bounded memory)
+AUTO_MIN_CHUNK = 8    # prompt tokens of a step while others decode: a prompt always moves on
+AUTO_FIRST_CHUNK = 16  # ... before the step costs are known
+STALL = 1.0           # a step with prompt tokens may take this much longer than the decode-only step
+
+
+class StepCosts:
+    """What a step costs, learnt from the steps the engine runs: seconds per decoding sequence (steps
+    without prompt tokens) and per prompt token (the rest of a mixed step), as moving averages."""
+
+    def __init__(self, weight: float = 0.2):
+        self.row_s: float | None = None
+        self.token_s: float | None = None
+        self._w = weight
+
+    def _avg(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self._w) * old + self._w * new
+
+    def record(self, seconds: float, decoding: int, prompt_tokens: int) -> None:
+        """One step's wall time, its decoding sequences and its prompt tokens."""
+        if prompt_tokens == 0:
+            if decoding:
+                self.row_s = self._avg(self.row_s, seconds / decoding)
+        elif self.row_s is not None or decoding == 0:
+            rest = seconds - decoding * (self.row_s or 0.0)
+            if rest > 0:
+                self.token_s = self._avg(self.token_s, rest / prompt_tokens)
+
+    def chunk(self, decoding: int) -> int:
+        """Prompt tokens of a step beside `decoding` sequences: those that cost about STALL times the
+        decode-only step (within [AUTO_MIN_CHUNK, AUTO_MAX_CHUNK]); the whole bound when none decode."""
+        if decoding == 0:
+            return AUTO_MAX_CHUNK
+        if self.row_s is None or not self.token_s:
+            return AUTO_FIRST_CHUNK
+        fit = int(STALL * decoding * self.row_s / self.token_s)
+        return max(AUTO_MIN_CHUNK, min(AUTO_MAX_CHUNK, fit))
 
 
 class QueueFull(ArchrunError):
@@ -88,9 +128,11 @@ class _Running:
 class Engine:
     """The inference thread and its batch (see the module docstring)."""
 
-    def __init__(self, model: Any, *, parallel: int, ctx: int, queue: int, prefill_chunk: int,
+    def __init__(self, model: Any, *, parallel: int, ctx: int, queue: int, prefill_chunk: int | None = None,
                  metrics: Metrics | None = None, drafter: Any = None, draft_max: int = 5):
-        self.model, self.ctx, self.queue_bound, self.prefill_chunk = model, ctx, queue, prefill_chunk
+        self.model, self.ctx, self.queue_bound = model, ctx, queue
+        self.prefill_chunk = prefill_chunk  # prompt tokens per step; None: automatic (StepCosts)
+        self.costs = StepCosts()
         self.drafter, self.draft_max = drafter, draft_max   # an archrun.speculative.Drafter, or None
         if drafter is not None and drafter.follows_trunk:
             raise InvalidRequest(f"drafter {drafter.name!r} must see every target step itself; the server's "
@@ -210,9 +252,15 @@ class Engine:
             run.slot.last_used = time.monotonic()
             self._free.append(run.slot)
 
+    def _room(self) -> int:
+        """Prompt tokens this step may compute (the fixed chunk, or the automatic one)."""
+        if self.prefill_chunk is not None:
+            return self.prefill_chunk
+        return self.costs.chunk(sum(1 for run in self._running if not run.feed))
+
     def _plan(self) -> list[tuple[_Running, list[int]]]:
         """This step's (sequence, ids): every decoding sequence, plus prompt chunks within budget."""
-        room, batch = self.prefill_chunk, []
+        room, batch = self._room(), []
         for run in self._running:
             if run.feed and room <= 0:
                 continue
@@ -224,6 +272,8 @@ class Engine:
 
     def _step(self) -> None:
         batch = self._plan()
+        decoding = sum(1 for run, _ in batch if not run.feed)
+        t0 = time.perf_counter()
         try:
             logits = self._forward([ids for _, ids in batch], [run.slot.cache.cache for run, _ in batch])
         except Exception as exc:  # a failed step fails its sequences; the engine goes on
@@ -246,6 +296,7 @@ class Engine:
                 if run.spec is not None:
                     run.slot.cache.reset()  # it may still hold drafts
                 self._end(run, Event(error=exc))
+        self.costs.record(time.perf_counter() - t0, decoding, prefilled)
         self.metrics.step(len(batch), prefilled, generated)
 
     def _forward(self, ids: list[list[int]], caches: list[Any]) -> list[np.ndarray]:
