@@ -21,7 +21,14 @@ QWEN35 = HfArch(
               "linear_num_value_heads": 4, "full_attention_interval": 4},
     norm_init=(0.0, 0.25))
 
-ARCHES = (QWEN35,)
+QWEN35MOE = HfArch(
+    "qwen35moe", "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", converter="llama.cpp",
+    rope_parameters=_rope,
+    defaults={**QWEN35.defaults, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+              "shared_expert_intermediate_size": 32},
+    norm_init=(0.0, 0.25))
+
+ARCHES = (QWEN35, QWEN35MOE)
 
 FIXTURES = (
     # DeltaNet x3, gated attention; two value heads per key head (the tiled reorder matters)
@@ -30,4 +37,6 @@ FIXTURES = (
     TinyFixture("qwen35_dAdA_tied", "qwen3_5_text", 2, {"full_attention_interval": 2, "linear_num_key_heads": 1,
                                                         "linear_num_value_heads": 3, "linear_conv_kernel_dim": 3,
                                                         "tie_word_embeddings": True}),
+    # the mixture of experts variant: top-2 of 4 experts plus a gated shared expert on every layer
+    TinyFixture("qwen35moe_ddAd", "qwen3_5_moe_text", 3, {"full_attention_interval": 3}),
 )
