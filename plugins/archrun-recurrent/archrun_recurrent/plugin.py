@@ -5,7 +5,7 @@ from __future__ import annotations
 import pluggy
 
 from archrun.vocab import Lazy, Op
-from archrun_recurrent import deltanet, gated_attention, mamba2, shortconv
+from archrun_recurrent import deltanet, gated_attention, mamba, mamba2, shortconv
 
 hookimpl = pluggy.HookimplMarker("archrun")
 
@@ -31,3 +31,6 @@ def archrun_register_vocabulary(register) -> None:
                 Lazy("archrun_recurrent.deltanet:tiled_fast"),
                 "gated DeltaNet whose value head j reads key head j % key heads (Qwen3.5 files' tiled order)",
                 layout=deltanet.DeltaNetLayout()))
+    register(Op("attention", "mamba", mamba.mamba_reference, Lazy("archrun_recurrent.mamba:mamba_fast"),
+                "Mamba selective state-space mixer (Jamba): conv1d, x/dt projections, dt/B/C norms, per-channel state",
+                layout=mamba.MambaLayout()))

@@ -194,3 +194,19 @@ def test_tiled_value_heads_read_key_head_j_mod_key_heads():
     grouped, tiled = GatedDeltaNet(spec)._to_value_heads(x), GatedDeltaNet(spec, tiled=True)._to_value_heads(x)
     assert [int(grouped[0, j, 0]) for j in range(6)] == [0, 0, 0, 2, 2, 2]
     assert [int(tiled[0, j, 0]) for j in range(6)] == [0, 2, 0, 2, 0, 2]
+
+
+@pytest.mark.parametrize("n,width,dims", [(1, 3, 4), (9, 16, 8), (4, 1, 1)])
+def test_fast_channel_scan_equals_reference(n, width, dims):
+    from archrun_recurrent.kernels.scan import channel_scan
+    from archrun_recurrent.mamba import scan_reference
+
+    x = rng.standard_normal((n, width)).astype(np.float32)
+    dt = np.abs(rng.standard_normal((n, width))).astype(np.float32)
+    a = -np.abs(rng.standard_normal((width, dims))).astype(np.float32)
+    b, c = (rng.standard_normal((n, dims)).astype(np.float32) for _ in range(2))
+    s0 = rng.standard_normal((width, dims)).astype(np.float32)
+    s1, s2 = s0.copy(), s0.copy()
+    np.testing.assert_allclose(channel_scan(s1, x, dt, a, b, c), scan_reference(s2, x, dt, a, b, c),
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(s1, s2, rtol=1e-4, atol=1e-5)

@@ -78,3 +78,34 @@ def delta_rule(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g
     f32 = [np.ascontiguousarray(x, np.float32) for x in (q, k, v, g, beta)]
     _delta(state, *f32, o)
     return o
+
+
+@njit(**JIT)
+def _channel_scan(state, x, dt, a, b, c, y):  # pragma: no cover - compiled
+    """state [D, N] in place; x/dt/y [n, D], a [D, N], b/c [n, N]."""
+    n, width = x.shape
+    dims = state.shape[1]
+    for t in range(n):
+        for i in range(width):
+            u = dt[t, i] * x[t, i]
+            acc = np.float32(0.0)
+            for s in range(dims):
+                v = state[i, s] * np.float32(np.exp(dt[t, i] * a[i, s])) + u * b[t, s]
+                state[i, s] = v
+                acc += v * c[t, s]
+            y[t, i] = acc
+
+
+def channel_scan(state: np.ndarray, x: np.ndarray, dt: np.ndarray, a: np.ndarray, b: np.ndarray,
+                 c: np.ndarray) -> np.ndarray:
+    """Mamba's per-channel selective scan (state in place) -> y [n, D] (archrun_recurrent.mamba.scan_reference)."""
+    n, width = x.shape
+    dims = state.shape[1]
+    if state.shape != (width, dims) or dt.shape != (n, width) or a.shape != (width, dims) \
+            or b.shape != (n, dims) or c.shape != (n, dims) or state.dtype != np.float32:
+        raise ValueError(f"channel_scan: state {state.shape}, x {x.shape}, dt {dt.shape}, a {a.shape}, "
+                         f"b {b.shape}, c {c.shape} do not agree")
+    y = np.empty((n, width), np.float32)
+    f32 = [np.ascontiguousarray(v, np.float32) for v in (x, dt, a, b, c)]
+    _channel_scan(state, *f32, y)
+    return y
