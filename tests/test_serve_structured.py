@@ -35,7 +35,7 @@ ASK = [{"role": "user", "content": "Write an order for a shop as JSON."}]
 @pytest.fixture(scope="module")
 def client():
     model = archrun.load(real_model("smollm2"))
-    with live_server(model, parallel=4) as (url, _srv):
+    with live_server(model, parallel=8) as (url, _srv):
         yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
@@ -51,10 +51,10 @@ def test_twenty_sampled_generations_validate_against_a_nested_schema(client):
     fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": ORDER, "strict": True}}
 
     def one(seed: int):
-        return client.chat.completions.create(model="m", messages=ASK, max_tokens=200, temperature=1.0,
+        return client.chat.completions.create(model="m", messages=ASK, max_tokens=300, temperature=1.0,
                                               top_p=0.95, seed=seed, response_format=fmt)
 
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(one, range(20)))
     texts = [r.choices[0].message.content for r in replies]
     assert all(r.choices[0].finish_reason == "stop" for r in replies), texts

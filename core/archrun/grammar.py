@@ -78,8 +78,9 @@ class Grammar:
         return cls(text=grammar.text, source=source)
 
 
-# the JSON the grammar admits: compact separators with flexible whitespace, as models write it
-_JSON_OPTIONS = {"whitespace_flexible": True}
+# Whitespace between JSON tokens: a space, or one line break and an indent (compact and pretty-printed
+# JSON, as models write it). Unbounded whitespace lets a sampled model wander in blank lines.
+_JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"(\x20|\r?\n[\x20\x09]{0,32})"}
 
 
 def _schema_dict(schema: Any) -> dict:
