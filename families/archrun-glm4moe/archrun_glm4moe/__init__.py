@@ -9,7 +9,8 @@ What glm4moe files do not say (llama.cpp src/models/glm4-moe.cpp, HF modeling_gl
 - the default block style is host_reference (the auditable host-side shape).
 
 The MTP (nextn) draft head lives in archrun_glm4moe.mtp: MtpHead, MtpCache, verify; the plugin
-registers it as the speculative-decoding drafter "mtp" (MtpDrafter).
+registers it as the speculative-decoding drafter "mtp" (MtpDrafter). Tool calls are GLM-4.5's
+<tool_call>/<arg_key>/<arg_value> syntax (archrun_glm4moe.tools).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
 from archrun.hookspecs import hookimpl
 from archrun_glm4moe.mtp import MtpCache, MtpDrafter, MtpHead, mtp_drafter, verify
+from archrun_glm4moe.tools import Glm45ToolCalls
 
 __all__ = ["HINTS", "MtpCache", "MtpDrafter", "MtpHead", "plugin", "verify"]
 
@@ -42,4 +44,4 @@ class Glm4MoePlugin(FamilyPlugin):
         register("mtp", mtp_drafter, "self-speculation through the model's MTP (nextn) head; mtp:K picks block K")
 
 
-plugin = Glm4MoePlugin(HINTS)
+plugin = Glm4MoePlugin(HINTS, tool_calls=Glm45ToolCalls())
