@@ -1,7 +1,0 @@
-"""archrun-granitehybrid's tiny HF fixtures through the standard battery (archrun.conformance.tiny_hf)."""
-
-from archrun.conformance.tiny_hf import TinyHfBattery
-
-
-class TestGraniteHybrid(TinyHfBattery):
-    entry_point = "granitehybrid"

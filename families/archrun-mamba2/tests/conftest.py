@@ -1,0 +1,8 @@
+"""archrun-mamba2's tests: archrun's conformance kit (docs/conformance.md) on the tiny HF fixtures
+(hf_arch.py, goldens/). No synthetic variants: the kit's writer writes attention layers only, and
+the Mamba2 blocks bring their own tensors (archrun-recurrent's mamba2)."""
+
+from archrun.conformance import Conformance
+
+archrun_conformance = Conformance("mamba2", synthetic=(),
+                                  op_by_op="the Mamba2 blocks have no kernel part yet")
