@@ -114,3 +114,9 @@ def test_bad_template_variables_are_invalid_requests(smol, bad):
     for variables in (bad, {"x": looped}):
         with pytest.raises(InvalidRequest):
             archrun.chat(smol, ASK, max_tokens=1, **variables)
+
+
+@pytest.mark.parametrize("messages", [["not a message"], [{"role": "user"}], "text", []])
+def test_malformed_messages_with_tools_are_invalid_requests(smol, messages):
+    with pytest.raises(InvalidRequest):
+        plan_tool_chat(smol, messages, TOOLS, "auto")

@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from archrun.errors import InvalidRequest
+from archrun.errors import InvalidRequest, PluginError
 from archrun.grammar import Grammar
 
 CHOICES = ("none", "auto", "required")
@@ -159,16 +159,17 @@ def parse_tool_choice(choice: Any, tools: Sequence[Tool]) -> str:
 # --- the format of a model ---
 
 
-def tool_format(model: Any, plugins: Any = None) -> ToolCallFormat | None:
-    """The ToolCallFormat a family plugin declares for `model`, or None."""
+def tool_format(model: Any, plugins: Any = None, template: str | None = None) -> ToolCallFormat | None:
+    """The ToolCallFormat a family plugin declares for `model` (chatting with `template`, default the
+    model's), or None."""
     from archrun.plugins import default_plugin_manager
 
     pm = plugins or default_plugin_manager()
     fmt = pm.hook.archrun_tool_call_format(architecture=model.descriptor.architecture,
-                                           chat_template=model.chat_template)
+                                           chat_template=template or model.chat_template)
     if fmt is not None and not isinstance(fmt, ToolCallFormat):
-        raise InvalidRequest(f"a plugin answered archrun_tool_call_format with {type(fmt).__name__}, "
-                             "not an archrun.tools.ToolCallFormat")
+        raise PluginError(f"a plugin answered archrun_tool_call_format with {type(fmt).__name__}, "
+                          "not an archrun.tools.ToolCallFormat")
     return fmt
 
 
@@ -185,15 +186,16 @@ class ToolPlan:
 def plan_tool_chat(model: Any, messages: Sequence[dict], tools: Any, tool_choice: Any = None,
                    template: str | None = None, **template_vars: Any) -> ToolPlan:
     """Render a conversation with `tools` offered; see the module docstring."""
+    from archrun.chat_template import validate_messages
     from archrun.generation import chat_prompt
 
     offered = parse_tools(tools)
     choice = parse_tool_choice(tool_choice, offered)
-    messages = template_messages(messages)
+    messages = validate_messages(template_messages(messages))
     _check_fields(model.tokenizer, messages, template_vars)
     if choice == "none":
         return ToolPlan(chat_prompt(model, messages, template, **template_vars), None, None)
-    fmt = tool_format(model)
+    fmt = tool_format(model, template=template)
     if fmt is None:
         raise InvalidRequest(f"no installed family declares a tool-call format for {model.descriptor.architecture}")
     source = template or model.chat_template
