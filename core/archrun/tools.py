@@ -216,13 +216,13 @@ def _with_system(messages: list[dict], text: str) -> list[dict]:
 
 
 def template_messages(messages: Any) -> list[dict]:
-    """OpenAI messages as chat templates expect them: a null content is "", tool-call arguments
-    given as JSON text become objects (templates write them with `tojson`)."""
+    """OpenAI messages as chat templates expect them: an assistant's null content is "", tool-call
+    arguments given as JSON text become objects (templates write them with `tojson`)."""
     if not isinstance(messages, list | tuple):
         return messages
     out = []
     for m in messages:
-        if isinstance(m, dict) and (m.get("content") is None or m.get("tool_calls")):
+        if isinstance(m, dict) and m.get("role") == "assistant" and (m.get("content") is None or m.get("tool_calls")):
             m = {**m, "content": m.get("content") or ""}
             if isinstance(m.get("tool_calls"), list):
                 m["tool_calls"] = [_call_for_template(c) for c in m["tool_calls"]]
