@@ -108,3 +108,20 @@ def test_restore_point_of_a_cache_that_only_states_max_rewind():
     assert restore_point(plain, 7) == 7 and restore_point(plain, 6) == 0
     assert rewind_to(plain, 8) == 8 and len(plain) == 8
     assert rewind_to(plain, 2) == 0 and len(plain) == 0
+
+
+def test_a_pair_slot_rewinds_as_its_mixer_does():
+    from archrun.cache import PairSlot
+
+    state = State(2)
+    pair = PairSlot(Rows(), state)
+    cache = KvCache([pair], 100)
+    _step(cache, state, 10)
+    assert pair.nbytes == 14 and cache.max_rewind == 2 and cache.restore_point(5) == 0
+    cache.checkpoint()
+    _step(cache, state, 5)
+    assert cache.restore_point(12) == 10
+    cache.rewind(5)
+    assert state.n == 10
+    cache.clear()
+    assert state.cleared == 1

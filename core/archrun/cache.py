@@ -133,6 +133,42 @@ class KvCache:
         self._peak = 0
 
 
+class PairSlot:
+    """The slots of a block whose attention has a token mixer beside it: rows (`attention`) and a
+    stateful slot (`mixer`). It rewinds as its mixer does (rows truncate anywhere)."""
+
+    def __init__(self, attention: Any, mixer: Any):
+        self.attention, self.mixer = attention, mixer
+
+    @property
+    def nbytes(self) -> int:
+        return getattr(self.attention, "nbytes", 0) + getattr(self.mixer, "nbytes", 0)
+
+    @property
+    def state_bytes(self) -> int:
+        return getattr(self.mixer, "state_bytes", 0)
+
+    @property
+    def rewind_reach(self) -> int:
+        return self.mixer.rewind_reach
+
+    @property
+    def checkpoints(self) -> tuple[int, ...]:
+        return self.mixer.checkpoints
+
+    def can_restore(self, length: int) -> bool:
+        return self.mixer.can_restore(length)
+
+    def rewind_to(self, length: int) -> None:
+        self.mixer.rewind_to(length)
+
+    def checkpoint(self, length: int) -> None:
+        self.mixer.checkpoint(length)
+
+    def clear(self) -> None:
+        self.mixer.clear()
+
+
 def restore_point(cache: Any, length: int) -> int:
     """The longest length <= `length` any Decoder cache can return to exactly (0: start over).
 

@@ -578,10 +578,21 @@ class _Geometry:
             post_ffn_norm=_vector_if_present(t, "post_ffn_norm", i, d),
             residual=self.residual or "",
             residual_scale=self.meta.get("residual_scale", float, 0.0) or self.fam.residual_scale or 1.0,
+            parallel=self._parallel(i),
             ffn_norm=ffn_norm,
             attn_norm=pre,
             norm_bias=pre and weights and self._norm_bias(i, ffn_norm),
         )
+
+    def _parallel(self, i: int) -> AttentionSpec | None:
+        """The token mixer the family runs beside every layer's attention, if it states one."""
+        kind = self.fam.parallel
+        if kind is None or self.recurrent[i]:
+            return None
+        if kind not in self.attention_ops or not getattr(self.attention_ops[kind], "mixer", False):
+            raise UnknownVocabulary(f"no installed plugin provides the token mixer attention={kind!r}, which "
+                                    f"{self.meta.arch!r} files run beside their attention")
+        return self._layout_attention(i, kind, self.attention_ops[kind])
 
     def _ffn(self, i: int) -> FfnSpec | MoeSpec | None:
         """The block's FFN: MoE by its router, dense by its up projection, none without either

@@ -278,6 +278,8 @@ class LayerSpec:
     attn_norm False: the block has no pre-norms at all (attention reads x, the FFN reads g as is;
     post-norms only, as OLMo 2). residual_scale s multiplies each branch before it joins the stream.
     ffn None: the block has no FFN (a state-space block: out = combine(x, a, 0)).
+    parallel: a token mixer (slot "attention", e.g. Mamba2) running beside the attention on the same
+    normed input; a is then the sum of both outputs (Falcon-H1).
     """
 
     attention: AttentionSpec = field(validator=v.instance_of(AttentionSpec))
@@ -289,6 +291,7 @@ class LayerSpec:
     ffn_norm: bool = field(default=True, validator=v.instance_of(bool))
     attn_norm: bool = field(default=True, validator=v.instance_of(bool))
     norm_bias: bool = field(default=False, validator=v.instance_of(bool))  # attn/ffn norms carry biases
+    parallel: AttentionSpec | None = field(default=None, validator=v.optional(v.instance_of(AttentionSpec)))
 
     @property
     def is_moe(self) -> bool:

@@ -41,6 +41,8 @@ CONVENTIONS: Mapping[str, tuple[str, str | None]] = MappingProxyType({
     "logit_scale_key": ("how the file's logit_scale key applies to the logits: 'multiply' or 'divide'", None),
     "recurrent": ("the block op of the layers a file marks recurrent (a hybrid model's non-attention layers)",
                   "attention"),
+    "parallel": ("a token mixer every block runs beside its attention, on the same input, adding its output",
+                 "attention"),
 })
 LOGIT_SCALE_USES = ("multiply", "divide")
 
@@ -103,7 +105,9 @@ class FamilyHints:
     (slot "attention", a token mixer such as a short convolution or a state-space scan) of the
     layers a file marks recurrent — those whose per-layer `attention.head_count_kv` is 0, or, with
     `full_attention_interval` P, every layer but each P-th; a file with no attention heads at all
-    (`attention.head_count` 0) is recurrent throughout.
+    (`attention.head_count` 0) is recurrent throughout. `parallel`: the token mixer (slot
+    "attention") every layer runs beside its attention on the same normed input, the two outputs
+    summed (Falcon-H1's Mamba2 beside attention).
     """
 
     name: str = field(validator=v.instance_of(str))
@@ -117,6 +121,7 @@ class FamilyHints:
     gating: str | None = field(default=None, validator=_opt_str)
     softcap: str | None = field(default=None, validator=_opt_str)
     recurrent: str | None = field(default=None, validator=_opt_str)
+    parallel: str | None = field(default=None, validator=_opt_str)
     moe_weights_norm: bool = False
     logit_scale_key: str | None = field(default=None, validator=v.optional(v.in_(LOGIT_SCALE_USES)))
     pre_norms: bool = True

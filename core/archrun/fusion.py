@@ -117,8 +117,8 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
 
     groups: when given, a dense layer's product groups are appended (pool group ids).
     """
-    if lp.mixer is not None or lp.ffn is None:
-        return None  # a token mixer's layer, or a block without FFN: op by op
+    if lp.mixer is not None or lp.parallel is not None or lp.ffn is None:
+        return None  # a token mixer's layer (or one beside the attention), or a block without FFN: op by op
     a = lp.spec.attention
     rope = ropes[a.rope]
     found = _parts(lp, norm, rope)

@@ -57,11 +57,24 @@ def _memory(d: Any, vocab: Any) -> list[dict[str, Any]] | None:
             op = vocab.entry("attention", a.kind).op.reference(a)
         except UnknownVocabulary:
             return None
-        full, less = op.new_slot(d.n_ctx, 0), op.new_slot(max(1, d.n_ctx - 1), 0)
-        per_token = full.nbytes - less.nbytes
-        state = getattr(full, "state_bytes", full.nbytes - per_token * d.n_ctx)
-        out.append({"kind": a.kind, "bytes_per_token": per_token, "state_bytes": state})
+        per_token, state = _slot_bytes(op, d.n_ctx)
+        kind = a.kind
+        if layer.parallel is not None:
+            try:
+                side = vocab.entry("attention", layer.parallel.kind).op.reference(layer.parallel)
+            except UnknownVocabulary:
+                return None
+            state += _slot_bytes(side, d.n_ctx)[1]
+            kind = f"{a.kind}+{layer.parallel.kind}"
+        out.append({"kind": kind, "bytes_per_token": per_token, "state_bytes": state})
     return out
+
+
+def _slot_bytes(op: Any, n_ctx: int) -> tuple[int, int]:
+    """(bytes per token, fixed state bytes) of the slot `op` makes, from its empty slots of n_ctx and n_ctx-1."""
+    full, less = op.new_slot(n_ctx, 0), op.new_slot(max(1, n_ctx - 1), 0)
+    per_token = full.nbytes - less.nbytes
+    return per_token, getattr(full, "state_bytes", full.nbytes - per_token * n_ctx)
 
 
 def _memory_lines(memory: list[dict[str, Any]] | None) -> list[str]:

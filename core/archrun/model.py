@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 
 from archrun import quant
-from archrun.cache import KvCache
+from archrun.cache import KvCache, PairSlot
 from archrun.decoder import Caps
 from archrun.descriptor import NO_ROPE, Descriptor, LayerSpec, MoeSpec
 from archrun.errors import (
@@ -134,6 +134,8 @@ def vocabulary_of(d: Descriptor) -> list[tuple[str, str]]:
     wanted += [("rope", r.pairing) for r in d.rope_tables if r.pairing != NO_ROPE and r.n_rot]
     for layer in (*d.layers, *d.nextn_layers):
         wanted += [("attention", layer.attention.kind), ("residual", layer.residual)]
+        if layer.parallel is not None:
+            wanted.append(("attention", layer.parallel.kind))
         if layer.ffn is None:
             continue
         if isinstance(layer.ffn, MoeSpec):
@@ -261,6 +263,9 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
         lp.post_ffn_norm = b.vector("post_ffn_norm", i)
     if mixer:
         lp.mixer = lp.attention.mix
+    if spec.parallel is not None:  # a token mixer beside the attention (its own tensors, its own state)
+        lp.parallel = b.op("attention", spec.parallel.kind, spec.parallel)
+        lp.parallel.bind(b, i)
     return lp
 
 
@@ -377,7 +382,7 @@ class Interpreter:
             raise ContextOverflow(f"max_tokens {max_tokens} exceeds the model's context length {n_ctx}")
         if not isinstance(max_rewind, int) or isinstance(max_rewind, bool) or max_rewind < 0:
             raise InvalidRequest(f"max_rewind must be a non-negative integer, got {shown(max_rewind)}")
-        return KvCache([lp.attention.new_slot(max_tokens, max_rewind) for lp in self.plan.layers], max_tokens)
+        return KvCache([_new_slot(lp, max_tokens, max_rewind) for lp in self.plan.layers], max_tokens)
 
     def forward_step(self, token_ids: Sequence[int] | np.ndarray, cache: KvCache,
                      all_logits: bool = False) -> np.ndarray:
@@ -506,14 +511,21 @@ class Interpreter:
         """One decoder block on x [n, d]; its K/V (or state) go to `slot` at rows start..start+n-1."""
         if lp.mixer is not None:
             return self._block(lp, x, angles, lambda h: lp.mixer(h, slot, start))
+        if lp.parallel is not None:
+            return self._block(lp, x, angles, lambda q, k, v: lp.attention(q, k, v, slot.attention, start),
+                               lambda h: lp.parallel.mix(h, slot.mixer, start))
         return self._block(lp, x, angles, lambda q, k, v: lp.attention(q, k, v, slot, start))
 
-    def _block(self, lp: LayerPlan, x: np.ndarray, angles: list, attend: Callable[..., np.ndarray]) -> np.ndarray:
+    def _block(self, lp: LayerPlan, x: np.ndarray, angles: list, attend: Callable[..., np.ndarray],
+               beside: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
         """A decoder block on x [n, d] whose attention is attend(q [n,H,hd], k, v) -> [n, H, vd], or,
-        for a layer whose op is the whole token mixer, attend(h [n, d]) -> [n, d]."""
+        for a layer whose op is the whole token mixer, attend(h [n, d]) -> [n, d]; beside(h) -> [n, d]
+        is the token mixer running beside the attention (added to its output), if any."""
         norm = self.plan.norm
         h = x if lp.attn_norm is None else norm(x, lp.attn_norm, lp.attn_norm_b)
         o = attend(h) if lp.mixer is not None else self._attend(lp, h, angles, attend)
+        if beside is not None:
+            o = o + beside(h)
         if lp.post_attn_norm is not None:
             o = norm(o, lp.post_attn_norm)
         if lp.ffn is None:  # the mixer is the block's only branch
@@ -640,9 +652,15 @@ class FusedDecoder(Interpreter):
                                                   for ids, st in zip(spans, starts, strict=True)]))
         for li, lp in enumerate(p.layers):
             slots = [c.slots[li] for c in caches]
-            run = _per_span(lp.mixer, slots, starts, ends) if lp.mixer is not None else \
-                _per_span(lp.attention, slots, starts, ends)
-            x = self._block(lp, x, angles, run)
+            beside = None
+            if lp.mixer is not None:
+                run = _per_span(lp.mixer, slots, starts, ends)
+            elif lp.parallel is not None:
+                run = _per_span(lp.attention, [s.attention for s in slots], starts, ends)
+                beside = _per_span(lp.parallel.mix, [s.mixer for s in slots], starts, ends)
+            else:
+                run = _per_span(lp.attention, slots, starts, ends)
+            x = self._block(lp, x, angles, run, beside)
         for ids, cache in zip(spans, caches, strict=True):
             cache.advance(len(ids))
         rows = np.arange(len(x)) if all_logits else ends - 1
@@ -714,6 +732,12 @@ def _per_span(op: Any, slots: list, starts: list[int], ends: np.ndarray) -> Call
                                for (a, b), slot, start in zip(bounds, slots, starts, strict=True)])
 
     return attend
+
+
+def _new_slot(lp: LayerPlan, capacity: int, max_rewind: int) -> Any:
+    """A layer's cache slot, made by its op (with its parallel mixer's beside it: a PairSlot)."""
+    slot = lp.attention.new_slot(capacity, max_rewind)
+    return slot if lp.parallel is None else PairSlot(slot, lp.parallel.new_slot(capacity, max_rewind))
 
 
 def fused_style() -> type[Interpreter]:

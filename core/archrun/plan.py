@@ -75,6 +75,7 @@ class LayerPlan:
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
     mixer: Callable | None = None      # a token-mixer op (qkv and o None): mix(h[n, d], slot, start) -> [n, d]
+    parallel: Any = None               # a token-mixer op beside the attention (its slot: PairSlot.mixer)
 
 
 @attrs.define

@@ -11,7 +11,8 @@ modeling_mamba2.py Mamba2Mixer.torch_forward):
     dt           = softplus(dt + dt_bias)            [n, H]
     S_t          = exp(dt_t A) S_{t-1} + dt_t x_t B_t^T   [H, P, N]   (A = ssm_a < 0, one per head)
     y_t          = S_t C_t + D x_t                   [H, P]
-    out          = ssm_out(grouped_rms(y * silu(z)) * ssm_norm)   (RMS over each group's d_inner/G channels)
+    out          = ssm_out(grouped_rms(y * silu(z)) * ssm_norm)   (RMS over each group's d_inner/G channels;
+                                                                   ssm_out(y * silu(z)) without ssm_norm: Falcon-H1)
 
 The state is (the conv window [K-1, conv_dim], S [H, P, N]); decode is O(1) in the context.
 """
@@ -50,11 +51,14 @@ class Mamba2Layout:
         t.expect("ssm_dt.bias", i, (heads,))
         t.expect("ssm_a", i, (1, heads))
         t.expect("ssm_d", i, (1, heads))
-        t.expect("ssm_norm", i, (inner // groups, groups))
+        norm = t.has("ssm_norm", i)
+        if norm:
+            t.expect("ssm_norm", i, (inner // groups, groups))
         t.expect("ssm_out", i, (inner, d))
         head_dim = inner // heads
         return {"n_head": heads, "n_head_kv": heads, "head_dim": head_dim, "v_head_dim": head_dim,
-                "params": {"conv_kernel": taps, "inner": inner, "state": state, "groups": groups}}
+                "params": {"conv_kernel": taps, "inner": inner, "state": state, "groups": groups,
+                           "gated_norm": int(norm)}}
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -88,6 +92,7 @@ class Mamba2:
         self.heads, self.head_dim = spec.n_head, spec.head_dim
         self.conv_dim = self.inner + 2 * self.groups * self.n_state
         self.scan, self.eps = scan, eps
+        self.gated_norm = bool(spec.param("gated_norm"))
 
     def bind(self, binder: Any, layer: int) -> None:
         """Bind the layer's projections, convolution, dt bias, A, D and gated-norm weights (once, at load)."""
@@ -96,7 +101,7 @@ class Mamba2:
         self.conv_b = binder.vector("ssm_conv1d.bias", layer)
         self.dt_bias = binder.vector("ssm_dt.bias", layer)
         self.a, self.d = binder.vector("ssm_a", layer), binder.vector("ssm_d", layer)
-        self.norm_w = binder.vector("ssm_norm", layer)                     # [d_inner]
+        self.norm_w = binder.vector("ssm_norm", layer) if self.gated_norm else None   # [d_inner]
         self.out_proj = binder.matrix("ssm_out", layer)
         self.eps = float(binder.d.norm_eps)
 
@@ -119,7 +124,7 @@ class Mamba2:
         dt = softplus(zxbcdt[:, di + self.conv_dim:] + self.dt_bias)           # [n, H]
         y = self._scan(slot, ext, x, dt, b, c, start)
         y = (y + x * self.d[:, None]).reshape(n, di) * silu(zxbcdt[:, :di])
-        return self.out_proj(self._group_norm(y))
+        return self.out_proj(self._group_norm(y) if self.gated_norm else y.astype(F32))
 
     def _conv(self, ext: np.ndarray, n: int) -> np.ndarray:
         acc = np.broadcast_to(self.conv_b, (n, self.conv_dim)).copy()
