@@ -80,3 +80,38 @@ def test_speculative_decoding_equals_greedy():
     gen = speculative.generate(model, prompt, _Guess(), draft_max=4, max_tokens=14, temperature=0.0)
     assert "".join(gen) == want
     assert gen.result.timings["spec_drafted"] > 0 and gen.result.timings["spec_acceptance"] < 1.0
+
+
+def test_the_server_reuses_a_prefix_through_the_prompt_end_checkpoint():
+    """A server slot holds a prompt and a 29-token reply; the next request shares only the prompt. The
+    Mamba2 layers keep 16 recent states, so the slot returns to the checkpoint where the prompt ended:
+    the prompt is reused, only the new tokens are computed, and the output is plain greedy decoding's."""
+    import queue
+
+    from archrun.generation import make_request
+    from archrun.serve.engine import Engine
+
+    model = archrun.load(GOLDENS / "granitehybrid_mmam_dense.gguf", backend="fast")
+    ids, _ = _golden("granitehybrid_mmam_dense")
+    no_end = {t: -100.0 for t in model.tokenizer.eog_ids}
+    engine = Engine(model, parallel=1, ctx=96, queue=1, prefill_chunk=8)
+    engine.start()
+
+    def run(prompt, n):
+        done: queue.Queue = queue.Queue()
+        req = make_request(model, prompt, max_tokens=n, temperature=0.0, context=96, logit_bias=no_end)
+        engine.submit(req, lambda e: done.put(e) if e.result is not None or e.error is not None else None)
+        event = done.get(timeout=60)
+        assert event.error is None, event.error
+        return event.result
+
+    try:
+        prompt = [int(t) for t in ids[:20]]
+        assert run(prompt, 30).cached_tokens == 0
+        before = engine.metrics.prefilled_tokens
+        second = run([*prompt, 7, 7], 4)
+        assert (second.cached_tokens, engine.metrics.prefilled_tokens - before) == (20, 2)
+        want = archrun.generate(model, [*prompt, 7, 7], max_tokens=4, temperature=0.0, logit_bias=no_end)
+        assert second.token_ids == want.complete().token_ids
+    finally:
+        engine.stop()
