@@ -73,10 +73,5 @@ def test_fused_style_runs_glm4moe_correctly(name):
     ids, ref = golden(name)
     fused = archrun.load(TINY / f"{name}.gguf", block_style="fused")
     assert fused.descriptor.block_style == "fused"
-    assert rel_err(fused.logits(ids), ref) <= 1e-4
-    host = archrun.load(TINY / f"{name}.gguf")
-    assert host.descriptor.block_style == "host_reference"
-    with pytest.raises(archrun.WrongBlockStyle):
-        host.forward_step_batch([ids[:3]], [host.init_cache(8)])
-    with pytest.raises(archrun.WrongBlockStyle):
-        fused.host_step(ids[:3], fused.init_cache(8))
+    assert rel_err(fused.logits(ids), ref) <= 1e-4  # the style guards are the conformance kit's
+    assert archrun.load(TINY / f"{name}.gguf").descriptor.block_style == "host_reference"
