@@ -452,3 +452,10 @@ def _match_pieces(pieces: list[str], contents: list[str], text: str) -> list[tup
         else:
             return None
     return spans if text[pos:] == pieces[-1] else None
+
+
+def chat_prompt(model: Any, messages: Sequence[dict], template: str | None = None, **template_vars: Any) -> list[int]:
+    """Token ids of `messages` rendered with the model's chat template (or `template`), ending in the
+    assistant's turn (`template_vars` are variables the template sees, e.g. tools=[...])."""
+    template = template or model.chat_template
+    return chat_tokens(model.tokenizer, messages, template=template, add_generation_prompt=True, **template_vars)

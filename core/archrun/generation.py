@@ -21,6 +21,7 @@ import attrs
 import numpy as np
 
 from archrun.cache import PrefixCache
+from archrun.chat_template import chat_prompt
 from archrun.errors import ContextOverflow, InvalidRequest, shown
 from archrun.grammar import Constraint, Grammar, make_grammar
 from archrun.sampling import Sampler, SamplingParams
@@ -167,15 +168,6 @@ def _tool_reply(gen: Generation, inner: Generation, fmt: Any) -> Iterator[str]:
     if content:
         yield content
     gen.result = attrs.evolve(inner.result, tool_calls=tuple(stream.calls), content=stream.content)
-
-
-def chat_prompt(model: Any, messages: Sequence[dict], template: str | None = None, **template_vars: Any) -> list[int]:
-    """Token ids of `messages` rendered with the chat template, ending in the assistant's turn
-    (`template_vars` are variables the template sees, e.g. tools=[...])."""
-    from archrun.chat_template import chat_tokens
-
-    template = template or model.chat_template
-    return chat_tokens(model.tokenizer, messages, template=template, add_generation_prompt=True, **template_vars)
 
 
 def make_request(model: Any, ids: Sequence[int], *, max_tokens: int | None = 256, stop: Any = None,

@@ -186,8 +186,7 @@ class ToolPlan:
 def plan_tool_chat(model: Any, messages: Sequence[dict], tools: Any, tool_choice: Any = None,
                    template: str | None = None, **template_vars: Any) -> ToolPlan:
     """Render a conversation with `tools` offered; see the module docstring."""
-    from archrun.chat_template import validate_messages
-    from archrun.generation import chat_prompt
+    from archrun.chat_template import chat_prompt, validate_messages
 
     offered = parse_tools(tools)
     choice = parse_tool_choice(tool_choice, offered)

@@ -17,8 +17,6 @@ or ops it applies to), plus ``TinyHfBattery``'s when the folder holds ``hf_arch.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -240,25 +238,20 @@ def check_descriptor(path: Path, name: str) -> None:
 
 
 def check_inspect(path: Path, entry_point: str, name: str) -> None:
-    """`archrun inspect --json` names the family, every op's provider (all installed), the descriptor."""
-    from archrun.cli import main
+    """`archrun inspect` (its JSON and its text: archrun.inspect, which the command prints) names the
+    family, every op's provider (all installed), the descriptor."""
     from archrun.compile import describe
+    from archrun.inspect import inspect_model, render_text
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(["inspect", str(path), "--json"])
-    assert status == 0, f"{name}: archrun inspect failed ({status}): {err.getvalue()}"
-    info = json.loads(out.getvalue())
+    info = json.loads(json.dumps(inspect_model(path)))  # what `archrun inspect --json` prints
     d = describe(path)
     assert info["architecture"] == d.architecture
     assert info["descriptor"] == json.loads(json.dumps(d.to_dict())), f"{name}: inspect shows another descriptor"
     missing = [op for op, plugin in info["providers"].items() if plugin is None]
     assert not missing, f"{name}: archrun inspect finds no provider for {missing}"
-    text = io.StringIO()
-    with contextlib.redirect_stdout(text):
-        main(["inspect", str(path)])
+    text = render_text(inspect_model(path))
     for op, plugin in info["providers"].items():
-        assert op in text.getvalue() and plugin in text.getvalue(), f"{name}: text inspect omits {op} ({plugin})"
+        assert op in text and plugin in text, f"{name}: text inspect omits {op} ({plugin})"
 
 
 def check_bad_input(make: Callable[[Path], Path], errors: tuple[type, ...], dst: Path, name: str) -> None:
