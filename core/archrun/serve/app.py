@@ -157,7 +157,7 @@ class Server:
 
     async def chat(self, request: Request) -> Response:
         body = await self._json(request)
-        opts = protocol.chat_options(body)
+        opts = await run_in_threadpool(protocol.chat_options, body)  # compiles a response_format grammar
         messages = protocol.chat_messages(body)
         tools, choice, template_vars = protocol.chat_tools(body)
         plan = await run_in_threadpool(plan_tool_chat, self.model, messages, tools, choice, None, **template_vars)
@@ -170,7 +170,7 @@ class Server:
 
     async def completions(self, request: Request) -> Response:
         body = await self._json(request)
-        opts = protocol.completion_options(body)
+        opts = await run_in_threadpool(protocol.completion_options, body)
         prompt = protocol.completion_prompt(body)
         ids = await run_in_threadpool(self.model.tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
         req = await run_in_threadpool(self._request, ids, opts)
