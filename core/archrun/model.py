@@ -30,6 +30,7 @@ from archrun.errors import (
     ArchrunWarning,
     ContextOverflow,
     InvalidRequest,
+    MetadataError,
     MissingTensor,
     UnexpectedTensor,
     UnsupportedQuantType,
@@ -264,6 +265,8 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     if mixer:
         lp.mixer = lp.attention.mix
     if spec.parallel is not None:  # a token mixer beside the attention (its own tensors, its own state)
+        if a.window:  # PairSlot rewinds as its mixer does: the attention's rows must truncate anywhere
+            raise MetadataError(f"block {i}: a token mixer beside sliding-window attention is not supported")
         lp.parallel = b.op("attention", spec.parallel.kind, spec.parallel)
         lp.parallel.bind(b, i)
     return lp

@@ -86,3 +86,15 @@ def test_speculative_decoding_equals_greedy():
     gen = speculative.generate(model, prompt, _Guess(), draft_max=4, max_tokens=14, temperature=0.0)
     assert "".join(gen) == want
     assert gen.result.timings["spec_drafted"] > 0 and gen.result.timings["spec_acceptance"] < 1.0
+
+
+def test_a_mixer_beside_sliding_window_attention_is_refused(tmp_path):
+    """Its slot rewinds as the mixer's state does, which a ring of K/V rows could not follow: refused at load."""
+    from archrun.conformance.gguf_edit import rewrite_gguf
+    from archrun.errors import MetadataError
+
+    edited = rewrite_gguf(GOLDENS / "falcon_h1_g1.gguf", tmp_path / "sliding.gguf",
+                          add_keys={"falcon-h1.attention.sliding_window": 8,
+                                    "falcon-h1.attention.sliding_window_pattern": [True, True, True]})
+    with pytest.raises(MetadataError, match="sliding-window"):
+        archrun.load(edited, backend="reference")
