@@ -18,7 +18,14 @@ LFM2 = HfArch("lfm2", "lfm2", "Lfm2ForCausalLM", "Lfm2Config", converter="llama.
               defaults={"block_auto_adjust_ff_dim": False, "norm_eps": 1e-5, "conv_L_cache": 3,
                         **_layers("ccac")})
 
-ARCHES = (LFM2,)
+# LFM2-MoE's converter writes the RMS epsilon from `rms_norm_eps` (the tiny defaults' 1e-6), not
+# `norm_eps` as LFM2's does: the fixture gives both the same value.
+LFM2MOE = HfArch("lfm2moe", "lfm2_moe", "Lfm2MoeForCausalLM", "Lfm2MoeConfig", converter="llama.cpp",
+                 defaults={"norm_eps": 1e-6, "conv_L_cache": 3, "num_dense_layers": 1, "num_experts": 4,
+                           "num_experts_per_tok": 2, "moe_intermediate_size": 16, "tie_word_embeddings": True,
+                           **_layers("ccac")})
+
+ARCHES = (LFM2, LFM2MOE)
 
 FIXTURES = (
     # conv, conv, attention, conv (the released models' pattern, shortened); 3 taps
@@ -28,4 +35,6 @@ FIXTURES = (
                                             "num_key_value_heads": 1, **_layers("acca")}),
     # conv only past the first layer, wider FFN, 2-tap convolution
     TinyFixture("lfm2_accc_l2", "lfm2", 3, {"conv_L_cache": 2, "intermediate_size": 96, **_layers("accc")}),
+    # LFM2-MoE: a dense first layer, then sigmoid-routed experts with a selection bias
+    TinyFixture("lfm2moe_ccac", "lfm2_moe", 5),
 )
