@@ -110,3 +110,34 @@ def test_every_in_repo_package_with_models_has_hashes_for_some_machine_class():
 def test_record_hashes_refuses_a_package_without_the_kit(capsys):
     assert cli.main(["conformance", "record", "no-such-plugin", "--hashes"]) != 0
     assert "no installed archrun plugin" in capsys.readouterr().err
+
+
+def test_one_ulp_more_in_one_op_fails_the_recorded_hashes_of_a_family(monkeypatch):
+    """The llama family's recorded hashes hold for the reference backend; nudging the output of one
+    op (SwiGLU's activation in the second layer) by one ulp at one element makes them fail."""
+    import archrun
+    from archrun_blocks import reference
+
+    tests = Path(__file__).resolve().parents[1] / "families/archrun-llama/tests"
+    record, why = bithash.record_for(tests, bithash.machine_class())
+    if record is None:
+        pytest.skip(why)
+    path, recorded = tests / "goldens/llama_gqa.gguf", record["entries"]["hf/llama_gqa/reference"]
+    bithash.check_entry(recorded, path, archrun.load(path, backend="reference"), "hf/llama_gqa/reference", "here")
+    silu, layers = reference.silu, []
+
+    def nudged_silu():  # bound once per layer
+        act, layer = silu(), len(layers)
+        layers.append(layer)
+
+        def run(x, up=None):
+            out = act(x, up)
+            if layer == 1:  # the second layer: its last element, one ulp up
+                out = out.copy()
+                out.flat[-1] = np.nextafter(out.flat[-1], np.float32(np.inf))
+            return out
+        return run
+
+    monkeypatch.setattr(reference, "silu", nudged_silu)
+    with pytest.raises(AssertionError, match="the logit bits changed at positions"):
+        bithash.check_entry(recorded, path, archrun.load(path, backend="reference"), "hf/llama_gqa/reference", "here")
