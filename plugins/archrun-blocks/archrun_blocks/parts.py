@@ -119,10 +119,12 @@ def alibi_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
 
 @njit(SIGNATURES["activation"], **JIT)
 def silu(p, x, out):
-    """out = x / (1 + exp(-x))."""
+    """out = x / (1 + exp(-x)); -0 below x = -88 (exp(-x) would overflow float32, and fastmath assumes no
+    infinities: x / (1 + inf) came out NaN; x e^x is below 1e-36 there)."""
     for i in range(x.shape[0]):
         g = x[i]
-        out[i] = g / (_F32(1.0) + np.exp(-g))
+        e = np.exp(min(-g, _F32(88.0)))  # the same value for every x above -88
+        out[i] = g / (_F32(1.0) + e) if g > _F32(-88.0) else _F32(-0.0)
 
 
 @njit(SIGNATURES["activation"], **JIT)
