@@ -54,7 +54,8 @@ def test_fast_backend_runs_mxfp4_experts(files):
     want = archrun.load(f, backend="reference").logits(ids)
     cache = model.init_cache(len(ids))
     stepped = np.stack([model.forward_step([int(t)], cache) for t in ids])
-    # the prompt's products dequantize tiles (exact: measured 6e-7); a one-token step quantizes its
-    # activation to int8 blocks for the Q8_0 kernels, as llama.cpp does (measured 1.1e-2 here)
-    assert _rel(model.logits(ids), want) <= 1e-5
+    # the experts run as exact Q8_0 blocks; both the prompt's products (the int8 GEMM) and a one-token
+    # step quantize their activations to int8 blocks, as llama.cpp does (measured 1.1e-2 here, against
+    # the float32 products of the dequantized file)
+    assert _rel(model.logits(ids), want) <= 2e-2
     assert _rel(stepped, want) <= 2e-2
