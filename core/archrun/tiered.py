@@ -35,18 +35,21 @@ _WARM_IDS = 8  # prompt tokens the warm-up prefills (then one decode step)
 
 
 def _stamp(path: str | os.PathLike) -> Path | None:
-    """Where the warm-up of this model file with this installation's kernels leaves its stamp
-    (None when the kernel cache is unusable: then every process compiles anyway)."""
-    from archrun.kernels import _jit
-    from archrun.plugins import default_plugin_manager
+    """Where the warm-up of this model file leaves its stamp: in the core's kernel cache folder, whose
+    name is a digest of the core's kernel sources (None when the kernel cache is unusable: then every
+    process compiles anyway).
 
-    default_plugin_manager()  # kernel plugins register their cache folders on import
+    The key is the file alone: the plugin kernel folders a process has registered depend on what it
+    happened to import (a warm-up process imports only what its model uses), so keying on them made
+    a warmed model look cold again. A plugin whose kernels changed since the warm-up compiles them
+    on the next fast load (a slower first token, never a wrong one)."""
+    from archrun.kernels import _jit
+
     core = _jit._REGISTERED.get(_jit._CORE)
     if core is None or core.path is None:
         return None
     st = os.stat(path)
-    key = "\n".join([os.path.realpath(path), str(st.st_size), str(st.st_mtime_ns),
-                     *sorted(str(s.path) for s in _jit._REGISTERED.values())])
+    key = "\n".join([os.path.realpath(path), str(st.st_size), str(st.st_mtime_ns)])
     return Path(core.path) / f"warm-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
