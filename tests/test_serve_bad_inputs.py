@@ -18,10 +18,33 @@ KEY = "sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
+class Paced:
+    """The real model with an optional pause before each step: the burst test's held requests must still
+    be running when the burst arrives, however fast (or, on a loaded host, slow) the host decodes."""
+
+    def __init__(self, model):
+        self._model, self.pause = model, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def forward_step(self, *args, **kwargs):
+        time.sleep(self.pause)
+        return self._model.forward_step(*args, **kwargs)
+
+    def forward_step_batch(self, *args, **kwargs):
+        time.sleep(self.pause)
+        return self._model.forward_step_batch(*args, **kwargs)
+
+
 @pytest.fixture(scope="module")
-def server():
-    model = archrun.load(real_model("smollm2"))
-    with live_server(model, api_key=KEY, parallel=1, queue=1, max_body=16 * 1024, ctx=256) as (url, srv):
+def paced():
+    return Paced(archrun.load(real_model("smollm2")))
+
+
+@pytest.fixture(scope="module")
+def server(paced):
+    with live_server(paced, api_key=KEY, parallel=1, queue=1, max_body=16 * 1024, ctx=256) as (url, srv):
         yield url, srv
 
 
@@ -109,8 +132,20 @@ def test_no_max_tokens_stops_at_the_context(server, http):
 
 
 
-def test_burst_beyond_the_queue_is_429_and_disconnects_free_the_slot(server, http):
+def test_burst_beyond_the_queue_is_429_and_disconnects_free_the_slot(server, http, paced):
     url, srv = server
+    paced.pause = 0.2  # 240 tokens: 48 s at least, far longer than the burst takes
+    try:
+        _burst(url, srv, http)
+    finally:
+        paced.pause = 0.0
+    r = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    assert "archrun_requests_total" in http.get("/metrics").text
+
+
+def _burst(url, srv, http):
+    """Two held streams (one running, one queued), a third request refused with 429, then both hang up."""
     holds = []
     for _ in range(2):  # one runs, one waits
         started = threading.Event()
@@ -126,9 +161,6 @@ def test_burst_beyond_the_queue_is_429_and_disconnects_free_the_slot(server, htt
     for t, _, _ in holds:
         t.join(30)
     _until(lambda: srv.engine.running == 0 and srv.metrics.queue_depth == 0)
-    r = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3})
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
-    assert "archrun_requests_total" in http.get("/metrics").text
 
 
 def _hold(url, started, gate):
