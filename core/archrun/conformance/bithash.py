@@ -45,6 +45,36 @@ _ENV = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT", "NUMBA_DISABLE_JIT"
 # ------------------------------------------------------------------------------ hashing
 
 
+_COMPILED: list[int] = []  # numba compilations seen since watch_compiles() (one counter, installed once)
+
+
+def watch_compiles() -> None:
+    """Count numba's compilations in this process from now on (the kit's pytest plugin calls it at start).
+
+    Why: code numba compiles in a process and the same code loaded from its cache by another process
+    round some float results differently (measured: prefill attention's softmax, the last bit, from
+    position 1 on), so a process that compiled kernels computes other bits than the recorded ones.
+    Hashes are pinned for cache-loaded kernels; a process that compiled any is not checked."""
+    if _COMPILED:
+        return
+    from numba.core import event
+
+    class _Count(event.Listener):
+        def on_start(self, ev) -> None:
+            pass
+
+        def on_end(self, ev) -> None:
+            _COMPILED[0] += 1
+
+    _COMPILED.append(0)
+    event.register("numba:compile", _Count())
+
+
+def compiled_here() -> int | None:
+    """Compilations counted since watch_compiles() (None: not watching)."""
+    return _COMPILED[0] if _COMPILED else None
+
+
 def fnv1a64_rows(logits: np.ndarray) -> list[str]:
     """FNV-1a (64-bit) of each row's float32 little-endian bytes, as 16 hex digits."""
     rows = np.ascontiguousarray(np.atleast_2d(logits), dtype="<f4")
