@@ -1,6 +1,6 @@
 """Benchmark archrun.kernels matmul: decode matvec GB/s and prefill GFLOP/s per ggml type.
 
-    PYTHONPATH=core python bench/bench_kernels.py [--synthetic] [--models] [--threads N] [--seconds S]
+    PYTHONPATH=core python bench/bench_kernels.py [--synthetic] [--models] [--products] [--threads N] [--seconds S]
 
 --threads N sets numba's and OpenBLAS's thread counts (use 1 on a busy machine: 2-thread
 barriers stall for milliseconds when another process holds a core).
@@ -124,6 +124,33 @@ def bench_type_shape(type_name: str, shape: tuple[int, int], seconds: float, rng
             f" | repacked x{mats[0].nbytes / raw.nbytes:.2f}")
 
 
+# (n_out, n_in): ~Qwen2.5-0.5B FFN up (K-quants need n_in % 256 == 0) and down
+PRODUCT_SHAPES = [(4864, 1024), (896, 4864)]
+
+
+def bench_products(types: list[str], seconds: float, rng) -> None:
+    """CPU time of one one-token decode product per type (one thread, no parallel region), and which
+    block dot it runs (dots.DOT_PATHS: a SIMD byte-pair dot, or the portable lane loops)."""
+    paths = getattr(kernels.dots, "DOT_PATHS", {})
+    for n_out, n_in in PRODUCT_SHAPES:
+        for name in types:
+            t = int(GGMLQuantizationType[name])
+            if t not in kernels.dots.KERNELS:
+                continue
+            m = kernels.prepare(random_rows(t, n_out, n_in, rng), t, n_in)
+            x = rng.standard_normal((1, n_in), np.float32)
+            out = np.empty((1, n_out), np.float32)
+            run = kernels.dots.KERNELS[t]
+            run(*m.arrays, x, out, 1)
+            reps, c0, w0 = 0, time.thread_time(), time.perf_counter()
+            while time.perf_counter() - w0 < seconds:
+                run(*m.arrays, x, out, 1)
+                reps += 1
+            cpu = (time.thread_time() - c0) / reps
+            print(f"product {name:5s} {n_out:>5}x{n_in:<5} {cpu * 1e6:8.1f} us CPU "
+                  f"({m.nbytes / cpu / 1e9:5.2f} GB/s repacked) dot: {paths.get(t, '?')}", flush=True)
+
+
 def model_matrices(path: Path) -> list[tuple[str, int, np.ndarray, int]]:
     """(name, ggml_type, raw uint8 rows, n_in) of every 2-D weight a decoded token multiplies.
 
@@ -170,6 +197,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--synthetic", action="store_true", help="only the synthetic shapes")
     ap.add_argument("--models", action="store_true", help="only the real models")
+    ap.add_argument("--products", action="store_true",
+                    help="only the one-token decode products per type (CPU time, one thread)")
     ap.add_argument("--threads", type=int, default=0, help="compute threads (default: numba's)")
     ap.add_argument("--seconds", type=float, default=1.0, help="timing budget per measurement")
     ap.add_argument("--types", default=",".join(TYPES), help="comma-separated ggml type names")
@@ -177,6 +206,9 @@ def main() -> None:
     if args.threads:
         kernels.set_threads(args.threads)
     rng = np.random.default_rng(0)
+    if args.products:
+        bench_products(args.types.split(","), args.seconds, rng)
+        return
     if not args.models:
         for shape in SHAPES:
             for name in args.types.split(","):

@@ -1,8 +1,9 @@
 """The AVX2 block dots (kernels.simd) against the portable loops they replace, exactly.
 
 Each intrinsic must return the very integers of its loop version (dots._sum4, dots._sum5,
-the quad loop) on random blocks and on the extremes (fields all at their maximum, activations
-at +-127, 5-bit half sums at the edge of int16): the kernels scale those integers the same
+the quad loop, dots._sum4_halves, dots._sum2_halves, dots._bytes_halves_loops) on random blocks
+and on the extremes (fields all at their maximum, activations at +-127, 5-bit half sums at the
+edge of int16, Q6_K's two-quad int16 pair sums at their largest): the kernels scale those integers the same
 way, so whole products stay bit-identical to the portable path (test_kernels.py checks them
 against gguf-py). Skipped where the host has no AVX2 or the JIT is off.
 """
@@ -44,6 +45,35 @@ def _quads(w, x8):
     simd.q8_quads_dot(w, x8, got)
     dots._quads_dot_loops(w, x8, ref)
     return got, ref
+
+
+@njit
+def _nibbles_halves(w, X, c0, c1):
+    XP = dots.nibble_pairs(X)
+    got_a, got_b = np.empty(LANES, np.int16), np.empty(LANES, np.int16)
+    ref_a, ref_b = np.empty(LANES, np.int16), np.empty(LANES, np.int16)
+    simd.nibbles_halves_dot(w, X[0, 0], XP[0, 0], c0, c1, got_a, got_b)
+    dots._sum4_halves(w, X[0, 0], c0, c1, ref_a, ref_b)
+    return got_a, got_b, ref_a, ref_b
+
+
+@njit
+def _crumbs(w, X):
+    XP = dots.crumb_pairs(X)
+    got_a, got_b = np.empty(LANES, np.int16), np.empty(LANES, np.int16)
+    ref_a, ref_b = np.empty(LANES, np.int16), np.empty(LANES, np.int16)
+    simd.crumbs_dot(w, X[0, 0], XP[0, 0], got_a, got_b)
+    dots._sum2_halves(w, X[0, 0], ref_a, ref_b)
+    return got_a, got_b, ref_a, ref_b
+
+
+@njit
+def _byte_halves(w, x8):
+    got_a, got_b = np.empty(LANES, np.int32), np.empty(LANES, np.int32)
+    ref_a, ref_b = np.empty(LANES, np.int32), np.empty(LANES, np.int32)
+    simd.bytes_halves_dot(w, x8, got_a, got_b)
+    dots._bytes_halves_loops(w, x8, ref_a, ref_b)
+    return got_a, got_b, ref_a, ref_b
 
 
 def _activations(rng, kind):
@@ -96,3 +126,57 @@ def test_q8_quads_dot(kind):
         assert np.array_equal(got, ref)
         rows = w.reshape(QB // 4, LANES, 4).transpose(1, 0, 2).reshape(LANES, QB)  # quad layout -> rows
         assert np.array_equal(got, rows.astype(np.int64) @ x8.astype(np.int64))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nibbles_halves_dot(kind):
+    """Q3_K: 4-bit fields in 0..7, offset 4 * (half sum of x) per 16-element half."""
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        w = rng.integers(0, 1 << 16, 8 * LANES).astype(np.uint16) & 0x7777  # 3-bit values in nibbles
+        if kind == "max":
+            w[:] = 0x7777
+        X = _activations(rng, kind)
+        c0, c1 = 4 * int(X[0, 0, :16].sum()), 4 * int(X[0, 0, 16:].sum())
+        got_a, got_b, ref_a, ref_b = _nibbles_halves(w, X, np.int64(c0), np.int64(c1))
+        assert np.array_equal(got_a, ref_a) and np.array_equal(got_b, ref_b)
+        q = np.stack([(w.reshape(8, LANES) >> (4 * t)) & 15 for t in range(4)], -1)  # [word, lane, field]
+        rows = q.transpose(1, 0, 2).reshape(LANES, QB).astype(np.int64) - 4
+        x = X[0, 0].astype(np.int64)
+        assert np.array_equal(got_a, rows[:, :16] @ x[:16]) and np.array_equal(got_b, rows[:, 16:] @ x[16:])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_crumbs_dot(kind):
+    """Q2_K: 2-bit fields, no offset, per 16-element half."""
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        w = rng.integers(0, 1 << 16, 4 * LANES).astype(np.uint16)
+        if kind == "max":
+            w[:] = 0xFFFF
+        X = _activations(rng, kind)
+        got_a, got_b, ref_a, ref_b = _crumbs(w, X)
+        assert np.array_equal(got_a, ref_a) and np.array_equal(got_b, ref_b)
+        q = np.stack([(w.reshape(4, LANES) >> (2 * t)) & 3 for t in range(8)], -1)
+        rows = q.transpose(1, 0, 2).reshape(LANES, QB).astype(np.int64)
+        x = X[0, 0].astype(np.int64)
+        assert np.array_equal(got_a, rows[:, :16] @ x[:16]) and np.array_equal(got_b, rows[:, 16:] @ x[16:])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bytes_halves_dot(kind):
+    """Q6_K: byte fields in 0..63, element-major; every lane distinct (the in-register transpose)."""
+    rng = np.random.default_rng(6)
+    for i in range(20):
+        w = rng.integers(0, 64, QB * LANES).astype(np.uint8)
+        if kind == "max":
+            w[:] = 63
+        elif kind == "signs" and i % 2:  # one lane at the maximum, the others zero: catches a lane mix-up
+            w[:] = 0
+            w[np.arange(QB) * LANES + i % LANES] = 63
+        x8 = _activations(rng, kind)[0, 0].astype(np.int8)
+        got_a, got_b, ref_a, ref_b = _byte_halves(w, x8)
+        assert np.array_equal(got_a, ref_a) and np.array_equal(got_b, ref_b)
+        rows = w.reshape(QB, LANES).T.astype(np.int64)  # element-major -> rows
+        x = x8.astype(np.int64)
+        assert np.array_equal(got_a, rows[:, :16] @ x[:16]) and np.array_equal(got_b, rows[:, 16:] @ x[16:])

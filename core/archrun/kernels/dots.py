@@ -10,13 +10,16 @@ scales for every type.
 
 Where the host has AVX2, block sums come from simd's byte-pair multiplies (exact, the same
 integers as the lane loops): Q8_0 (bytes in quads, layout.py) through simd.q8_quads_dot, the
-4-bit types (Q4_0, Q4_1, Q4_K) through simd.nibbles_dot, the 5-bit ones through simd.fives_dot.
+4-bit types (Q4_0, Q4_1, Q4_K) through simd.nibbles_dot, Q3_K's 4-bit fields per 16-element
+half through simd.nibbles_halves_dot, the 5-bit ones through simd.fives_dot, Q2_K through
+simd.crumbs_dot and Q6_K's bytes through simd.bytes_halves_dot (DOT_PATHS names them).
 
 int16 sums wrap on purpose: a block's sum of q * x (q >= 0) can exceed int16, but the sum of
 (q - offset) * x cannot (|q - 8| <= 8 and |x| <= 127 give at most 32 * 8 * 127 = 32512; 5-bit
 fields use 16-element halves), and wrapping arithmetic yields it exactly as
-`sum(q * x) - offset * sum(x)` mod 2^16. Byte fields (Q8_0, Q6_K) are summed in float32,
-which is exact for these integers (|sum| < 2^24) and cheaper than widening to int32.
+`sum(q * x) - offset * sum(x)` mod 2^16. Byte fields (Q8_0, Q6_K) are summed in int32; Q6_K's
+half sums then go to float32 (exact: |sum| < 2^24) before the offset and scales, the float
+arithmetic of every path.
 
 Kernel signature: (words, *scales, X, DX, QH, g0, g1, out) computes the output rows of
 groups [g0, g1) for all n tokens: X int16 [n, nb, 32], DX f32 [n, nb], QH int16 [n, nb, 2]
@@ -105,16 +108,6 @@ def _crumb(w, x, o):
     return (_I16(w & 3) * x[o] + _I16((w >> 2) & 3) * x[o + 1] + _I16((w >> 4) & 3) * x[o + 2]
             + _I16((w >> 6) & 3) * x[o + 3] + _I16((w >> 8) & 3) * x[o + 4]
             + _I16((w >> 10) & 3) * x[o + 5] + _I16((w >> 12) & 3) * x[o + 6] + _I16(w >> 14) * x[o + 7])
-
-
-@njit(**JIT)
-def _fb8(w, g, x, o):
-    """Eight byte fields (elements o..o+7 of lane g) times x[o:o+8], float32 (exact)."""
-    k = o * LANES + g
-    return (_F32(w[k]) * _F32(x[o]) + _F32(w[k + LANES]) * _F32(x[o + 1])
-            + _F32(w[k + 2 * LANES]) * _F32(x[o + 2]) + _F32(w[k + 3 * LANES]) * _F32(x[o + 3])
-            + _F32(w[k + 4 * LANES]) * _F32(x[o + 4]) + _F32(w[k + 5 * LANES]) * _F32(x[o + 5])
-            + _F32(w[k + 6 * LANES]) * _F32(x[o + 6]) + _F32(w[k + 7 * LANES]) * _F32(x[o + 7]))
 
 
 @njit(**_INLINE)
@@ -213,6 +206,56 @@ def _sum2_halves(w, x, sa, sb):
     for g in range(sa.shape[0]):
         sa[g] = _crumb(w[g], x, 0) + _crumb(w[LANES + g], x, 8)
         sb[g] = _crumb(w[2 * LANES + g], x, 16) + _crumb(w[3 * LANES + g], x, 24)
+
+
+@njit(**_INLINE)
+def _sum4_halves_loops(w, x, xp, c0, c1, sa, sb):
+    """_sum4_halves with simd.nibbles_halves_dot's signature (xp unused)."""
+    _sum4_halves(w, x, c0, c1, sa, sb)
+
+
+_nibbles_halves_dot = simd.nibbles_halves_dot if simd.AVX2 else _sum4_halves_loops
+
+
+@njit(**_INLINE)
+def _sum2_loops(w, x, xp, sa, sb):
+    """_sum2_halves with simd.crumbs_dot's signature (xp unused)."""
+    _sum2_halves(w, x, sa, sb)
+
+
+_crumbs_dot = simd.crumbs_dot if simd.AVX2 else _sum2_loops
+
+
+@njit(**_INLINE)
+def crumb_pairs(X):
+    """X int16 [n, nb, 32] -> the int8 pairs simd.crumbs_dot reads, int16 [n, nb, 16]:
+    (x[8j+k], x[8j+4+k]) at 4j + k, first element in the low byte."""
+    n, nb = X.shape[0], X.shape[1]
+    XP = np.empty((n, nb, QB // 2), np.int16)
+    for t in range(n):
+        for b in range(nb):
+            x = X[t, b]
+            for j in range(QB // 8):
+                for k in range(4):
+                    XP[t, b, 4 * j + k] = (x[8 * j + k] & 0xFF) | (x[8 * j + 4 + k] << 8)
+    return XP
+
+
+@njit(**_INLINE)
+def _bytes_halves_loops(w, x8, sa, sb):
+    """simd.bytes_halves_dot with plain loops: int32 sums of each 16-element half of one block of byte
+    fields (element e of lane g at e * LANES + g) times x8 int8 [32]."""
+    for g in range(sa.shape[0]):
+        a = np.int32(0)
+        b = np.int32(0)
+        for e in range(QB // 2):
+            a += np.int32(w[e * LANES + g]) * np.int32(x8[e])
+            b += np.int32(w[(e + QB // 2) * LANES + g]) * np.int32(x8[e + QB // 2])
+        sa[g] = a
+        sb[g] = b
+
+
+_bytes_halves_dot = simd.bytes_halves_dot if simd.AVX2 and LANES == 32 else _bytes_halves_loops
 
 
 @njit(**JIT)
@@ -370,6 +413,7 @@ def q2_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
     n, nb = DX.shape
     sa = np.empty(LANES, np.int16)
     sb = np.empty(LANES, np.int16)
+    XP = crumb_pairs(X)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
@@ -380,7 +424,7 @@ def q2_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
             ca, cb = SC[grp, 2 * b], SC[grp, 2 * b + 1]
             ma, mb = MN[grp, 2 * b], MN[grp, 2 * b + 1]
             for t in range(n):
-                _sum2_halves(w, X[t, b], sa, sb)
+                _crumbs_dot(w, X[t, b], XP[t, b], sa, sb)
                 xa = _F32(QH[t, b, 0])
                 xb = _F32(QH[t, b, 1])
                 dx = DX[t, b]
@@ -398,6 +442,7 @@ def q3_k(W, D, SC, X, DX, QH, g0, g1, out):
     n, nb = DX.shape
     sa = np.empty(LANES, np.int16)
     sb = np.empty(LANES, np.int16)
+    XP = nibble_pairs(X)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
@@ -407,7 +452,7 @@ def q3_k(W, D, SC, X, DX, QH, g0, g1, out):
             ca = SC[grp, 2 * b]
             cb = SC[grp, 2 * b + 1]
             for t in range(n):
-                _sum4_halves(w, X[t, b], QH[t, b, 0] * 4, QH[t, b, 1] * 4, sa, sb)
+                _nibbles_halves_dot(w, X[t, b], XP[t, b], QH[t, b, 0] * 4, QH[t, b, 1] * 4, sa, sb)
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
@@ -471,8 +516,11 @@ def q5_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
 
 @njit(**JIT)
 def q6_k(W, D, SC, X, DX, QH, g0, g1, out):
-    """Q6_K: d * sc * (q - 32), per 16 elements, q in 0..63."""
+    """Q6_K: d * sc * (q - 32), per 16 elements, q in 0..63 (bytes, element-major)."""
     n, nb = DX.shape
+    X8 = _bytes(X)
+    ia = np.empty(LANES, np.int32)
+    ib = np.empty(LANES, np.int32)
     acc = np.empty((n, LANES), np.float32)
     for grp in range(g0, g1):
         acc[:] = 0
@@ -482,14 +530,14 @@ def q6_k(W, D, SC, X, DX, QH, g0, g1, out):
             ca = SC[grp, 2 * b]
             cb = SC[grp, 2 * b + 1]
             for t in range(n):
-                x = X[t, b]
+                _bytes_halves_dot(w, X8[t, b], ia, ib)
                 oa = _F32(32.0) * _F32(QH[t, b, 0])
                 ob = _F32(32.0) * _F32(QH[t, b, 1])
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    sa = _fb8(w, g, x, 0) + _fb8(w, g, x, 8) - oa
-                    sb = _fb8(w, g, x, 16) + _fb8(w, g, x, 24) - ob
+                    sa = _F32(ia[g]) - oa  # exact integers in float32 (|sum| < 2^24)
+                    sb = _F32(ib[g]) - ob
                     a[g] += d[g] * (dx * (_F32(ca[g]) * sa + _F32(cb[g]) * sb))
         _store(out, acc, grp)
 
@@ -618,6 +666,16 @@ def q6_k_run(W, D, SC, x, out, chunks):
     for c in prange(chunks):
         q6_k(W, D, SC, X, DX, QH, c * ng // chunks, (c + 1) * ng // chunks, out)
 
+
+# ggml type -> the block dot its decode kernel runs (what bench_kernels.py --products reports)
+_SIMD = simd.AVX2
+DOT_PATHS = {
+    2: "simd.nibbles_dot" if _SIMD else "loops", 3: "simd.nibbles_dot" if _SIMD else "loops",
+    6: "simd.fives_dot" if _SIMD else "loops", 7: "simd.fives_dot" if _SIMD else "loops",
+    8: "simd.q8_quads_dot" if _SIMD else "loops", 10: "simd.crumbs_dot" if _SIMD else "loops",
+    11: "simd.nibbles_halves_dot" if _SIMD else "loops", 12: "simd.nibbles_dot" if _SIMD else "loops",
+    13: "simd.fives_dot" if _SIMD else "loops", 14: "simd.bytes_halves_dot" if _SIMD and LANES == 32 else "loops",
+}
 
 # ggml type -> entry (words, *scales, x, out, chunks)
 KERNELS = {

@@ -96,6 +96,37 @@ def q8_quads_dot(typingctx, w, x, out):
     return types.void(w, x, out), codegen
 
 
+def _nibbles_codegen(halves: bool):
+    """IR of nibbles_dot (one sum per lane) or nibbles_halves_dot (words 0-3 and 4-7 summed apart)."""
+
+    def codegen(context, builder, sig, args):
+        wp = _data(context, builder, sig.args[0], args[0], _V16I16)
+        pp = _data(context, builder, sig.args[2], args[2], _I16)
+        n_out = 2 if halves else 1
+        outs = [_data(context, builder, sig.args[i], args[i], _V16I16) for i in range(len(args) - n_out, len(args))]
+        cs = [context.cast(builder, args[i], sig.args[i], types.int16) for i in range(3, 3 + n_out)]
+        pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+        mask = ir.Constant(_V16I16, [0x0F0F] * 16)
+        four = ir.Constant(_V16I16, [4] * 16)
+        pairs = [_broadcast16(builder, builder.load(builder.gep(pp, [ir.Constant(_I32, k)]), align=1))
+                 for k in range(QB // 2)]
+        lane_halves = LANES // 16
+        for h in range(lane_halves):  # lanes 16h .. 16h + 15
+            acc = [_broadcast16(builder, builder.neg(c)) for c in cs]
+            for j in range(QB // 4):
+                s = j // 4 if halves else 0  # words 0-3: elements 0-15
+                v = builder.load(builder.gep(wp, [ir.Constant(_I32, j * lane_halves + h)]), align=1)
+                lo = builder.bitcast(builder.and_(v, mask), _V32I8)
+                hi = builder.bitcast(builder.and_(builder.lshr(v, four), mask), _V32I8)
+                acc[s] = builder.add(acc[s], builder.call(pmaddubs, [lo, builder.bitcast(pairs[2 * j], _V32I8)]))
+                acc[s] = builder.add(acc[s], builder.call(pmaddubs, [hi, builder.bitcast(pairs[2 * j + 1], _V32I8)]))
+            for out, a in zip(outs, acc, strict=True):
+                builder.store(a, builder.gep(out, [ir.Constant(_I32, h)]), align=1)
+        return context.get_dummy_value()
+
+    return codegen
+
+
 @intrinsic
 def nibbles_dot(typingctx, w, x, xp, c, out):
     """out int16 [LANES] = sum(q * x) - c over one 32-element block of 4-bit fields, wrapped to int16
@@ -109,30 +140,122 @@ def nibbles_dot(typingctx, w, x, xp, c, out):
     """
     if not all(isinstance(a, types.Array) for a in (w, x, xp, out)):
         return None
+    return types.void(w, x, xp, c, out), _nibbles_codegen(False)
+
+
+@intrinsic
+def nibbles_halves_dot(typingctx, w, x, xp, c0, c1, sa, sb):
+    """sa, sb int16 [LANES] = sum(q * x) - c of each 16-element half of one block of 4-bit fields,
+    wrapped to int16 (exactly dots._sum4_halves' results; Q3_K's fields, 0..7).
+
+    Arguments as nibbles_dot's: words 0-3 hold the first half, 4-7 the second.
+    """
+    if not all(isinstance(a, types.Array) for a in (w, x, xp, sa, sb)):
+        return None
+    return types.void(w, x, xp, c0, c1, sa, sb), _nibbles_codegen(True)
+
+
+@intrinsic
+def crumbs_dot(typingctx, w, x, xp, sa, sb):
+    """sa, sb int16 [LANES] = sum(q * x) of each 16-element half of one block of 2-bit fields
+    (exactly dots._sum2_halves' results: at most 16 * 3 * 127, no wrap).
+
+    w: uint16 [4 * LANES], word j of lane l at j * LANES + l holding elements 8j..8j+7 (2 bits
+    each, layout.py); x: the int16 activation block (the loop version's input, unused); xp: int16
+    [16], the activation's int8 pairs (x[8j+k], x[8j+4+k]) at 4j + k (`dots.crumb_pairs`). Per
+    word and k: (v >> 2k) & 0x0303 puts field k in the low byte and field 4 + k in the high one,
+    times the broadcast pair in vpmaddubsw.
+    """
+    if not all(isinstance(a, types.Array) for a in (w, x, xp, sa, sb)):
+        return None
 
     def codegen(context, builder, sig, args):
         wp = _data(context, builder, sig.args[0], args[0], _V16I16)
         pp = _data(context, builder, sig.args[2], args[2], _I16)
-        op = _data(context, builder, sig.args[4], args[4], _V16I16)
-        c = context.cast(builder, args[3], sig.args[3], types.int16)
+        outs = [_data(context, builder, sig.args[i], args[i], _V16I16) for i in (3, 4)]
         pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
-        mask = ir.Constant(_V16I16, [0x0F0F] * 16)
-        four = ir.Constant(_V16I16, [4] * 16)
-        pairs = [_broadcast16(builder, builder.load(builder.gep(pp, [ir.Constant(_I32, k)]), align=1))
+        mask = ir.Constant(_V16I16, [0x0303] * 16)
+        pairs = [builder.bitcast(_broadcast16(builder, builder.load(builder.gep(pp, [ir.Constant(_I32, k)]),
+                                                                    align=1)), _V32I8)
                  for k in range(QB // 2)]
-        halves = LANES // 16
-        for h in range(halves):  # lanes 16h .. 16h + 15
-            acc = _broadcast16(builder, builder.neg(c))
-            for j in range(QB // 4):
-                v = builder.load(builder.gep(wp, [ir.Constant(_I32, j * halves + h)]), align=1)
-                lo = builder.bitcast(builder.and_(v, mask), _V32I8)
-                hi = builder.bitcast(builder.and_(builder.lshr(v, four), mask), _V32I8)
-                acc = builder.add(acc, builder.call(pmaddubs, [lo, builder.bitcast(pairs[2 * j], _V32I8)]))
-                acc = builder.add(acc, builder.call(pmaddubs, [hi, builder.bitcast(pairs[2 * j + 1], _V32I8)]))
-            builder.store(acc, builder.gep(op, [ir.Constant(_I32, h)]), align=1)
+        lane_halves = LANES // 16
+        for h in range(lane_halves):  # lanes 16h .. 16h + 15
+            acc = [ir.Constant(_V16I16, [0] * 16)] * 2
+            for j in range(QB // 8):
+                v = builder.load(builder.gep(wp, [ir.Constant(_I32, j * lane_halves + h)]), align=1)
+                for k in range(4):
+                    q = builder.and_(builder.lshr(v, ir.Constant(_V16I16, [2 * k] * 16)), mask) if k else \
+                        builder.and_(v, mask)
+                    acc[j // 2] = builder.add(acc[j // 2], builder.call(pmaddubs, [builder.bitcast(q, _V32I8),
+                                                                                  pairs[4 * j + k]]))
+            for out, a in zip(outs, acc, strict=True):
+                builder.store(a, builder.gep(out, [ir.Constant(_I32, h)]), align=1)
         return context.get_dummy_value()
 
-    return types.void(w, x, xp, c, out), codegen
+    return types.void(w, x, xp, sa, sb), codegen
+
+
+def _shuffle(builder, a, b, mask):
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(mask)), mask))
+
+
+# unpack masks (per 128-bit half, as vpunpck[lh]bw / vpunpck[lh]wd): low or high 8 bytes / 4 words of a and b
+_UNPACK_B = {hi: [i for half in (0, 16) for k in range(8) for i in (half + k + 8 * hi, 32 + half + k + 8 * hi)]
+             for hi in (0, 1)}
+_UNPACK_W = {hi: [i for half in (0, 8) for k in range(4) for i in (half + k + 4 * hi, 16 + half + k + 4 * hi)]
+             for hi in (0, 1)}
+
+
+@intrinsic
+def bytes_halves_dot(typingctx, w, x8, sa, sb):
+    """sa, sb int32 [LANES] = sum(q * x) of each 16-element half of one block of unsigned byte fields
+    (Q6_K's 0..63: exactly dots._bytes_halves_loops' results).
+
+    w: uint8 [32 * LANES] element-major (element e of lane l at e * LANES + l, layout.py), LANES = 32;
+    x8: int8 [32], the activation block. Per 4 elements: 4 loads of 32 lanes' bytes, transposed
+    to quads in registers (vpunpck[lh]bw, vpunpck[lh]wd: rows in the order 0-3 16-19 | 4-7 20-23 |
+    8-11 24-27 | 12-15 28-31), vpmaddubsw with the broadcast activation quad (|pair sum| <= 2 * 63 * 127;
+    two quads' pair sums added in int16, <= 32004), vpmaddwd by ones into int32; the row order is
+    restored once at the end.
+    """
+    if not all(isinstance(a, types.Array) for a in (w, x8, sa, sb)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        wp = _data(context, builder, sig.args[0], args[0], _V32I8)
+        xp = _data(context, builder, sig.args[1], args[1], _I32)
+        outs = [_data(context, builder, sig.args[i], args[i], _V8I32) for i in (2, 3)]
+        pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+        pmaddwd = _declare(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+        ones = ir.Constant(_V16I16, [1] * 16)
+
+        def quads(q):  # the 4 transposed registers of elements 4q..4q+3
+            a = [builder.load(builder.gep(wp, [ir.Constant(_I32, 4 * q + i)]), align=1) for i in range(4)]
+            b01 = [builder.bitcast(_shuffle(builder, a[0], a[1], _UNPACK_B[hi]), _V16I16) for hi in (0, 1)]
+            b23 = [builder.bitcast(_shuffle(builder, a[2], a[3], _UNPACK_B[hi]), _V16I16) for hi in (0, 1)]
+            return [builder.bitcast(_shuffle(builder, b01[lohi], b23[lohi], _UNPACK_W[hi]), _V32I8)
+                    for lohi in (0, 1) for hi in (0, 1)]
+
+        for half in range(2):
+            acc = [ir.Constant(_V8I32, [0] * 8)] * 4
+            for pair in range(2):  # quads 4 half + 2 pair, + 1: their pair sums added in int16
+                p16 = None
+                for q in (4 * half + 2 * pair, 4 * half + 2 * pair + 1):
+                    xq = builder.bitcast(_broadcast32(builder, builder.load(builder.gep(xp, [ir.Constant(_I32, q)]),
+                                                                            align=1)), _V32I8)
+                    prods = [builder.call(pmaddubs, [r, xq]) for r in quads(q)]
+                    p16 = prods if p16 is None else [builder.add(u, v) for u, v in zip(p16, prods, strict=True)]
+                acc = [builder.add(a, builder.call(pmaddwd, [p, ones])) for a, p in zip(acc, p16, strict=True)]
+            lo = list(range(4)) + list(range(8, 12))
+            hi = list(range(4, 8)) + list(range(12, 16))
+            rows = [_shuffle(builder, acc[0], acc[1], lo), _shuffle(builder, acc[2], acc[3], lo),
+                    _shuffle(builder, acc[0], acc[1], hi), _shuffle(builder, acc[2], acc[3], hi)]
+            for r, v in enumerate(rows):  # rows 8r .. 8r + 7
+                builder.store(v, builder.gep(outs[half], [ir.Constant(_I32, r)]), align=1)
+        return context.get_dummy_value()
+
+    return types.void(w, x8, sa, sb), codegen
+
 
 
 # 5-bit words (layout.py: element 3j + t at bits 5t of word j, 11 words): the byte pairs each
