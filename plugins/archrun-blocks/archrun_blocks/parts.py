@@ -16,11 +16,15 @@ from numba import njit
 from archrun.kernels._jit import JIT
 from archrun.kernels.parts import SIGNATURES
 from archrun_blocks.decode_attention import attend_biased, attend_one, visible_rows
+from archrun_blocks.kv_codec import store_row, values_per_row
 from archrun_blocks.rotate import rotate_pairs
 
 _F32 = np.float32
 _GELU_C = _F32(math.sqrt(2.0 / math.pi))
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
+_LOG2E = _F32(1.4426950408889634)
+_LN2_HI = _F32(0.693359375)        # ln 2 split so that n * _LN2_HI is exact for |n| < 2^9
+_LN2_LO = _F32(-2.12194440e-4)
 # Routing compares scores exactly (no fastmath: ties and infinities behave as in numpy).
 _EXACT = dict(cache=True, nogil=True)
 
@@ -79,22 +83,43 @@ def rope(p, v, n_head, hd, cos, sin):
 
 @njit(**dict(JIT, inline="always"))
 def _store_and_select(k, v, kc, vc, kpos, ring, row, pos, window):
-    """Store k [KV * hd] / v [KV * vd] at cache row `row` (a ring slot records its position), then
-    (rows, count): the cache rows visible from `pos` (window 0: global)."""
-    kc[row] = k.reshape(kc.shape[1], kc.shape[2])
-    vc[row] = v.reshape(vc.shape[1], vc.shape[2])
+    """Store k [KV * hd] / v [KV * vd] at cache row `row` in the cache's kv type (a ring slot records
+    its position), then (rows, count): the cache rows visible from `pos` (window 0: global)."""
+    n_kv = kc.shape[1]
+    hd, vd = k.shape[0] // n_kv, v.shape[0] // n_kv
+    for h in range(n_kv):
+        store_row(k[h * hd:(h + 1) * hd], kc[row, h])
+        store_row(v[h * vd:(h + 1) * vd], vc[row, h])
     if ring:
         kpos[row] = pos
     rows = np.empty(kc.shape[0], np.int64)
     return rows, visible_rows(kpos, ring, pos, window, rows)
 
 
+@njit(**dict(JIT, inline="always"))
+def causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
+    """causal_attention over a cache of any kv type (archrun_blocks.kv_codec; compiled per cache dtype)."""
+    rows, count = _store_and_select(k, v, kc, vc, kpos, ring, row, pos, int(p[1]))
+    attend_one(q, kc, vc, rows, count, q.shape[0] // values_per_row(kc), p[0], p[2], out)
+
+
+@njit(**dict(JIT, inline="always"))
+def alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
+    """alibi_attention over a cache of any kv type (compiled per cache dtype)."""
+    rows, count = _store_and_select(k, v, kc, vc, kpos, ring, row, pos, int(p[1]))
+    dist = np.empty(count, _F32)
+    for j in range(count):  # a ring row holds position kpos[row]; a plain row r holds position r
+        dist[j] = _F32((kpos[rows[j]] if ring else rows[j]) - pos)
+    n_head = q.shape[0] // values_per_row(kc)
+    attend_biased(q, kc, vc, rows, count, n_head, p[0], p[2], p[5:5 + n_head], dist, out)
+
+
 @njit(SIGNATURES["attention"], **JIT)
 def causal_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
     """Store k/v at cache row `row` (ring slots record its position), then causal GQA of q over the
-    rows visible from `pos` (window p[1], 0: global), scores scaled by p[0] and capped by p[2] (0: none)."""
-    rows, count = _store_and_select(k, v, kc, vc, kpos, ring, row, pos, int(p[1]))
-    attend_one(q, kc, vc, rows, count, q.shape[0] // kc.shape[2], p[0], p[2], out)
+    rows visible from `pos` (window p[1], 0: global), scores scaled by p[0] and capped by p[2] (0: none).
+    The parts of other kv types are in archrun_blocks.kv_parts."""
+    causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out)
 
 
 # -- ALiBi attention: p = (scale, window, softcap, max_bias, n_head, slope_0 .. slope_{n_head-1}) ----------
@@ -105,34 +130,58 @@ def alibi_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
     """causal_attention with ALiBi: query head h adds slope_h * (key position - pos) to its scores (after
     the scale p[0] and the cap p[2]); the slopes follow the fixed fields (reference.alibi_slopes of
     max_bias p[3] and n_head p[4])."""
-    hd = kc.shape[2]
-    rows, count = _store_and_select(k, v, kc, vc, kpos, ring, row, pos, int(p[1]))
-    dist = np.empty(count, _F32)
-    for j in range(count):  # a ring row holds position kpos[row]; a plain row r holds position r
-        dist[j] = _F32((kpos[rows[j]] if ring else rows[j]) - pos)
-    n_head = q.shape[0] // hd
-    attend_biased(q, kc, vc, rows, count, n_head, p[0], p[2], p[5:5 + n_head], dist, out)
+    alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out)
 
 
 # -- activations: p unused -------------------------------------------------------------------------
 
 
+@njit(**dict(JIT, inline="always"))
+def _exp_pieces(y):
+    """exp(y) = e * 2^n for y clamped to [-87, 87] (normal float32 either way): (e, 2^n's float32 bits).
+
+    n = round(y / ln 2), r = y - n ln 2 (|r| <= ln 2 / 2, Cody-Waite split), e = e^r by its degree-6
+    Taylor polynomial: relative error < 5e-7. Unlike libm's expf (a call per element), loops over this
+    vectorise; 2^n is built in the exponent bits (the caller views the returned int32 as float32).
+    """
+    y = min(max(y, _F32(-87.0)), _F32(87.0))
+    n = np.floor(y * _LOG2E + _F32(0.5))
+    r = (y - n * _LN2_HI) - n * _LN2_LO
+    e = _F32(1.0) + r * (_F32(1.0) + r * (_F32(0.5) + r * (_F32(1.0 / 6) + r * (
+        _F32(1.0 / 24) + r * (_F32(1.0 / 120) + r * _F32(1.0 / 720))))))
+    return e, (np.int32(n) + np.int32(127)) << np.int32(23)
+
+
+@njit(**dict(JIT, inline="always"))
+def _x_sigmoid(x, out, c1, c3):
+    """out = x / (1 + exp(-(c1 x + c3 x^3))) = x sigmoid(c1 x + c3 x^3); out may be x.
+
+    Two vectorised loops: the exponentials' pieces into scratch, then the quotient (reading x[i]
+    before writing out[i]). Below the clamp (c1 x + c3 x^3 < -87) the result is x / (1 + e^87), as
+    negligible as the exact one (< 1e-37 |x|); fastmath never meets an infinity.
+    """
+    n = x.shape[0]
+    e = np.empty(n, _F32)
+    bits = np.empty(n, np.int32)
+    for i in range(n):
+        g = x[i]
+        e[i], bits[i] = _exp_pieces(-(c1 * g + c3 * g * g * g))
+    two_n = bits.view(np.float32)
+    for i in range(n):
+        out[i] = x[i] / (_F32(1.0) + e[i] * two_n[i])
+
+
 @njit(SIGNATURES["activation"], **JIT)
 def silu(p, x, out):
-    """out = x / (1 + exp(-x)); -0 below x = -88 (exp(-x) would overflow float32, and fastmath assumes no
-    infinities: x / (1 + inf) came out NaN; x e^x is below 1e-36 there)."""
-    for i in range(x.shape[0]):
-        g = x[i]
-        e = np.exp(min(-g, _F32(88.0)))  # the same value for every x above -88
-        out[i] = g / (_F32(1.0) + e) if g > _F32(-88.0) else _F32(-0.0)
+    """out = x / (1 + exp(-x)) (exp by a vectorised polynomial: see _exp_pieces)."""
+    _x_sigmoid(x, out, _F32(1.0), _F32(0.0))
 
 
 @njit(SIGNATURES["activation"], **JIT)
 def gelu_tanh(p, x, out):
-    """out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    for i in range(x.shape[0]):
-        g = x[i]
-        out[i] = _F32(0.5) * g * (_F32(1.0) + np.tanh(_GELU_C * (g + _F32(0.044715) * g * g * g)))
+    """out = 0.5 x (1 + tanh(t)), t = sqrt(2/pi) (x + 0.044715 x^3), computed as x sigmoid(2t) (the same
+    function: 0.5 (1 + tanh t) = sigmoid(2t)), whose exp vectorises where tanhf is a call per element."""
+    _x_sigmoid(x, out, _F32(2.0) * _GELU_C, _F32(2.0) * _GELU_C * _F32(0.044715))
 
 
 @njit(SIGNATURES["activation"], **JIT)
