@@ -14,7 +14,10 @@ float64 parameter array):
   attention   fn(p, q[H * hd], k[KV * hd], v[KV * vd], kc[cap, KV, hd], vc[cap, KV, vd],
                  kpos int64[cap or 0], ring, row, pos, out[H * vd])
                  stores k/v at cache row `row` (ring slots also kpos[row] = pos), then attends
-                 from position pos over the rows it can see
+                 from position pos over the rows it can see. A cache of another kv type has its own
+                 slot, "attention:<kv type>", the same call with kc/vc of KV_CACHES[kv type]
+                 (f16: uint16 float16 bits; q8_0: uint8 ggml q8_0 blocks, hd / 32 * 34 bytes a row);
+                 an op offers those parts through `op.fused_for(kv_type)` (archrun.fusion)
   activation  fn(p, x[n], out[n])                          out may be x
   residual    ffn_input fn(p, x[d], a[d], out[d])          what the FFN sub-block reads (before its norm)
               combine   fn(p, x[d], a[d], f[d])            x <- the residual stream after the block
@@ -46,6 +49,8 @@ warnings.filterwarnings("ignore", category=NumbaExperimentalFeatureWarning)
 VEC = types.Array(types.float32, 1, "C")
 PARAMS = types.Array(types.float64, 1, "C")
 CACHE = types.Array(types.float32, 3, "C")
+# cache arrays [cap, KV, stored] by kv type: float32 values, float16 bits, ggml q8_0 block bytes
+KV_CACHES = {"f32": CACHE, "f16": types.Array(types.uint16, 3, "C"), "q8_0": types.Array(types.uint8, 3, "C")}
 POSITIONS = types.Array(types.int64, 1, "C")
 
 __all__ = ["JIT", "NO_ROPE", "SIGNATURES", "Part", "compiled_for", "guard_cache", "kernel_cache", "part",
@@ -56,6 +61,8 @@ SIGNATURES = {
     "rope": types.void(PARAMS, VEC, types.int64, types.int64, VEC, VEC),
     "attention": types.void(PARAMS, VEC, VEC, VEC, CACHE, CACHE, POSITIONS, types.boolean, types.int64,
                             types.int64, VEC),
+    **{f"attention:{t}": types.void(PARAMS, VEC, VEC, VEC, c, c, POSITIONS, types.boolean, types.int64,
+                                    types.int64, VEC) for t, c in KV_CACHES.items() if t != "f32"},
     "activation": types.void(PARAMS, VEC, VEC),
     "residual": types.void(PARAMS, VEC, VEC, VEC),
     "gating": types.void(PARAMS, VEC, VEC),

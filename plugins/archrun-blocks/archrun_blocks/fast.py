@@ -11,13 +11,15 @@ see an unchecked index.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
 from archrun.errors import ShapeMismatch
-from archrun.kernels import qmatrix
+from archrun.kernels import pool, qmatrix
 from archrun.kernels.parts import Part, part, slot_part
-from archrun_blocks import elementwise, parts, reference
+from archrun_blocks import elementwise, kv_codec, parts, reference
 from archrun_blocks import moe_kernels as mk
 
 F32 = np.float32
@@ -90,7 +92,8 @@ def _attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0
 
 
 def _slot_arrays(slot) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """(k [cap, KV, hd], v [cap, KV, vd], pos int64 [cap or 0], ring) of a KvSlot / RingKvSlot: a ring
+    """(k [cap, KV, *], v [cap, KV, *] (stored rows of the slot's kv type), pos int64 [cap or 0], ring) of a
+    KvSlot / RingKvSlot: a ring
     keeps each row's position in pos (-1: empty) and stores position p at row p % cap; a plain
     slot stores p at row p."""
     if isinstance(slot, reference.RingKvSlot):
@@ -98,23 +101,58 @@ def _slot_arrays(slot) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     return slot.k, slot.v, _NO_POS, False
 
 
-def causal_attention(spec: AttentionSpec) -> reference.CausalAttention:
-    op = reference.CausalAttention(spec)
-    if spec.sinks:  # the kernel has no sinks: the reference attention, op by op
-        return op
+class KernelKvCodec:
+    """reference.NumpyKvCodec's conversions by archrun_blocks.kv_codec's kernels (the same bits)."""
+
+    @staticmethod
+    def encode(kv_type: str, x: np.ndarray) -> np.ndarray:
+        """float32 rows x [n, KV, width] -> stored rows of kv_type."""
+        x = np.ascontiguousarray(x, dtype=F32)
+        out = np.empty((*x.shape[:2], kv_codec.row_width(kv_type, x.shape[2])), kv_codec.KV_DTYPES[kv_type])
+        kv_codec.encode_rows(x, out)
+        return out
+
+    @staticmethod
+    def decode(kv_type: str, raw: np.ndarray) -> np.ndarray:
+        """Stored rows raw [n, KV, stored] of kv_type -> float32 [n, KV, width] (float32: as they are)."""
+        if kv_type == "f32":
+            return raw
+        out = np.empty((*raw.shape[:2], kv_codec.value_width(kv_type, raw.shape[2])), F32)
+        kv_codec.decode_rows(np.ascontiguousarray(raw), out)
+        return out
+
+
+def _kv_parts(name: str, params: tuple, kv_type: str) -> Part | None:
+    """The attention part `name` for caches of kv_type (archrun_blocks.kv_parts, imported on first use)."""
+    if kv_type == "f32":
+        return part(getattr(parts, name), *params)
+    from archrun_blocks import kv_parts
+
+    fn = getattr(kv_parts, f"{name}_{kv_type}", None)
+    return None if fn is None else part(fn, *params)
+
+
+def _with_kernels(op, name: str, params: tuple):
+    """op with the kernel attention: op-by-op kernel, kernel row codec, fused parts for every kv type."""
     op.attend = _attend
-    op.fused = part(parts.causal_attention, spec.scale, spec.window, spec.softcap)
+    op.codec = KernelKvCodec
+    op.fused = part(getattr(parts, name), *params)
+    op.fused_for = functools.partial(_kv_parts, name, params)  # kv type -> Part (archrun.fusion)
     op.slot_arrays = _slot_arrays  # the fused block reads and writes the cache through these
     return op
 
 
+def causal_attention(spec: AttentionSpec) -> reference.CausalAttention:
+    op = reference.CausalAttention(spec)
+    if spec.sinks:  # the kernel has no sinks: the reference attention, op by op
+        return op
+    return _with_kernels(op, "causal_attention", (spec.scale, spec.window, spec.softcap))
+
+
 def alibi_attention(spec: AttentionSpec) -> reference.AlibiAttention:
     op = reference.AlibiAttention(spec)
-    op.attend = _attend
-    op.fused = part(parts.alibi_attention, spec.scale, spec.window, spec.softcap, spec.alibi_max_bias, spec.n_head,
-                    *op.slopes)
-    op.slot_arrays = _slot_arrays
-    return op
+    return _with_kernels(op, "alibi_attention", (spec.scale, spec.window, spec.softcap, spec.alibi_max_bias,
+                                                 spec.n_head, *op.slopes))
 
 
 # -- activations ---------------------------------------------------------------------------------
@@ -234,21 +272,25 @@ class _FastMoe:
         out = np.empty_like(x)
         chunks = qmatrix.current_threads() if _big(w) else 1
         mk.moe_rows(x, out, *a, self.rp, self.scale, self.gate_part.handle, self.gate_part.params,
-                    self.act_part.handle, self.act_part.params, chunks)
+                    self.act_part.handle, self.act_part.params, mk.NO_GIDS, chunks, pool.NO_POOL)
         return out
 
-    def fused_layer(self, w, common: tuple):
+    def fused_layer(self, w, common: tuple, group_id=None):
         """(kernel, args, parallel) of a whole decode layer with this FFN, or None.
 
         common: a typed list holding the layer's (qkv, o_mat, vecs, geo, fns, params) as
         archrun.kernels.layer documents them; the kernel is called as kernel(x, *args, kc, vc,
-        kpos, ring, row, pos, cos, sin, chunks, par).
+        kpos, ring, row, pos, cos, sin, chunks, par). group_id(ms, n_in) -> id, when given,
+        registers product groups with the decode pool: the router's and every expert's products
+        then go to the running pool (moe_kernels.pool_group_ids).
         """
         a = self.arrays(w)
         if a is None:
             return None
+        gids = mk.NO_GIDS if group_id is None else mk.pool_group_ids(
+            a, [m.prepared for m in w.gate], [m.prepared for m in w.up], [m.prepared for m in w.down], group_id)
         args = (common, *a, self.rp, self.scale, self.gate_part.handle, self.gate_part.params,
-                self.act_part.handle, self.act_part.params)
+                self.act_part.handle, self.act_part.params, gids)
         return mk.decode_moe_layer, args, _big(w)
 
 

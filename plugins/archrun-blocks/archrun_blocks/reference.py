@@ -113,16 +113,88 @@ def rope_norm(spec: RopeSpec, freq_factors: np.ndarray | None = None, *factors: 
 # -- attention -------------------------------------------------------------------------------
 
 
-class KvSlot:
-    """Plain per-layer K/V storage: one row per cached position."""
+KV_TYPES = ("f32", "f16", "q8_0")  # what the attention ops here can store (q8_0: widths a multiple of 32)
+_Q8 = 32  # values per q8_0 block
 
-    def __init__(self, capacity: int, n_kv: int, head_dim: int, v_head_dim: int):
-        self.k = np.zeros((capacity, n_kv, head_dim), F32)
-        self.v = np.zeros((capacity, n_kv, v_head_dim), F32)
+
+def _roundf(x: np.ndarray) -> np.ndarray:
+    """C roundf (half away from zero) in float32."""
+    a = np.abs(x)
+    fl = np.floor(a)
+    return np.sign(x) * (fl + np.floor(F32(2) * (a - fl)))
+
+
+class NumpyKvCodec:
+    """Cache rows of a kv type in numpy (the readable twin of archrun_blocks.kv_codec's kernels).
+
+    "f32": float32 rows; "f16": float16 bits (uint16); "q8_0": ggml's q8_0 blocks, bytes uint8
+    [..., width / 32 * 34]: per 32 values d = max|x| / 127 as float16, then int8 q = roundf(x / d).
+    """
+
+    @staticmethod
+    def encode(kv_type: str, x: np.ndarray) -> np.ndarray:
+        """float32 rows x [..., width] -> stored rows of kv_type."""
+        if kv_type == "f16":
+            return x.astype(np.float16).view(np.uint16)
+        if kv_type == "q8_0":
+            blocks = x.reshape(*x.shape[:-1], x.shape[-1] // _Q8, _Q8)
+            d = np.abs(blocks).max(axis=-1, keepdims=True) / F32(127)
+            with np.errstate(divide="ignore"):
+                inv = np.where(d == 0, F32(0), F32(1) / d).astype(F32)
+            q = _roundf(blocks * inv).astype(np.int8)
+            out = np.concatenate([d.astype(np.float16).view(np.uint8), q.view(np.uint8)], axis=-1)
+            return out.reshape(*x.shape[:-1], x.shape[-1] // _Q8 * (_Q8 + 2))
+        return np.asarray(x, F32)
+
+    @staticmethod
+    def decode(kv_type: str, raw: np.ndarray) -> np.ndarray:
+        """Stored rows of kv_type -> float32 rows [..., width] (float32 rows: as they are, no copy)."""
+        if kv_type == "f16":
+            return raw.view(np.float16).astype(F32)
+        if kv_type == "q8_0":
+            blocks = raw.reshape(*raw.shape[:-1], raw.shape[-1] // (_Q8 + 2), _Q8 + 2)
+            d = np.ascontiguousarray(blocks[..., :2]).view(np.float16).astype(F32)
+            q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(F32)
+            return (q * d).reshape(*raw.shape[:-1], raw.shape[-1] // (_Q8 + 2) * _Q8)
+        return raw
+
+
+def kv_row_shape(kv_type: str, n_kv: int, width: int) -> tuple[tuple[int, int], type]:
+    """((KV, stored), dtype) of one cached position's rows of `width` values per kv head."""
+    if kv_type == "f16":
+        return (n_kv, width), np.uint16
+    if kv_type == "q8_0":
+        return (n_kv, width // _Q8 * (_Q8 + 2)), np.uint8
+    return (n_kv, width), F32
+
+
+class KvSlot:
+    """Plain per-layer K/V storage: one row per cached position, stored as `kv_type` (f32, f16, q8_0)."""
+
+    def __init__(self, capacity: int, n_kv: int, head_dim: int, v_head_dim: int, kv_type: str = "f32",
+                 codec=NumpyKvCodec):
+        (kshape, dt), (vshape, _) = kv_row_shape(kv_type, n_kv, head_dim), kv_row_shape(kv_type, n_kv, v_head_dim)
+        self.kv_type = kv_type
+        self.codec = codec
+        self.k = np.zeros((capacity, *kshape), dt)
+        self.v = np.zeros((capacity, *vshape), dt)
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+    def put(self, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store k [n, KV, hd] / v [n, KV, vd] at rows start..start+n-1."""
+        end = start + len(k)
+        if self.kv_type == "f32":
+            self.k[start:end], self.v[start:end] = k, v
+            return
+        self.k[start:end] = self.codec.encode(self.kv_type, np.ascontiguousarray(k, F32))
+        self.v[start:end] = self.codec.encode(self.kv_type, np.ascontiguousarray(v, F32))
+
+    def rows(self, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """The float32 values of rows 0..end-1: k [end, KV, hd], v [end, KV, vd] (f32: views)."""
+        return self.codec.decode(self.kv_type, self.k[:end]), self.codec.decode(self.kv_type, self.v[:end])
 
 
 def attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0.0,
@@ -171,11 +243,15 @@ class RingKvSlot:
     exact because the rows the window needs after the rewind are still in the ring.
     """
 
-    def __init__(self, window: int, max_rewind: int, n_kv: int, head_dim: int, v_head_dim: int):
+    def __init__(self, window: int, max_rewind: int, n_kv: int, head_dim: int, v_head_dim: int,
+                 kv_type: str = "f32", codec=NumpyKvCodec):
         self.size = window + max_rewind
         self.max_rewind = max_rewind
-        self.k = np.zeros((self.size, n_kv, head_dim), F32)
-        self.v = np.zeros((self.size, n_kv, v_head_dim), F32)
+        (kshape, dt), (vshape, _) = kv_row_shape(kv_type, n_kv, head_dim), kv_row_shape(kv_type, n_kv, v_head_dim)
+        self.kv_type = kv_type
+        self.codec = codec
+        self.k = np.zeros((self.size, *kshape), dt)
+        self.v = np.zeros((self.size, *vshape), dt)
         self.pos = np.full(self.size, -1, np.int64)  # position held by each row (-1: empty)
 
     @property
@@ -183,9 +259,18 @@ class RingKvSlot:
         return self.k.nbytes + self.v.nbytes + self.pos.nbytes
 
     def gather(self, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rows holding positions < start (older rows past a rewind are ignored): k, v, pos."""
+        """Rows holding positions < start (older rows past a rewind are ignored): k, v (float32), pos."""
         keep = (self.pos >= 0) & (self.pos < start)
-        return self.k[keep], self.v[keep], self.pos[keep]
+        return (self.codec.decode(self.kv_type, self.k[keep]), self.codec.decode(self.kv_type, self.v[keep]),
+                self.pos[keep])
+
+    def stored(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The float32 values k, v become once stored (themselves for f32; rounded for other kv types)."""
+        if self.kv_type == "f32":
+            return k, v
+        c, t = self.codec, self.kv_type
+        return (c.decode(t, c.encode(t, np.ascontiguousarray(k, F32))),
+                c.decode(t, c.encode(t, np.ascontiguousarray(v, F32))))
 
     def write(self, k: np.ndarray, v: np.ndarray, start: int) -> None:
         """Store positions start.. (only the last `size` of them can matter later)."""
@@ -193,7 +278,10 @@ class RingKvSlot:
         first = max(0, n - self.size)
         pos = np.arange(start + first, start + n)
         rows = pos % self.size
-        self.k[rows], self.v[rows], self.pos[rows] = k[first:], v[first:], pos
+        k, v = np.ascontiguousarray(k[first:], F32), np.ascontiguousarray(v[first:], F32)
+        if self.kv_type != "f32":
+            k, v = self.codec.encode(self.kv_type, k), self.codec.encode(self.kv_type, v)
+        self.k[rows], self.v[rows], self.pos[rows] = k, v, pos
 
 
 class CausalAttention:
@@ -218,25 +306,40 @@ class CausalAttention:
             return attend(q, k, v, q_pos, k_pos, s.scale, s.window, s.softcap, sinks=self.sinks)
         return self.attend(q, k, v, q_pos, k_pos, s.scale, s.window, s.softcap)
 
-    def new_slot(self, capacity: int, max_rewind: int = 64) -> KvSlot | RingKvSlot:
+    codec = NumpyKvCodec  # how slots convert rows of other kv types (fast twins swap in kernels)
+
+    @property
+    def kv_types(self) -> tuple[str, ...]:
+        """The kv types new_slot can store: f32 and f16, and q8_0 when head widths are multiples of 32."""
         s = self.spec
+        return KV_TYPES if s.head_dim % _Q8 == 0 and s.v_head_dim % _Q8 == 0 else KV_TYPES[:2]
+
+    def new_slot(self, capacity: int, max_rewind: int = 64, kv_type: str = "f32") -> KvSlot | RingKvSlot:
+        """A layer's K/V slot for `capacity` positions, rows stored as kv_type (one of kv_types): a ring of
+        window + max_rewind rows for a windowed layer when that is smaller."""
+        s = self.spec
+        if kv_type not in self.kv_types:
+            raise MetadataError(f"attention {s.kind!r} stores no kv type {kv_type!r} (it has {self.kv_types})")
         if s.window and s.window + max_rewind < capacity:
-            return RingKvSlot(s.window, max_rewind, s.n_head_kv, s.head_dim, s.v_head_dim)
-        return KvSlot(capacity, s.n_head_kv, s.head_dim, s.v_head_dim)
+            return RingKvSlot(s.window, max_rewind, s.n_head_kv, s.head_dim, s.v_head_dim, kv_type, self.codec)
+        return KvSlot(capacity, s.n_head_kv, s.head_dim, s.v_head_dim, kv_type, self.codec)
 
     def __call__(self, q, k, v, slot: KvSlot | RingKvSlot, start: int) -> np.ndarray:
+        """Store k/v (as the slot's kv type), then attend q over every visible stored row: the new
+        rows too are read back as stored (rounded for f16 / q8_0, as llama.cpp reads its cache)."""
         n = q.shape[0]
         q_pos = np.arange(start, start + n)
         if isinstance(slot, RingKvSlot):
             old_k, old_v, old_pos = slot.gather(start)
-            keys, values = np.concatenate([old_k, k]), np.concatenate([old_v, v])
+            new_k, new_v = slot.stored(k, v)
+            keys, values = np.concatenate([old_k, new_k]), np.concatenate([old_v, new_v])
             k_pos = np.concatenate([old_pos, q_pos])
             slot.write(k, v, start)
             return self._attend(q, keys, values, q_pos, k_pos)
         end = start + n
-        slot.k[start:end] = k
-        slot.v[start:end] = v
-        return self._attend(q, slot.k[:end], slot.v[:end], q_pos, np.arange(end))
+        slot.put(start, k, v)
+        keys, values = slot.rows(end)
+        return self._attend(q, keys, values, q_pos, np.arange(end))
 
 
 def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:

@@ -25,7 +25,8 @@ def test_exp_shifted_is_float32_accurate():
 
 @pytest.mark.parametrize("softcap", [0.0, 2.5])
 @pytest.mark.parametrize(("n_head", "n_kv", "hd", "vd", "count"),
-                         [(9, 3, 64, 64, 150), (4, 1, 256, 256, 7), (2, 2, 24, 16, 1), (8, 2, 32, 32, 33)])
+                         [(9, 3, 64, 64, 150), (4, 1, 256, 256, 7), (2, 2, 24, 16, 1), (8, 2, 32, 32, 33),
+                          (9, 3, 64, 64, 700), (4, 2, 32, 48, 513)])  # the last two: several key blocks
 def test_attend_one_matches_reference(n_head, n_kv, hd, vd, count, softcap):
     cap = count + 9
     kc = RNG.standard_normal((cap, n_kv, hd)).astype(np.float32)
