@@ -16,6 +16,7 @@ product groups and the output head) are shared with a worker pool (kernels.pool.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -31,6 +32,10 @@ from archrun.plan import DenseFfn, LayerPlan, Projections
 from archrun.weights import Matrix
 
 _EMPTY_F32 = np.empty(0, np.float32)
+# Most rows one multi-row pass (kernels.layer.decode_rows) takes: decode batches and verification spans
+# (speculative decoding drafts at most 16 tokens). The pool's buffers grow to hold that many rows of every
+# product, the output head's included; longer spans (prompt chunks) take the prefill's int8 GEMM.
+ROWS_MAX = 32
 
 
 def _vec(v: np.ndarray | None) -> np.ndarray:
@@ -75,6 +80,27 @@ class FusedBlock:
             cos = sin = _EMPTY_F32
         chunks = qmatrix.current_threads() if self._parallel and par is pool.NO_POOL else 1
         self._kernel(x, *self._args, k, v, kpos, ring, row, start, cos, sin, chunks, par)
+
+    @property
+    def dense(self) -> bool:
+        """Whether this layer runs kernels.layer's dense block (and so `rows` too)."""
+        return self.layer_args is not None
+
+    def rows(self, x: np.ndarray, slots: Any, li: int, seq: np.ndarray, pos: np.ndarray, angles: list,
+             par: tuple = pool.NO_POOL) -> None:
+        """This dense layer on rows x f32 [N, d] (C-contiguous, in place): row j is the token at position
+        pos[j] of sequence seq[j], whose cache slots are slots[seq[j]] (DecodeSteps.slot_lists) and this
+        layer is trunk layer li; angles: the rope tables' (cos, sin) [N, n_rot / 2] of the rows.
+        Each row's result is bit-identical to this layer's one-token step on it (kernels.layer.decode_rows)."""
+        if self._args is None:
+            self._args = (typed_list([self.layer_args]), np.int64(0))
+        if self._rope >= 0:
+            cos, sin = angles[self._rope]
+        else:
+            cos = sin = np.empty((x.shape[0], 0), np.float32)
+        chunks = qmatrix.current_threads() if self._parallel and par is pool.NO_POOL else 1
+        layer.decode_rows(x, *self._args, slots, np.int64(li), seq, pos, cos, sin, chunks, par)
+
 
 
 def _parts(lp: LayerPlan, norm: Any, rope: Any) -> tuple[tuple, tuple] | None:
@@ -191,20 +217,55 @@ class DecodeSteps:
         dense = self.blocks is not None and all(fb._kernel is layer.decode_layer for fb in self.blocks)
         self._groups = groups if dense and head is not None and pool.enabled() else None
         self._pool: pool.DecodePool | None = None
+        self._pool_rows = 0  # rows of activations the pool's buffers hold
+        self._slot_lists: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def _get_pool(self) -> pool.DecodePool | None:
-        if self._pool is None and self._groups is not None:
+    @property
+    def rows_ready(self) -> bool:
+        """Whether several rows can run through the dense layers' kernel (decode_rows): every layer fused
+        and at least one of them dense (the others, e.g. a mixture of experts, run op by op on the rows)."""
+        return self.blocks is not None and any(fb.dense for fb in self.blocks)
+
+    def _get_pool(self, rows: int = 1) -> pool.DecodePool | None:
+        """The pool, with buffers for at least `rows` rows of every product (a pool too small for a batch
+        is replaced by a larger one: powers of two; the old one's workers stop when it is dropped)."""
+        if self._groups is None:
+            return None
+        if self._pool is None or self._pool_rows < rows:
+            cap = 1 << max(0, rows - 1).bit_length()
             max_in = max(n_in for _, n_in in self._groups)
             max_out = max(sum(int(m[block._NOUT]) for m in ms) for ms, _ in self._groups)
-            self._pool = pool.DecodePool([ms for ms, _ in self._groups], max_in, max_out, block.serve)
+            if self._pool is not None:
+                self._pool.rest()
+            self._pool = pool.DecodePool([ms for ms, _ in self._groups], max_in * cap, max_out * cap, block.serve)
+            self._pool_rows = cap
             self._pool.warm_up()  # compile the workers' loop here, not in a worker during a step
         return self._pool
 
+    def slot_lists(self, caches: list, blocks: list[FusedBlock]) -> Any:
+        """decode_rows' `slots`: a typed list per cache of its layers' (k, v, kpos, ring) arrays as `blocks`
+        read them (built once per cache and kept while its slots are the same objects)."""
+        lists = []
+        for cache in caches:
+            kept = self._slot_lists.get(cache)
+            if kept is None or len(kept[0]) != len(cache.slots) or any(
+                    a is not b for a, b in zip(kept[0], cache.slots, strict=True)):
+                arrays = [fb._slot_arrays(slot) for fb, slot in zip(blocks, cache.slots, strict=True)]
+                for k, _, _, ring in arrays:
+                    if not ring and k.shape[0] < cache.capacity:  # the kernel does not bounds-check
+                        raise ContextOverflow(f"a cache slot holds {k.shape[0]} rows, fewer than the cache's "
+                                              f"capacity {cache.capacity}")
+                kept = (tuple(cache.slots), typed_list([(k, v, kpos, bool(ring)) for k, v, kpos, ring in arrays]))
+                self._slot_lists[cache] = kept
+            lists.append(kept[1])
+        return typed_list(lists)
+
     @contextmanager
-    def running(self) -> Iterator[tuple]:
-        """Kernel arguments of the pool for one step (pool.NO_POOL on one thread or without a pool)."""
+    def running(self, rows: int = 1) -> Iterator[tuple]:
+        """Kernel arguments of the pool for one step of `rows` rows (pool.NO_POOL on one thread or
+        without a pool)."""
         threads = qmatrix.current_threads()
-        p = self._get_pool() if threads > 1 else None
+        p = self._get_pool(rows) if threads > 1 else None
         if p is None:
             self.rest()
             yield pool.NO_POOL

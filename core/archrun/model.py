@@ -17,6 +17,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any
 
 import attrs
@@ -37,8 +38,9 @@ from archrun.errors import (
     WrongBlockStyle,
     shown,
 )
-from archrun.fusion import DecodeSteps
+from archrun.fusion import ROWS_MAX, DecodeSteps
 from archrun.ggufio import GGUFFile, TensorInfo
+from archrun.kernels.pool import NO_POOL
 from archrun.plan import DenseFfn, LayerPlan, MoeFfn, Plan, Projections
 from archrun.vocab import Vocabulary
 from archrun.weights import Matrix, MoeWeights
@@ -600,8 +602,14 @@ class FusedDecoder(Interpreter):
         Every weight product runs once on the rows of all sequences together (each weight is
         read once per step, not once per sequence); attention runs per sequence, each at its
         own position in its own cache. Returns the last-position logits [vocab] of each.
-        Agrees with per-sequence forward_step within the prefill path's rounding (the rows go
-        through the multi-row products).
+
+        Where the model decodes fused, the rows of spans of up to ROWS_MAX tokens (decode steps,
+        verification of drafted tokens) go through the dense layers' multi-row kernel
+        (kernels.layer.decode_rows): every position's logits are bit-identical to one-token
+        forward_step calls on the same cache. Layers whose FFN op brings its own layer kernel (a
+        mixture of experts) run op by op on the rows inside that pass, and so do models with a
+        token mixer or ops without kernel parts, and longer spans (prompt chunks: the prefill's
+        int8 GEMM is faster there); those agree with one-token steps within the prefill path's rounding.
         """
         return [logits[-1] for logits in self.forward_step_batch_spans(batch, caches)]
 
@@ -617,16 +625,69 @@ class FusedDecoder(Interpreter):
         spans = [self._check_ids(ids) for ids in batch]
         for ids, cache in zip(spans, caches, strict=True):
             cache.check_room(len(ids))
-        if len(spans) == 1:  # one sequence: its own (fused, for one token) path
-            logits = self.forward_step(spans[0], caches[0], all_logits=all_logits)
-            return [logits if all_logits else logits[None, :]]
-        self._decode.rest()  # the multi-row products' BLAS threads need the cores
         out: list[np.ndarray] = [np.empty(0)] * len(spans)
-        for group in _group_rows([len(ids) for ids in spans], self._rows_per_pass[0]):
-            logits = self._forward_spans([spans[i] for i in group], [caches[i] for i in group], all_logits)
-            for i, lg in zip(group, logits, strict=True):
+        lone = len(spans) == 1 and len(spans[0]) == 1  # one token of one sequence: the one-token step
+        short = [i for i, (ids, c) in enumerate(zip(spans, caches, strict=True))
+                 if not lone and len(ids) <= ROWS_MAX and self._rows_blocks(c) is not None]
+        rest = [i for i in range(len(spans)) if i not in set(short)]
+        for group in _group_rows([len(spans[i]) for i in short], ROWS_MAX):
+            idx = [short[g] for g in group]
+            logits = self._forward_rows([spans[i] for i in idx], [caches[i] for i in idx], all_logits)
+            for i, lg in zip(idx, logits, strict=True):
                 out[i] = lg
+        if len(rest) == 1:  # one sequence: its own (fused, for one token) path
+            i = rest[0]
+            logits = self.forward_step(spans[i], caches[i], all_logits=all_logits)
+            out[i] = logits if all_logits else logits[None, :]
+        elif rest:
+            self._decode.rest()  # the multi-row products' BLAS threads need the cores
+            for group in _group_rows([len(spans[i]) for i in rest], self._rows_per_pass[0]):
+                idx = [rest[g] for g in group]
+                logits = self._forward_spans([spans[i] for i in idx], [caches[i] for i in idx], all_logits)
+                for i, lg in zip(idx, logits, strict=True):
+                    out[i] = lg
         return out
+
+    def _rows_blocks(self, cache: KvCache) -> list | None:
+        """The fused blocks that run a batch's rows on `cache`'s layers through the multi-row kernel, or None
+        when its rows take the op-by-op path (no dense fused layer; caches of another kv type than float32)."""
+        if getattr(cache, "kv_type", "f32") != "f32" or not self._decode.rows_ready:
+            return None
+        return self.fused_blocks
+
+    def _forward_rows(self, spans: list[np.ndarray], caches: Sequence[KvCache], all_logits: bool) -> list[np.ndarray]:
+        """Spans of several sequences (at most ROWS_MAX rows) through the fused layers' multi-row kernel;
+        logits per span as forward_step_batch_spans returns them (each row = its one-token step, bitwise).
+        A layer whose FFN op brings its own layer kernel runs op by op on the rows (without the pool)."""
+        p = self.plan
+        blocks = self._rows_blocks(caches[0])
+        dense = all(fb.dense for fb in blocks)
+        starts = [len(c) for c in caches]
+        lengths = [len(ids) for ids in spans]
+        ends = np.cumsum(lengths)                                             # row bounds of each span
+        x = np.ascontiguousarray(np.concatenate([self.embed(ids, st) for ids, st in zip(spans, starts, strict=True)]),
+                                 dtype=np.float32)                            # [N, d]
+        pos = np.concatenate([np.arange(st, st + n, dtype=np.int64) for st, n in zip(starts, lengths, strict=True)])
+        seq = np.repeat(np.arange(len(spans), dtype=np.int64), lengths)
+        angles = self.rope_angles(pos)
+        slots = self._decode.slot_lists(list(caches), blocks)
+        if not dense:
+            self._decode.rest()  # the op-by-op layers' threads need the cores
+        with self._decode.running(len(x)) if dense else nullcontext(NO_POOL) as par:  # the pool, sized for the rows
+            for li, (lp, fb) in enumerate(zip(p.layers, blocks, strict=True)):
+                if fb.dense:
+                    fb.rows(x, slots, li, seq, pos, angles, par)
+                else:  # an FFN op with its own layer kernel: op by op on the rows
+                    run = _per_span(lp.attention, [c.slots[li] for c in caches], starts, ends)
+                    x = np.ascontiguousarray(self._block(lp, x, angles, run), dtype=np.float32)
+            for n, cache in zip(lengths, caches, strict=True):
+                cache.advance(n)
+            rows = np.arange(len(x)) if all_logits else ends - 1
+            hidden = p.norm(x[rows], p.output_norm, p.output_norm_b)
+            logits = self.finish_logits(self._decode.head(hidden, par))
+        if all_logits:
+            return np.split(logits, ends[:-1])
+        return [logits[i:i + 1] for i in range(len(spans))]
 
     @functools.cached_property
     def _rows_per_pass(self) -> tuple[int, int]:

@@ -84,7 +84,14 @@ class Drafter:
         raise NotImplementedError
 
     def step(self, model: Any, cache: Any, ids: np.ndarray, all_logits: bool) -> np.ndarray:
-        """The target step: append ids [n] to cache; logits [n, vocab] (or [1, vocab] of the last)."""
+        """The target step: append ids [n] to cache; logits [n, vocab] (or [1, vocab] of the last).
+
+        A verification step (all_logits) goes through the model's span entry where it has one
+        (`caps.batch`): there each row is computed exactly as a one-token step would compute it, so
+        greedy speculation keeps plain greedy decoding's tokens bit for bit; other steps (the
+        prompt) take forward_step's path, as plain decoding does."""
+        if all_logits and len(ids) > 1 and model.caps.batch:
+            return model.forward_step_batch_spans([ids], [cache], all_logits=True)[0]
         logits = model.forward_step(ids, cache, all_logits=all_logits)
         return logits if all_logits else logits[None, :]
 

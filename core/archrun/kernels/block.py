@@ -315,14 +315,21 @@ def serve(ctrl, groups, pxf, xq, dq, hq, py, idle_ticks, idle_spins):
 
 
 @njit(**_STEP)
-def product_group(par, gid, ms, x, y, chunks):
-    """y[:] = [m @ x for m in ms] for one token x f32 [n_in] (see product_rows); group `gid` of the
-    running pool `par` shares the work with its workers."""
-    xf, yf = x.reshape(1, x.shape[0]), y.reshape(1, y.shape[0])
-    if _pool_fits(par, gid, ms, xf, yf):
-        _pooled_rows(par, gid, ms, xf, yf)
+def product_group_rows(par, gid, ms, xf, y, chunks):
+    """y[t] = [m @ xf[t] for m in ms] for rows xf f32 [n, n_in] (see product_rows); group `gid` of the
+    running pool `par` shares the work with its workers. Each weight block is read once for all n
+    rows, and row t's result is the same bits as the product of xf[t] alone (per-row 8-bit blocks,
+    the same accumulation order: kernels.dots)."""
+    if _pool_fits(par, gid, ms, xf, y):
+        _pooled_rows(par, gid, ms, xf, y)
     else:
-        product_rows(ms, xf, yf, chunks)
+        product_rows(ms, xf, y, chunks)
+
+
+@njit(**_STEP)
+def product_group(par, gid, ms, x, y, chunks):
+    """y[:] = [m @ x for m in ms] for one token x f32 [n_in] (product_group_rows of one row)."""
+    product_group_rows(par, gid, ms, x.reshape(1, x.shape[0]), y.reshape(1, y.shape[0]), chunks)
 
 
 @njit(**JIT)

@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit
 
 from archrun.kernels._jit import JIT
-from archrun.kernels.block import product_group
+from archrun.kernels.block import product_group, product_group_rows
 
 _F32 = np.float32
 _STEP = dict(JIT, inline="always")
@@ -66,23 +66,25 @@ def _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd):
 
 
 @njit(**_STEP)
-def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
-    """The attention sub-block of x f32 [d]: (a, h) = (its output [d] after the post-norm, the normed input [d])."""
-    n_head, n_kv, hd, vd = geo[G_HEADS], geo[G_KV], geo[G_HD], geo[G_VD]
-    norm, pn = fns[F_NORM], params[P_NORM]
-    d = x.shape[0]
-    h = np.empty(d, _F32)
+def _pre_norm(x, vecs, fns, params, h):
+    """h [d] = the attention sub-block's normed input of x [d] (x itself in a block without pre-norms)."""
     if vecs[V_ATTN_NORM].shape[0]:
-        norm[0](pn, x, vecs[V_ATTN_NORM], vecs[V_ATTN_NORM_B], h)
+        fns[F_NORM][0](params[P_NORM], x, vecs[V_ATTN_NORM], vecs[V_ATTN_NORM_B], h)
     else:  # no pre-norms
         h[:] = x
-    nq, nk = n_head * hd, n_kv * hd
-    y = np.empty(nq + nk + n_kv * vd, _F32)
-    product_group(par, geo[G_QKV], qkv, h, y, chunks)
+
+
+@njit(**_STEP)
+def _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, att):
+    """One token's attention from its q|k|v projections y [nq + nk + nv] (clamped, q/k-normed and rotated
+    in place) into att [n_head * vd]; its K/V go to cache row `row`."""
+    n_head, n_kv, hd = geo[G_HEADS], geo[G_KV], geo[G_HD]
+    norm, pn = fns[F_NORM], params[P_NORM]
     if vecs[V_CLAMP].shape[0]:
         c = vecs[V_CLAMP][0]
         for j in range(y.shape[0]):
             y[j] = min(max(y[j], -c), c)
+    nq, nk = n_head * hd, n_kv * hd
     q, k, v = y[:nq], y[nq:nq + nk], y[nq + nk:]
     late = geo[G_QK_LATE]
     if vecs[V_Q_NORM].shape[0] and not late:
@@ -93,12 +95,34 @@ def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, r
         rope[0](pr, k, n_kv, hd, cos, sin)
     if vecs[V_Q_NORM].shape[0] and late:
         _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd)
-    att = np.empty(n_head * vd, _F32)
     fns[F_ATTN][0](params[P_ATTN], q, k, v, kc, vc, kpos, ring, row, pos, att)
+
+
+@njit(**_STEP)
+def _post_attn(a, vecs, fns, params):
+    """The post-attention norm of a [d] in place, when the block has one."""
+    if vecs[V_POST_ATTN].shape[0]:
+        fns[F_NORM][0](params[P_NORM], a, vecs[V_POST_ATTN], np.empty(0, _F32), a)
+
+
+@njit(**_STEP)
+def _qkv_width(geo):
+    return geo[G_HEADS] * geo[G_HD] + geo[G_KV] * geo[G_HD] + geo[G_KV] * geo[G_VD]
+
+
+@njit(**_STEP)
+def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+    """The attention sub-block of x f32 [d]: (a, h) = (its output [d] after the post-norm, the normed input [d])."""
+    d = x.shape[0]
+    h = np.empty(d, _F32)
+    _pre_norm(x, vecs, fns, params, h)
+    y = np.empty(_qkv_width(geo), _F32)
+    product_group(par, geo[G_QKV], qkv, h, y, chunks)
+    att = np.empty(geo[G_HEADS] * geo[G_VD], _F32)
+    _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, att)
     a = np.empty(d, _F32)
     product_group(par, geo[G_O], o_mat, att, a, chunks)
-    if vecs[V_POST_ATTN].shape[0]:
-        norm[0](pn, a, vecs[V_POST_ATTN], np.empty(0, _F32), a)
+    _post_attn(a, vecs, fns, params)
     return a, h
 
 
@@ -126,17 +150,23 @@ def join(x, a, f, vecs, fns, params):
 
 
 @njit(**_STEP)
+def _activate(gu, act, geo, fns, params):
+    """act [n_ff] = act(gate) * up from gu = gate|up [2 n_ff], or act(up) from gu [n_ff] for a plain FFN."""
+    n_ff = geo[G_FF]
+    fns[F_ACT][0](params[P_ACT], gu[:n_ff], act)
+    if geo[G_GATED]:
+        for i in range(n_ff):
+            act[i] = act[i] * gu[n_ff + i]
+
+
+@njit(**_STEP)
 def _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par):
     """down(act(gate g) * up g) [d], or down(act(up g)) for a plain FFN, of the normed input g [d]."""
     n_ff = geo[G_FF]
-    gated = geo[G_GATED]
-    gu = np.empty(2 * n_ff if gated else n_ff, _F32)
+    gu = np.empty(2 * n_ff if geo[G_GATED] else n_ff, _F32)
     product_group(par, geo[G_GU], gate_up, g, gu, chunks)
     act = np.empty(n_ff, _F32)
-    fns[F_ACT][0](params[P_ACT], gu[:n_ff], act)
-    if gated:
-        for i in range(n_ff):
-            act[i] = act[i] * gu[n_ff + i]
+    _activate(gu, act, geo, fns, params)
     f = np.empty(g.shape[0], _F32)
     product_group(par, geo[G_DOWN], down, act, f, chunks)
     return f
@@ -159,3 +189,58 @@ def decode_layer(x, layers, i, kc, vc, kpos, ring, row, pos, cos, sin, chunks, p
     g = ffn_input(x, a, h, vecs, fns, params)
     f = _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par)
     join(x, a, f, vecs, fns, params)
+
+
+# -- several rows in one call: decode batches and verification spans ---------------------------------
+
+
+@njit(**_STEP)
+def _row_slot(slots, li, s, pos):
+    """(kc, vc, kpos, ring, row) of layer li in sequence s's cache for the token at `pos`: a ring stores
+    position p at row p % cap, a plain slot at row p."""
+    kc, vc, kpos, ring = slots[s][li]
+    return kc, vc, kpos, ring, pos % kc.shape[0] if ring else pos
+
+
+@njit(**JIT)
+def decode_rows(X, layers, i, slots, li, seq, pos, cos, sin, chunks, par):
+    """decode_layer on every row of X f32 [N, d] (updated in place): one token of each of several
+    sequences and/or spans of several tokens of one sequence.
+
+    Row j is the token of sequence seq[j] at position pos[j]; its K/V go to that sequence's cache:
+    slots[seq[j]][li] = (kc, vc, kpos, ring) of layer li (a typed list per sequence, see
+    archrun.fusion.DecodeSteps.slot_lists). cos/sin f32 [N, n_rot / 2]: row j's rotary angles.
+    Rows run their attention in order, so a span's row j sees its rows before j.
+
+    Every per-row part is the one-token step's own (the same parts, called the same way), and each
+    product reads every weight block once for all N rows while computing each row exactly as the
+    one-token product does (per-row 8-bit activation blocks, the same per-block accumulation:
+    kernels.dots): each row's result is bit-identical to decode_layer's on that token alone.
+    """
+    qkv, o_mat, gate_up, down, vecs, geo, fns, params = layers[i]
+    n, d = X.shape
+    H = np.empty((n, d), _F32)
+    for j in range(n):
+        _pre_norm(X[j], vecs, fns, params, H[j])
+    Y = np.empty((n, _qkv_width(geo)), _F32)
+    product_group_rows(par, geo[G_QKV], qkv, H, Y, chunks)
+    ATT = np.empty((n, geo[G_HEADS] * geo[G_VD]), _F32)
+    for j in range(n):  # in order: a span's later rows see the K/V its earlier rows stored
+        kc, vc, kpos, ring, row = _row_slot(slots, li, seq[j], pos[j])
+        _attend_row(Y[j], vecs, geo, fns, params, kc, vc, kpos, ring, row, pos[j], cos[j], sin[j], ATT[j])
+    A = np.empty((n, d), _F32)
+    product_group_rows(par, geo[G_O], o_mat, ATT, A, chunks)
+    G = np.empty((n, d), _F32)
+    for j in range(n):
+        _post_attn(A[j], vecs, fns, params)
+        G[j] = ffn_input(X[j], A[j], H[j], vecs, fns, params)
+    n_ff = geo[G_FF]
+    GU = np.empty((n, 2 * n_ff if geo[G_GATED] else n_ff), _F32)
+    product_group_rows(par, geo[G_GU], gate_up, G, GU, chunks)
+    ACT = np.empty((n, n_ff), _F32)
+    for j in range(n):
+        _activate(GU[j], ACT[j], geo, fns, params)
+    F = np.empty((n, d), _F32)
+    product_group_rows(par, geo[G_DOWN], down, ACT, F, chunks)
+    for j in range(n):
+        join(X[j], A[j], F[j], vecs, fns, params)
