@@ -9,9 +9,11 @@ experts) runs that. Ops without parts, and the reference backend, keep the op-by
 path, which computes the same block. The core only moves parts and arrays into the kernel: it
 knows no math.
 
-On more than one thread, the products of a dense model's one-token step (every layer's
-product groups and the output head) are shared with a worker pool (kernels.pool.DecodePool):
-`DecodeSteps.running()` wakes its workers for one step.
+On more than one thread, the products of a one-token step (every layer's product groups and the
+output head) are shared with a worker pool (kernels.pool.DecodePool) when every layer takes part:
+dense layers do, and so does an FFN op's layer kernel that registers its products (its
+`fused_layer(weights, common, group_id)` calls group_id, e.g. a mixture of experts: router and
+experts). `DecodeSteps.running()` wakes its workers for one step.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def _uniforms(matrices: list[Matrix], width: int) -> tuple | None:
 
 class FusedBlock:
     """One layer's decode step as one kernel call: `fb(x, slot, start, angles)` updates x f32 [d] in place."""
+
+    pooled = False  # an op's layer kernel whose products go to the decode pool (set by fuse_layer)
 
     def __init__(self, kernel: Any, args: tuple | None, slot_arrays: Any, rope: int, parallel: bool,
                  layer_args: tuple | None = None):
@@ -159,12 +163,20 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
     rope_index = a.rope if rope is not None else -1
     if not isinstance(lp.ffn, DenseFfn):  # an FFN op with its own layer kernel (e.g. MoE)
         fused_layer = getattr(lp.ffn.moe, "fused_layer", None)
-        common = typed_list([(qkv, o, _vecs(lp), _geo(lp, rope is not None, [-1] * 4), fns, params)])
-        made = fused_layer(lp.ffn.weights, common) if fused_layer is not None else None
+        ids, first = [-1] * 4, len(groups) if groups is not None else 0
+        if groups is not None:  # the attention's groups; the op registers its own through group_id
+            ids[:2] = [_group_id(groups, qkv, lp.qkv.matrices[0].n_in), _group_id(groups, o, lp.o.n_in)]
+        common = typed_list([(qkv, o, _vecs(lp), _geo(lp, rope is not None, ids), fns, params)])
+        made = None
+        if fused_layer is not None:
+            made = (fused_layer(lp.ffn.weights, common) if groups is None else
+                    fused_layer(lp.ffn.weights, common, lambda ms, n_in: _group_id(groups, ms, n_in)))
         if made is None:
             return None
         kernel, args, big = made
-        return FusedBlock(kernel, args, lp.attention.slot_arrays, rope_index, big)
+        fb = FusedBlock(kernel, args, lp.attention.slot_arrays, rope_index, big)
+        fb.pooled = groups is not None and len(groups) > first + 2  # the op registered its products
+        return fb
     gate_up, down = _uniforms(lp.ffn.gate_up.matrices, 3), _uniforms([lp.ffn.down], 3)
     if gate_up is None or down is None:
         return None
@@ -214,8 +226,8 @@ class DecodeSteps:
         self._head_id = _group_id(groups, head, plan.output.n_in) if head is not None else -1
         self._head = head
         self._output = plan.output
-        dense = self.blocks is not None and all(fb._kernel is layer.decode_layer for fb in self.blocks)
-        self._groups = groups if dense and head is not None and pool.enabled() else None
+        shared = self.blocks is not None and all(fb._kernel is layer.decode_layer or fb.pooled for fb in self.blocks)
+        self._groups = groups if shared and head is not None and pool.enabled() else None
         self._pool: pool.DecodePool | None = None
         self._pool_rows = 0  # rows of activations the pool's buffers hold
         self._slot_lists: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -32,7 +32,8 @@ the cache, the residual) stays the interpreter's.
 
 A fast op joins the fused one-call-per-layer decode path by carrying kernel parts
 (archrun.kernels.parts: `op.fused`, and the residual op's `fused_input`); an FFN op with its own
-layer kernel (e.g. moe) offers `op.fused_layer(weights, common)`.
+layer kernel (e.g. moe) offers `op.fused_layer(weights, common, group_id=None)` (group_id, when
+given, registers its product groups with the decode worker pool: archrun.fusion).
 """
 
 from __future__ import annotations

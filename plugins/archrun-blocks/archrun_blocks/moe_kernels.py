@@ -26,13 +26,21 @@ j = 0 gate, 1 up, 2 down, each a view of that expert's prepared arrays. Experts 
 width work (no lane-multiple condition).
 
 `decode_moe_layer` is archrun.kernels.layer's block with this FFN: one call per MoE layer for
-a single token. Shapes are validated when the arrays are built (`moe_arrays`) and by the
-callers; the kernels do not bounds-check.
+a single token. On more than one thread its products (router, each selected expert's gate/up and
+down, the shared experts) are shared with the decode worker pool (kernels.pool) like a dense
+layer's: `pool_group_ids` registers them as product groups (gids: their ids), and a product goes
+to the running pool `par` when it is big enough (kernels.block.pooled_product), else it runs on
+the calling thread. With a running pool the kernel is called with chunks = 1, so numba's own
+threads never spin beside the pool's workers. Pooled or not, every output row is computed by one
+thread with the same kernels: the results are the same bits.
+
+Shapes are validated when the arrays are built (`moe_arrays`) and by the callers; the kernels do
+not bounds-check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numba import njit, typed
@@ -53,6 +61,10 @@ _NORM_FLOOR = _F32(6.103515625e-5)  # llama.cpp's floor of the renormalisation s
 
 # Routing parameters rp (int64 tuple): indices of its fields.
 RP_K, RP_GROUPS, RP_GROUPS_USED, RP_NORM = range(4)
+# Pool group ids gids (int64 [4], -1: not registered): the router's, expert 0's gate/up (expert e's is
+# GID_EXPERTS + 2 e, its down + 1), the shared experts' gate/up and down.
+GID_ROUTER, GID_EXPERTS, GID_SHARED_GU, GID_SHARED_DOWN = range(4)
+NO_GIDS = np.full(4, -1, np.int64)
 
 
 # -- bind time: kernel arrays of a layer's expert weights -----------------------------------------
@@ -107,6 +119,31 @@ def moe_arrays(router: QMatrix, router_bias: np.ndarray | None, probs_bias: np.n
           else np.ascontiguousarray(probs_bias, dtype=_F32))
     sg = np.empty(0, _F32) if shared_gate is None else np.ascontiguousarray(shared_gate, dtype=_F32)
     return (block.uniform(router, router_bias), absent, absent), experts, shared_gu, shared_down, pb, sg
+
+
+def pool_group_ids(arrays: tuple, gate: Sequence[QMatrix], up: Sequence[QMatrix], down: Sequence[QMatrix],
+                   group_id: Callable[[tuple, int], int]) -> np.ndarray:
+    """Register the product groups of one MoE FFN for the decode pool; their ids gids (int64 [4], GID_*).
+
+    arrays: moe_arrays' result for the same matrices; group_id(ms, n_in) registers a group of 3
+    uniform matrices with input width n_in and returns its id (archrun.fusion). Expert e's groups
+    are (gate, up, absent) and (down, absent, absent), registered in expert order (consecutive ids),
+    each a view of the expert's prepared arrays as in `arrays`.
+    """
+    router, _, shared_gu, shared_down = arrays[:4]
+    absent = router[1]
+    d = gate[0].n_in
+    gids = NO_GIDS.copy()
+    gids[GID_ROUTER] = group_id(router, d)
+    for e in range(len(gate)):
+        i = group_id((block.uniform(gate[e]), block.uniform(up[e]), absent), d)
+        group_id((block.uniform(down[e]), absent, absent), down[e].n_in)
+        if e == 0:
+            gids[GID_EXPERTS] = i
+    if shared_gu[0][block._NOUT]:
+        gids[GID_SHARED_GU] = group_id(shared_gu, d)
+        gids[GID_SHARED_DOWN] = group_id(shared_down, int(shared_gu[0][block._NOUT]))
+    return gids
 
 
 # -- routing --------------------------------------------------------------------------------------
@@ -195,19 +232,20 @@ def route_rows(logits, probs_bias, rp, scale, gate_fn, gate_p, ids, wts):
 
 
 @njit(**_STEP)
-def _gated_ffn(gate_up, down, x, act_fn, act_p, chunks):
-    """down(act(gate x) * up x) for x f32 [m, d] -> [m, d_out] (one product group each)."""
+def _gated_ffn(gate_up, down, x, act_fn, act_p, chunks, par, gid_gu, gid_down):
+    """down(act(gate x) * up x) for x f32 [m, d] -> [m, d_out] (one product group each: pool groups
+    gid_gu and gid_down of the running pool par, -1 for none)."""
     m = x.shape[0]
     f = gate_up[0][block._NOUT]
     gu = np.empty((m, 2 * f), _F32)
-    block.product_rows(gate_up, x, gu, chunks)
+    block.pooled_product(par, gid_gu, gate_up, x, gu, chunks)
     a = np.empty((m, f), _F32)
     for i in range(m):
         act_fn[0][0](act_p, gu[i][:f], a[i])
         for c in range(f):
             a[i, c] = a[i, c] * gu[i, f + c]
     y = np.empty((m, down[0][block._NOUT]), _F32)
-    block.product_rows(down, a, y, chunks)
+    block.pooled_product(par, gid_down, down, a, y, chunks)
     return y
 
 
@@ -234,17 +272,18 @@ def _by_expert(ids, n_exp):
 
 @njit(**JIT)
 def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, shared_gate, rp, scale, gate_fn, gate_p,
-             act_fn, act_p, chunks):
+             act_fn, act_p, gids, chunks, par):
     """out f32 [n, d] = the MoE FFN of h f32 [n, d] (C-contiguous); arguments as `moe_arrays` builds
     them, rp (RP_* fields) and scale the routing parameters, gate_fn/act_fn the gating's and the
     experts' activation's kernel parts (their handles, Part.handle). Products split over `chunks`
-    threads."""
+    threads, or go to the running decode pool par (kernels.pool.NO_POOL: none) as groups gids
+    (`pool_group_ids`; NO_GIDS: none)."""
     n, d = h.shape
     absent = router[1]
     n_exp = router[0][block._NOUT]
     k = rp[RP_K]
     logits = np.empty((n, n_exp), _F32)
-    block.product_rows(router, h, logits, chunks)
+    block.pooled_product(par, gids[GID_ROUTER], router, h, logits, chunks)
     ids = np.empty((n, k), np.int64)
     wts = np.empty((n, k), _F32)
     route_rows(logits, probs_bias, rp, scale, gate_fn, gate_p, ids, wts)
@@ -257,15 +296,17 @@ def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, shared
         xe = np.empty((m, d), _F32)
         for i in range(m):
             xe[i] = h[order[start[e] + i] // k]
+        g0 = gids[GID_EXPERTS] + 2 * e if gids[GID_EXPERTS] >= 0 else -1
         ye = _gated_ffn((experts[3 * e], experts[3 * e + 1], absent), (experts[3 * e + 2], absent, absent),
-                        xe, act_fn, act_p, chunks)
+                        xe, act_fn, act_p, chunks, par, g0, g0 + 1 if g0 >= 0 else -1)
         for i in range(m):
             p = order[start[e] + i]
             t, w = p // k, wts[p // k, p % k]
             for c in range(d):
                 out[t, c] += w * ye[i, c]
     if shared_gu[0][block._NOUT]:
-        ys = _gated_ffn(shared_gu, shared_down, h, act_fn, act_p, chunks)
+        ys = _gated_ffn(shared_gu, shared_down, h, act_fn, act_p, chunks, par, gids[GID_SHARED_GU],
+                        gids[GID_SHARED_DOWN])
         for t in range(n):
             s = _F32(1.0)
             if shared_gate.shape[0]:  # sigmoid(h[t] . shared_gate), accumulated in float64
@@ -279,14 +320,15 @@ def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, shared
 
 @njit(**JIT)
 def decode_moe_layer(x, common, router, experts, shared_gu, shared_down, probs_bias, shared_gate, rp, moe_scale,
-                     gate_fn, gate_p, act_fn, act_p, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+                     gate_fn, gate_p, act_fn, act_p, gids, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
     """One decoder block with a MoE FFN on one token; x f32 [d] is updated in place.
 
     common[0] holds the layer's (qkv, o_mat, vecs, geo, fns, params) as archrun.kernels.layer
     documents them (geo's FFN fields unused); its attention sub-block and residual joins run
     here, and the FFN is `moe_rows` (gate_fn/act_fn: the handles of the gating and activation
-    parts). The list and the expert list are top-level arguments: numba types a typed list
-    nested in a tuple through its slow path, every array of the tuple included (~7 ms a call).
+    parts; gids: the FFN's pool groups, `pool_group_ids`). The list and the expert list are top-level
+    arguments: numba types a typed list nested in a tuple through its slow path, every array of the
+    tuple included (~7 ms a call).
     """
     qkv, o_mat, vecs, geo, fns, params = common[0]
     a, h = layer.attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin,
@@ -294,5 +336,5 @@ def decode_moe_layer(x, common, router, experts, shared_gu, shared_down, probs_b
     g = layer.ffn_input(x, a, h, vecs, fns, params)
     f = np.empty((1, x.shape[0]), _F32)
     moe_rows(g.reshape(1, x.shape[0]), f, router, experts, shared_gu, shared_down, probs_bias, shared_gate, rp,
-             moe_scale, gate_fn, gate_p, act_fn, act_p, chunks)
+             moe_scale, gate_fn, gate_p, act_fn, act_p, gids, chunks, par)
     layer.join(x, a, f[0], vecs, fns, params)
