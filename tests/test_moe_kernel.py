@@ -10,6 +10,7 @@ limit, shared experts), which load with block style host_reference by default.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
@@ -19,6 +20,7 @@ from test_fusion import decode_paths_agree
 from test_tiny_hf import GLM, TINY, fixtures, golden, rel_err
 
 import archrun
+from archrun.kernels import pool, qmatrix
 from archrun.model import MoeFfn
 from archrun_blocks import moe_kernels as mk
 from archrun_blocks import reference
@@ -106,3 +108,39 @@ def test_glm4moe_fused_decode_matches_hf(name):
 
 def test_fused_and_op_path_moe_decode_agree_through_a_sequence(synth_model):
     decode_paths_agree(_moe_model(synth_model, T.Q4_K, T.Q8_0), 16)
+
+
+@pytest.fixture
+def two_threads():
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two numba threads (NUMBA_NUM_THREADS=1 here)")
+    before = qmatrix.current_threads()
+    yield
+    qmatrix.set_threads(before)
+
+
+@pytest.mark.skipif(not pool.enabled(), reason="the pool needs the JIT (its atomics are intrinsics)")
+def test_moe_decode_on_the_pool_equals_one_thread(synth_model, two_threads):
+    """The MoE layers' products (router, experts: 72 KB gate/up and 54 KB down groups, above the pool's
+    minimum) go to the decode pool on two threads; every row is still computed whole by one thread with
+    the same kernels, so the logits are the same bits as on one thread."""
+    m = _moe_model(synth_model, T.Q4_K, T.Q6_K)
+    assert all(fb.pooled for fb in m.fused_blocks)
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+
+    def decode(threads):
+        qmatrix.set_threads(threads)
+        cache = m.init_cache(16)
+        return [m.forward_step([t], cache) for t in ids]
+
+    one = decode(1)
+    for _ in range(20):  # until the worker has taken part (it is woken at each step's start)
+        two = decode(2)
+        for a, b in zip(one, two, strict=True):
+            assert np.array_equal(a, b)
+        if m._decode._pool.worker_chunks:
+            break
+    assert m._decode._pool.worker_chunks > 0
+    n_groups = len(m._decode._groups)
+    per_layer = 2 + 1 + 2 * E  # qkv, o, router, each expert's gate/up and down
+    assert n_groups == 2 * per_layer + 1  # and the output head
