@@ -8,9 +8,13 @@ Each round a drafter guesses the next k tokens cheaply; one multi-token target s
 [last token, *drafts] yields the target's logits at every drafted position; the longest prefix
 the target agrees with is kept, the target's own token follows it, and the cache is rewound
 past the rejected tail (O(1)). Greedy decoding keeps a draft iff it equals the target's choice,
-so the text equals plain greedy decoding (exactly where the multi-token step's logits equal the
-one-token step's: float32 models; quantized ones round differently, and a near-tie may resolve
-the other way). Sampled decoding uses the standard rejection rule
+so the text equals plain greedy decoding token for token: a verification step goes through the
+model's span entry (`forward_step_batch_spans`), where a fused model computes every row exactly as
+its one-token step does (the same bits, quantized weights included: kernels.layer.decode_rows).
+Where a target has no such exact span path (layers run op by op: a mixture-of-experts FFN with its
+own kernel, token mixers, ops without kernel parts, a cache of another kv type than float32) the
+span's logits round like a prefill's, and a near-tie may resolve the other way. Sampled decoding
+uses the standard rejection rule
 (accept x with probability min(1, p(x)/q(x)), else draw from max(p - q, 0)), so each token
 follows the target's distribution p whatever the drafter proposes.
 
