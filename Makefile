@@ -44,7 +44,7 @@ demo: install
 # every family's tiny HF fixtures) once with the JIT disabled (pure-Python kernels).
 test: install-test models
 	$(VENV)/bin/ruff check .
-	NUMBA_NUM_THREADS=1 $(VENV)/bin/python -m pytest -n 2 -q $(PYTEST_ARGS)
+	NUMBA_NUM_THREADS=1 $(VENV)/bin/python -m pytest -n 2 -q --durations=30 $(PYTEST_ARGS)
 	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$$(mktemp -d) $(VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		tests/test_kernels.py tests/test_simd.py tests/test_gemm.py tests/test_fusion.py tests/test_decode_rows.py tests/test_moe_kernel.py tests/test_pool.py \
 		tests/test_boundary.py plugins/archrun-blocks
