@@ -1,15 +1,13 @@
 """Op-by-op fast kernels (prefill and the op path): norms, rotary embedding, attention, activations.
 
 Norms, rope and activations run their kernel part (archrun_blocks.parts) over rows, so the
-numba math of an op exists once; attention over many queries has its own kernel (the
-decode part attends one token). Each public function validates shapes and dtypes in Python
+numba math of an op exists once; attention over many queries runs the decode part's attention
+(decode_attention.attend_biased) for each query over the keys it sees, in parallel over queries. Each public function validates shapes and dtypes in Python
 (raising ShapeMismatch), then runs one jitted kernel that writes into a fresh float32 output.
 They match the numpy reference ops (archrun_blocks.reference) to float32 rounding.
 """
 
 from __future__ import annotations
-
-import math
 
 import numba
 import numpy as np
@@ -19,6 +17,7 @@ from archrun.errors import ShapeMismatch
 from archrun.kernels._jit import JIT, JIT_PAR
 from archrun.kernels.parts import part
 from archrun_blocks import parts
+from archrun_blocks.decode_attention import attend_biased
 
 _F32 = np.float32
 # attention work (n * H * T * head_dim multiply-adds) above which heads go to the thread pool
@@ -132,60 +131,35 @@ def activation(fn, params: np.ndarray, gate: np.ndarray, up: np.ndarray | None =
 # -- attention ---------------------------------------------------------------------------------
 
 
-@njit(**JIT)
-def _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, item, group, out):
-    """One (query i, kv head) item: the `group` query heads sharing that kv head."""
-    n_kv = k.shape[1]
-    i = item // n_kv
-    kv = item % n_kv
-    n_t, hd = k.shape[0], k.shape[2]
-    vd = v.shape[2]
-    p = np.empty((group, n_t), np.float32)
+@njit(**dict(JIT, inline="always"))
+def _attend_query(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, i, out):
+    """Query i: its visible keys listed, then decode_attention.attend_biased (the fused decode part's
+    attention) over them: q [n, H, hd], k [T, KV, hd], v [T, KV, vd] -> out[i] [H, vd]."""
+    n_head = q.shape[1]
+    rows = np.empty(k.shape[0], np.int64)
+    count = 0
     lo = q_pos[i] - window
-    for j in range(n_t):
-        visible = k_pos[j] <= q_pos[i] and (window == 0 or k_pos[j] > lo)
-        kj = k[j, kv]
-        for g in range(group):
-            if visible:
-                qg = q[i, kv * group + g]
-                s = _F32(0.0)
-                for e in range(hd):
-                    s += qg[e] * kj[e]
-                s = s * scale
-                p[g, j] = softcap * np.tanh(s / softcap) if softcap > 0 else s
-                if slopes.shape[0]:
-                    p[g, j] += slopes[kv * group + g] * _F32(k_pos[j] - q_pos[i])
-            else:
-                p[g, j] = -np.inf
-    for g in range(group):
-        pg = p[g]
-        m = pg.max()
-        tot = _F32(0.0)
-        for j in range(n_t):
-            pg[j] = math.exp(pg[j] - m) if pg[j] != -np.inf else _F32(0.0)
-            tot += pg[j]
-        o = out[i, kv * group + g]
-        o[:] = 0
-        for j in range(n_t):
-            if pg[j] != 0:
-                wj = pg[j] / tot
-                vj = v[j, kv]
-                for e in range(vd):
-                    o[e] += wj * vj[e]
+    for j in range(k.shape[0]):
+        if k_pos[j] <= q_pos[i] and (window == 0 or k_pos[j] > lo):
+            rows[count] = j
+            count += 1
+    dist = np.empty(count if slopes.shape[0] else 0, _F32)
+    for c in range(dist.shape[0]):
+        dist[c] = _F32(k_pos[rows[c]] - q_pos[i])
+    attend_biased(q[i].reshape(n_head * q.shape[2]), k, v, rows, count, n_head, scale, softcap, slopes, dist,
+                  out[i].reshape(n_head * v.shape[2]))
 
 
 @njit(**JIT)
 def _attend(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, out):
-    group = q.shape[1] // k.shape[1]
-    for item in range(q.shape[0] * k.shape[1]):
-        _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, item, group, out)
+    for i in range(q.shape[0]):
+        _attend_query(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, i, out)
 
 
 @njit(**JIT_PAR)
 def _attend_par(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, out):
-    group = q.shape[1] // k.shape[1]
-    for item in prange(q.shape[0] * k.shape[1]):
-        _attend_one(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, item, group, out)
+    for i in prange(q.shape[0]):
+        _attend_query(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, i, out)
 
 
 def _check_attention(q, k, v, q_pos, k_pos, window) -> None:
@@ -223,7 +197,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, k_
     if n == 0:
         return out
     args = (np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
-            q_pos, k_pos, _F32(scale), int(window), _F32(softcap), np.ascontiguousarray(slopes), out)
+            q_pos, k_pos, float(scale), int(window), float(softcap), np.ascontiguousarray(slopes, np.float64), out)
     work = n * n_head * k.shape[0] * q.shape[2]
     (_attend_par if work >= _ATTN_PARALLEL_WORK else _attend)(*args)
     return out
