@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: packages being written while the kit landed; they adopt it themselves (then leave this set)
 ADOPTING = {"archrun-recurrent"}
 #: what the kit generates, so a package's own tests must not repeat it
-KIT_ONLY = ("TinyHfBattery", "check_family_plugin(", "check_vocabulary_plugin(")
+KIT_ONLY = ("TinyHfBattery", "check_family_plugin(", "check_vocabulary_plugin(",
+            # the memory battery (archrun.conformance.memory): rewinds, a chat's prefix reuse, speculative drafts
+            "cache.rewind(3)", "PrefixCache(", "speculative.generate(")
 
 
 def _packages() -> list[Path]:

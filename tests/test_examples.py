@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,9 +91,13 @@ def test_example_vocab_plugin_in_a_fresh_venv(fresh_venv, tmp_path):
     # package's conftest.py) and the kit's mutation test
     out = _ok(_run([py, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"{VOCAB}/tests"], 900, env=env),
               "the example package's tests")
-    assert " passed" in out and "SKIPPED" not in out and "FAILED" not in out
+    # only the fast backend's logit-bit hashes may skip: when this process compiled a kernel (a cold cache)
+    skipped = [line for line in out.splitlines() if "SKIPPED" in line and "TestArchrunBitHashes" not in line]
+    assert " passed" in out and not skipped and "FAILED" not in out, skipped
     _assert_kit_ran(out, f"{VOCAB}/tests", ("test_matches_reference", "test_fast_op_equals_reference",
-                                            "test_bad_input", "test_fused_decode_equals_op_by_op"))
+                                            "test_bad_input", "test_fused_decode_equals_op_by_op",
+                                            "test_greedy_chain"))
+    assert re.search(r"TestArchrunBitHashes::test_logit_bits\[synthetic-quickgelu_moe-reference\] PASSED", out)
     assert out.count("test_a_flipped_convention_fails_the_reference_check_naming_the_op[") == 5
     assert "test_the_unmutated_package_passes_the_kit PASSED" in out
 

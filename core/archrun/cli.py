@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--only", nargs="*", help="fixture names (default: all)")
     rec.add_argument("--llamacpp-check", action="store_true",
                      help="run the stored GGUFs in llama.cpp (needs llama-cpp-python) into llamacpp_check.json")
+    rec.add_argument("--chains", action="store_true",
+                     help="record only the greedy chains of the package's independent references (HF float32 for "
+                          "tiny HF fixtures, a declared forward pass for synthetic variants) into goldens/")
     rec.add_argument("--hashes", action="store_true",
                      help="record the logit-bit hashes of archrun's own output for this machine class "
                           "(tests/logit_hashes/; a regression pin, not a correctness golden)")
@@ -295,9 +298,27 @@ def _cmd_conformance_record(args: argparse.Namespace) -> int:
         for path in record_package_hashes(args.package):
             print(f"wrote {path}")
         return 0
-    argv = (["--only", *args.only] if args.only else []) + (["--llamacpp-check"] if args.llamacpp_check else [])
+    if args.chains:
+        from archrun.conformance.kit import record_package_reference_chains
+
+        for path in record_package_reference_chains(args.package):
+            print(f"wrote {path}")
+    argv = (["--only", *args.only] if args.only else []) + (["--llamacpp-check"] if args.llamacpp_check else []) \
+        + (["--chains"] if args.chains else [])
+    if args.chains and not _has_hf_fixtures(args.package):
+        return 0
     hf.record_package(args.package, argv)
     return 0
+
+
+def _has_hf_fixtures(package: str) -> bool:
+    from archrun.conformance import hf
+    from archrun.errors import InvalidRequest
+
+    try:
+        return bool(hf.package_fixture_specs(package))
+    except InvalidRequest:
+        return False
 
 
 if __name__ == "__main__":

@@ -686,12 +686,15 @@ def record_main(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], out_d
                 argv: list[str] | None = None) -> None:
     """Command line of a family's ``tests/goldens/record.py``: record ``fixtures`` into ``out_dir``.
 
-    ``--only NAME ...`` records some fixtures; ``--llamacpp-check`` (in a venv with
+    ``--only NAME ...`` records some fixtures (and their greedy chains, ``archrun.conformance.chains``);
+    ``--chains`` only the greedy chains of the stored fixtures; ``--llamacpp-check`` (in a venv with
     llama-cpp-python) writes ``llamacpp_check.json``: max |llama.cpp - HF| logits per fixture.
     """
     parser = argparse.ArgumentParser(description="Record HF goldens of tiny fixtures: " + str(out_dir))
     parser.add_argument("--only", nargs="*", help="fixture names (default: all)")
     parser.add_argument("--llamacpp-check", action="store_true", help="compare stored GGUFs in llama.cpp")
+    parser.add_argument("--chains", action="store_true", help="record only the greedy chains of HF float32 "
+                        "(greedy_chains.json) for the stored fixtures")
     args = parser.parse_args(argv)
     out_dir = Path(out_dir)
     by_name = {f.name: f for f in fixtures}
@@ -701,12 +704,18 @@ def record_main(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], out_d
         report = llamacpp_check(arches, entries, out_dir)
         (out_dir / "llamacpp_check.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         return
+    from archrun.conformance import chains
+
+    if args.chains:
+        print("wrote", chains.record_hf_chains(arches, entries, out_dir))
+        return
     import torch
 
     torch.set_num_threads(2)
     vers = versions()
     for fixture in entries:
         print("recorded", record(arch_of(arches, fixture), fixture, out_dir, vers).name)
+    print("wrote", chains.record_hf_chains(arches, entries, out_dir))  # the greedy chains of the new files
     total = _total_bytes(out_dir)
     if total > MAX_TOTAL_BYTES:
         raise SystemExit(f"{out_dir} holds {total} bytes (> {MAX_TOTAL_BYTES})")

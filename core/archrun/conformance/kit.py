@@ -428,6 +428,15 @@ class ConformanceKit:
             pytest.skip("the package declares no independent reference forward pass (Conformance.reference)")
         check_reference(path, ids_of(variant, 16), self.declaration.reference, backend, variant.name)
 
+    def test_greedy_chain(self, variant, path, backend) -> None:
+        """archrun's greedy chain = the declared reference's, recorded in ``goldens/greedy_chains.json``."""
+        from archrun.conformance import chains
+
+        if self.declaration.reference is None:
+            pytest.skip("the package declares no independent reference forward pass (Conformance.reference)")
+        chains.check_recorded(self.here / "goldens", "synthetic", variant.name, self.model(path, backend), path,
+                              f"{variant.name} ({backend})")
+
 
 # ------------------------------------------------------------------------------ logit-bit hashes
 
@@ -514,6 +523,18 @@ def record_package_hashes(entry_point: str) -> list[Path]:
                            "results differently from the same kernels loaded from the cache: nothing was written; "
                            "run the command again (it then loads them from the cache)")
     return written
+
+
+def record_package_reference_chains(entry_point: str) -> list[Path]:
+    """The greedy chains of every kit declaration of the package that declares an independent reference
+    (``archrun.conformance.chains.record_reference_chains``); return the files written."""
+    import tempfile
+
+    from archrun.conformance import chains
+
+    with tempfile.TemporaryDirectory() as work:
+        found = [chains.record_reference_chains(decl, here, Path(work)) for decl, here in declarations(entry_point)]
+    return [p for p in found if p is not None]
 
 
 def record_hashes(decl: Conformance, here: Path, work: Path) -> Path:

@@ -195,6 +195,7 @@ def _attention(label: str, ref_f: Callable, fast_f: Callable) -> None:
         ran += 1
         n, t0 = ((1, 20), (8, 0), (3, 7), (5, 2))[i % 4]
         _attend_case(label, rng, spec, ref, fast, n, t0, q_scale=2.0)
+        _attention_part_cases(label, rng, spec, ref_f, fast_f)
         if i % 4 == 0:  # scores far beyond exp's range: the softmax must subtract its maximum
             _attend_case(label, rng, spec, ref_f(spec), fast_f(spec), 4, 3, q_scale=300.0)
     if not ran:
@@ -220,6 +221,67 @@ def _attend_case(label: str, rng: np.random.Generator, spec: Any, ref: Any, fast
     # float32 scores of magnitude s carry ~s * 6e-8 absolute error into exp: a looser bound there
     tolerance = TOLERANCE if q_scale < 100 else 1e-3
     _close(label, case, fast(q, k, v, fs, t0), ref(q, k, v, rs, t0), tolerance)
+
+
+def _kv_parts(fast: Any) -> list[tuple[str, Any]]:
+    """(kv type, Part) of each kernel part of an attention op: ``op.fused`` for float32 caches, and
+    ``op.fused_for(kv_type)`` for each other kv type the op stores (``op.kv_types``) that has one
+    compiled for ``SIGNATURES["attention:<kv type>"]`` (archrun.kernels.parts)."""
+    from archrun.kernels.parts import Part, compiled_for, slot_part
+
+    out = []
+    for kv in getattr(fast, "kv_types", ("f32",)):
+        if kv == "f32":
+            p = slot_part(fast, "attention")
+        else:
+            make = getattr(fast, "fused_for", None)
+            p = make(kv) if make is not None else None
+            p = p if isinstance(p, Part) and compiled_for(p.fn, f"attention:{kv}") else None
+        if p is not None:
+            out.append((kv, p))
+    return out
+
+
+def _attention_part_cases(label: str, rng: np.random.Generator, spec: Any, ref_f: Callable, fast_f: Callable) -> None:
+    """The op's kernel part (what the fused decode calls for one token: store the token's K/V at its cache
+    row, attend over the visible rows) against the reference op on the same kind of slot: a plain slot,
+    and a ring of window + 4 rows for a windowed spec; 21 cached tokens, then 3 decode steps, then a
+    rewind of 2 and 2 steps more (a ring then holds rows of positions past the current one)."""
+    fast = fast_f(spec)
+    if not callable(getattr(fast, "slot_arrays", None)):
+        return
+    layouts = [("plain", 64)] + ([("ring", 4)] if spec.window else [])
+    for kv, p in _kv_parts(fast):
+        for layout, max_rewind in layouts:
+            ref, fast = ref_f(spec), fast_f(spec)
+            extra = {} if kv == "f32" else {"kv_type": kv}
+            rs, fs = ref.new_slot(48, max_rewind, **extra), fast.new_slot(48, max_rewind, **extra)
+            _attention_part_run(label, rng, spec, ref, fast, p, rs, fs, f"kernel part, {kv} {layout} slot")
+
+
+def _attention_part_run(label: str, rng: np.random.Generator, spec: Any, ref: Any, fast: Any, p: Any, rs: Any,
+                        fs: Any, what: str) -> None:
+    heads, kv, hd, vd = spec.n_head, spec.n_head_kv, spec.head_dim, spec.v_head_dim
+
+    def r(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(F32)
+
+    t0 = 21
+    prefix = (r(t0, heads, hd) * 2, r(t0, kv, hd), r(t0, kv, vd))
+    ref(*prefix, rs, 0)
+    fast(*prefix, fs, 0)
+    for step, pos in enumerate((t0, t0 + 1, t0 + 2, t0 + 1, t0 + 2)):  # the last two after a rewind of 2
+        q, k, v = r(1, heads, hd) * 2, r(1, kv, hd), r(1, kv, vd)
+        want = ref(q, k, v, rs, pos)[0]  # [heads, vd]
+        kc, vc, kpos, ring = fast.slot_arrays(fs)
+        row = pos % kc.shape[0] if ring else pos
+        att = np.full(heads * vd, np.nan, F32)
+        p.fn(p.params, q.reshape(-1).copy(), k.reshape(-1).copy(), v.reshape(-1).copy(), kc, vc, kpos, bool(ring),
+             row, pos, att)
+        case = (f"{what} heads={heads}/{kv} hd={hd} vd={vd} window={spec.window} softcap={spec.softcap} "
+                f"alibi={spec.alibi_max_bias} position {pos}{' after a rewind' if step >= 3 else ''}")
+        # the first diverging element is named as [query head, value element]
+        _close(label, case, att.reshape(heads, vd), want)
 
 
 def _activation(label: str, ref_f: Callable, fast_f: Callable) -> None:

@@ -34,7 +34,7 @@ DECLARATION = "archrun_conformance"
 #: the kit's tests that run a synthetic model
 _MODEL_TESTS = ("test_descriptor_json_round_trip", "test_inspect", "test_cache_paths_agree", "test_rewind_and_redecode",
                 "test_backends_agree", "test_batch_equals_single", "test_fused_decode_equals_op_by_op",
-                "test_block_style_guards", "test_bad_input", "test_matches_reference")
+                "test_block_style_guards", "test_bad_input", "test_matches_reference", "test_greedy_chain")
 _MARKS = [pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaExperimentalFeatureWarning"),
           pytest.mark.filterwarnings("ignore::DeprecationWarning:gguf.*")]
 
@@ -78,7 +78,7 @@ class KitModule(pytest.Module):
         body: dict[str, object] = {"declaration": decl, "here": here, "pytestmark": _MARKS,
                                    "__doc__": f"archrun conformance kit for entry point {decl.entry_point!r}"}
         if decl.reference is None:
-            body["test_matches_reference"] = None
+            body["test_matches_reference"] = body["test_greedy_chain"] = None
         if not any(e.op.fast is not None for e in own_ops(decl.entry_point)):
             body["test_fast_op_equals_reference"] = None
         if not variants(decl):  # a vocabulary package without models: its ops' checks only
@@ -93,12 +93,14 @@ class KitModule(pytest.Module):
 
 def _add_tiny_hf(module: types.ModuleType, entry_point: str, here: Path) -> None:
     """``TestArchrunTinyHf`` for ``here/hf_arch.py``; ``TestArchrunTinyHf_<folder>`` for each nested one."""
-    from archrun.conformance.tiny_hf import TinyHfBattery
+    from archrun.conformance.tiny_hf import MEMORY_TESTS, TinyHfBattery, stateful_fixtures
 
     for spec_path in sorted(here.rglob("hf_arch.py")):
         folder = spec_path.parent
         if not (folder / "goldens").is_dir():
             continue
         name = "TestArchrunTinyHf" + ("" if folder == here else "_" + "_".join(folder.relative_to(here).parts))
-        setattr(module, name, type(name, (TinyHfBattery,), {"entry_point": entry_point, "folder": folder,
-                                                           "pytestmark": _MARKS}))
+        body: dict[str, object] = {"entry_point": entry_point, "folder": folder, "pytestmark": _MARKS}
+        if not stateful_fixtures(folder):  # the memory battery only where a layer keeps state
+            body.update({test: None for test in MEMORY_TESTS})
+        setattr(module, name, type(name, (TinyHfBattery,), body))

@@ -15,6 +15,8 @@ The battery (each test parametrized over the fixtures, and the backends where it
 - ``test_matches_hf``: archrun's logits (whole prompt and token by token through the cache)
   within ``hf.TOLERANCE`` of HF float32, on both backends; a failure names the first diverging
   position and, when one convention explains it, the op and layer (``archrun.conformance.trace``);
+- ``test_greedy_chain``: archrun's greedy chain from the fixture's first ids = HF float32's, recorded
+  in ``goldens/greedy_chains.json``, up to the reference's first near tie (``archrun.conformance.chains``);
 - ``test_llama_cpp_agrees``: llama.cpp's logits on the same file (recorded by
   ``record.py --llamacpp-check`` into ``llamacpp_check.json``, for the file's exact SHA-256)
   within ``LLAMA_CPP_TOLERANCE`` of HF's, argmax equal;
@@ -23,6 +25,10 @@ The battery (each test parametrized over the fixtures, and the backends where it
   (or fails the load): a fixture that cannot see a convention cannot prove it;
 - ``test_fixture_sees_edit``: the same for structure the file states: every bias zeroed, and the
   rotary width halved (``rope.dimension_count``), each must move the logits far beyond the tolerance;
+- ``test_memory_*`` (fixtures whose model keeps a stateful slot, ``archrun.conformance.memory``):
+  chunked prefill, decode-rewind-decode, the rewind reach, checkpoints, a chat's prefix reuse
+  (``PrefixCache.recomputed``), speculative decoding with rejected drafts = greedy, a batch of
+  sequences each with its own state, a state that does not grow with the context;
 - ``test_goldens_match_live_hf`` (marker ``live``; needs torch, transformers and llama.cpp's
   converter source): rebuilding a fixture reproduces its config, HF logits and GGUF file.
 """
@@ -35,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from archrun.conformance import hf
+from archrun.conformance import hf, memory
 from archrun.conformance.checks import check_family_plugin
 
 #: llama.cpp vs HF float32: max |Δlogit| relative to max |logit|. llama.cpp computes GELU through an
@@ -129,6 +135,11 @@ class TinyHfBattery:
             metafunc.parametrize("convention", sorted(_FLIPS))
         if "edit" in metafunc.fixturenames:
             metafunc.parametrize("edit", sorted(EDITS))
+        if "stateful" in metafunc.fixturenames:
+            names = stateful_fixtures(self._folder(metafunc))
+            metafunc.parametrize("stateful", names, ids=names)
+        if "decoded" in metafunc.fixturenames:
+            metafunc.parametrize("decoded", memory.DECODED)
 
     @pytest.fixture
     def goldens(self, request) -> Path:
@@ -149,6 +160,13 @@ class TinyHfBattery:
     def test_matches_hf(self, goldens, fixture, backend) -> None:
         check_matches_hf(goldens / f"{fixture.name}.gguf", backend)
 
+    def test_greedy_chain(self, goldens, fixture, backend) -> None:
+        from archrun.conformance import chains
+
+        path = goldens / f"{fixture.name}.gguf"
+        chains.check_recorded(goldens, "hf", fixture.name, load_fixture(path, backend), path,
+                              f"{fixture.name} ({backend})")
+
     def test_llama_cpp_agrees(self, goldens, fixture) -> None:
         if fixture.llama_cpp:
             pytest.skip(f"llama.cpp cannot run {fixture.name}: {fixture.llama_cpp}")
@@ -160,9 +178,75 @@ class TinyHfBattery:
     def test_fixture_sees_edit(self, goldens, fixture, edit, tmp_path) -> None:
         check_sees_edit(goldens / f"{fixture.name}.gguf", edit, tmp_path)
 
+    # -- the memory battery (models with stateful slots; the plugin leaves it out when none has one) --
+
+    def _stateful_model(self, request, name: str, backend: str):
+        path = self._folder(request) / "goldens" / f"{name}.gguf"
+        ids, ref = memory.golden(path)
+        return load_fixture(path, backend), ids, ref
+
+    def test_memory_chunked_prefill(self, request, stateful, backend) -> None:
+        model, ids, ref = self._stateful_model(request, stateful, backend)
+        memory.check_chunked_prefill(model, ids, ref, f"{stateful} ({backend})")
+
+    def test_memory_decode_rewind_decode(self, request, stateful, backend, decoded) -> None:
+        model, ids, ref = self._stateful_model(request, stateful, backend)
+        memory.check_decode_rewind(model, ids, ref, f"{stateful} ({backend})", decoded)
+
+    def test_memory_rewind_reach(self, request, stateful) -> None:
+        model, ids, _ = self._stateful_model(request, stateful, "reference")
+        memory.check_rewind_reach(model, ids, stateful)
+
+    def test_memory_checkpoint(self, request, stateful, backend) -> None:
+        model, ids, ref = self._stateful_model(request, stateful, backend)
+        memory.check_checkpoint(model, ids, ref, f"{stateful} ({backend})")
+
+    def test_memory_chat_reuse(self, request, stateful, backend) -> None:
+        model, ids, ref = self._stateful_model(request, stateful, backend)
+        memory.check_chat_reuse(model, ids, ref, f"{stateful} ({backend})")
+
+    def test_memory_speculative_equals_greedy(self, request, stateful, backend) -> None:
+        model, ids, _ = self._stateful_model(request, stateful, backend)
+        memory.check_speculative(model, ids, f"{stateful} ({backend})")
+
+    def test_memory_batch_keeps_each_state(self, request, stateful) -> None:
+        model, ids, ref = self._stateful_model(request, stateful, "fast")
+        memory.check_batch_spans(model, ids, ref, stateful)
+
+    def test_memory_state_is_fixed(self, request, stateful) -> None:
+        model, _, _ = self._stateful_model(request, stateful, "reference")
+        memory.check_state_is_fixed(model, stateful)
+
     @pytest.mark.live
     def test_goldens_match_live_hf(self, goldens, spec, fixture, tmp_path) -> None:
         hf.check_live(goldens, spec.ARCHES, fixture, tmp_path)
+
+
+#: the memory battery's tests (``TinyHfBattery``), left out where no fixture keeps a stateful slot
+MEMORY_TESTS = ("test_memory_chunked_prefill", "test_memory_decode_rewind_decode", "test_memory_rewind_reach",
+                "test_memory_checkpoint", "test_memory_chat_reuse", "test_memory_speculative_equals_greedy",
+                "test_memory_batch_keeps_each_state", "test_memory_state_is_fixed")
+
+_LOADED: dict[tuple[str, str], object] = {}
+
+
+def load_fixture(path: Path, backend: str):
+    """``archrun.load`` of a fixture, kept for the session (a few models at a time)."""
+    import archrun
+
+    key = (str(path), backend)
+    if key not in _LOADED:
+        if len(_LOADED) > 8:
+            _LOADED.clear()
+        _LOADED[key] = archrun.load(path, backend=backend)
+    return _LOADED[key]
+
+
+def stateful_fixtures(folder: Path) -> list[str]:
+    """The fixtures (of ``folder/hf_arch.py``, in ``folder/goldens``) whose model keeps a stateful slot."""
+    goldens = Path(folder) / "goldens"
+    return [f.name for f in _spec(Path(folder)).FIXTURES
+            if (goldens / f"{f.name}.gguf").is_file() and memory.is_stateful(goldens / f"{f.name}.gguf")]
 
 
 def check_matches_hf(gguf_path: Path, backend: str) -> None:

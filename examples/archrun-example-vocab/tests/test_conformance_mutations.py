@@ -1,7 +1,8 @@
-"""Mutation test of the conformance kit on this package: flip one convention the family states at a time
-(rope pairing, norm unit offset, activation, router renormalisation, softcap) and run the kit (conftest.py)
-in-process; exactly the kit's comparisons with the independent reference fail, each naming the op and the
-first diverging position. The unmutated package passes every kit test."""
+"""Mutation test of the conformance kit on this package: flip one convention the family states at a time (rope
+pairing, norm unit offset, activation, router renormalisation, softcap) and run the kit (conftest.py) in-
+process; exactly the kit's comparisons with the independent reference fail (its logits, each naming the op and
+the first diverging position, and possibly its recorded greedy chains, naming the first differing step). The
+unmutated package passes every kit test."""
 
 from __future__ import annotations
 
@@ -77,8 +78,13 @@ def test_a_flipped_convention_fails_the_reference_check_naming_the_op(convention
     reports = run_kit()
     failed = {k for k, v in reports.outcomes.items() if v != "passed"}
     expected = {k for k in reports.outcomes if "test_matches_reference" in k and any(f"[{v}-" in k for v in variants)}
+    # the recorded greedy chains of the reference may also part (where the flip moves an argmax): allowed
+    chains = {k for k in reports.outcomes if "test_greedy_chain" in k and any(f"[{v}-" in k for v in variants)}
     assert len(expected) == 2 * len(variants)  # both backends of each variant
-    assert failed == expected, f"{convention}: failed {sorted(failed)}, expected {sorted(expected)}"
-    for nodeid in failed:
+    assert expected <= failed <= expected | chains, (
+        f"{convention}: failed {sorted(failed)}, expected {sorted(expected)} (and possibly those variants' chains)")
+    for nodeid in failed - chains:
         message = reports.messages[nodeid]
         assert "first diverging position" in message and re.search(names, message), f"{nodeid}:\n{message}"
+    for nodeid in failed & chains:
+        assert "greedy chain differs from the" in reports.messages[nodeid], reports.messages[nodeid]
