@@ -25,6 +25,13 @@ list of them, built once at load):
 
 Layers whose FFN is not a dense product pair (e.g. a mixture of experts) run their op's own
 layer kernel, which calls `attention_block` and `join` from here.
+
+`decode_rows` is the same block on N rows at once (a batch of sequences, or a span of one
+sequence's tokens: speculative verification), built from the same inlined steps: per row the same
+part calls, and products (kernels.block.product_group_rows) that read each weight block once for
+all rows while computing every row as the one-token product does, so each row's output is
+bit-identical to `decode_layer` on that token. It serves dense layers only; a layer with its own
+FFN kernel runs op by op in a batch (archrun.model.FusedDecoder.forward_step_batch_spans).
 """
 
 from __future__ import annotations
