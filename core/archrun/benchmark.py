@@ -12,11 +12,14 @@ import numpy as np
 
 def run_bench(path: str | os.PathLike, threads: int | None = None, backend: str | None = None,
               block_style: str | None = None, prompt_tokens: int = 128, gen_tokens: int = 64,
-              seed: int = 0) -> dict[str, Any]:
-    """Measure one model; token ids are random (seeded) so no tokenizer work is timed."""
+              seed: int = 0, kv_type: str = "f32") -> dict[str, Any]:
+    """Measure one model; token ids are random (seeded) so no tokenizer work is timed. kv_type: the cache's
+    K/V row format (f32, f16, q8_0)."""
     from archrun.api import load
+    from archrun.cache import kv_options
     from archrun.errors import ContextOverflow, InvalidRequest
 
+    kv = kv_options(kv_type)
     for name, n in (("prompt_tokens", prompt_tokens), ("gen_tokens", gen_tokens)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise InvalidRequest(f"{name} must be a positive integer, got {n!r}")
@@ -27,7 +30,7 @@ def run_bench(path: str | os.PathLike, threads: int | None = None, backend: str 
                               f"of {model.descriptor.n_ctx}")
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, model.descriptor.n_vocab, size=prompt_tokens)
-    cache = model.init_cache(min(model.descriptor.n_ctx, prompt_tokens + gen_tokens + 1))
+    cache = model.init_cache(min(model.descriptor.n_ctx, prompt_tokens + gen_tokens + 1), **kv)
     model.forward_step(ids[:1], cache)          # first token after load (includes warm-up)
     first_token_s = time.perf_counter() - t0
     cache.clear()
@@ -44,6 +47,7 @@ def run_bench(path: str | os.PathLike, threads: int | None = None, backend: str 
         "threads": threads,
         "prompt_tokens": prompt_tokens,
         "gen_tokens": gen_tokens,
+        "kv_type": kv_type,
         "prefill_tok_s": prompt_tokens / prefill_s,
         "decode_tok_s": gen_tokens / decode_s,
         "load_to_first_token_s": first_token_s,
@@ -57,6 +61,7 @@ def render_bench(r: dict[str, Any]) -> str:
     rows = [
         ("model", os.path.basename(r["model"])),
         ("backend", r["backend"]),
+        ("kv cache", r.get("kv_type", "f32")),
         (f"prefill ({r['prompt_tokens']} tok)", f"{r['prefill_tok_s']:.1f} tok/s"),
         (f"decode ({r['gen_tokens']} tok)", f"{r['decode_tok_s']:.1f} tok/s"),
         ("load to first token", f"{r['load_to_first_token_s']:.2f} s"),

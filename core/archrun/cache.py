@@ -25,15 +25,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from archrun.errors import ContextOverflow, InvalidRequest, shown
+from archrun.errors import ContextOverflow, InvalidRequest, KvTypeUnsupported, shown
+
+KV_TYPES = ("f32", "f16", "q8_0")  # K/V row formats init_cache knows by name (each op says which it stores)
+
+
+def kv_options(kv_type: Any) -> dict[str, str]:
+    """init_cache's keyword for kv_type ({} for f32, so a Decoder without kv types is called as before);
+    KvTypeUnsupported for a name that is not a kv type."""
+    if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
+        raise KvTypeUnsupported(f"kv_type must be one of {', '.join(KV_TYPES)}, got {shown(kv_type)}")
+    return {} if kv_type == "f32" else {"kv_type": kv_type}
 
 
 class KvCache:
     """Per-layer slots (layout declared by each layer's block op) plus the cached length."""
 
-    def __init__(self, slots: Sequence[Any], capacity: int):
+    def __init__(self, slots: Sequence[Any], capacity: int, kv_type: str = "f32"):
         self.slots = list(slots)
         self.capacity = capacity
+        self.kv_type = kv_type  # how the slots store K/V rows (init_cache's kv_type)
         self._n = 0
         self._peak = 0  # the longest length reached since the last clear (ring slots lose rows past it)
         self._stateful = [s for s in self.slots if callable(getattr(s, "can_restore", None))]

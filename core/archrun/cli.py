@@ -47,16 +47,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--system", help="system message (with --chat)")
     _sampling_args(run)
     _speculative_args(run)
+    _kv_arg(run)
     run.set_defaults(func=_cmd_run)
     chat = sub.add_parser("chat", help="interactive chat (keeps history; Ctrl-D or /exit quits)")
     _model_args(chat)
     chat.add_argument("--system", help="system message")
     _sampling_args(chat)
+    _kv_arg(chat)
     chat.set_defaults(func=_cmd_chat)
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
     _model_args(serve)
     _serve_args(serve)
     _speculative_args(serve)
+    _kv_arg(serve)
     serve.set_defaults(func=_cmd_serve)
     ins = sub.add_parser("inspect", help="print a model's descriptor and which plugin provides each op")
     ins.add_argument("model", help="path to a .gguf file")
@@ -72,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-tokens", type=int, default=128)
     bench.add_argument("--gen-tokens", type=int, default=64)
     bench.add_argument("--json", action="store_true", help="machine-readable output")
+    _kv_arg(bench)
     bench.set_defaults(func=_cmd_bench)
     conf = sub.add_parser("conformance", help="the conformance kit: record a plugin package's goldens")
     conf_sub = conf.add_subparsers(title="conformance commands")
@@ -156,6 +160,14 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def _kv_arg(p: argparse.ArgumentParser) -> None:
+    from archrun.cache import KV_TYPES
+
+    p.add_argument("--kv-type", choices=KV_TYPES, default="f32",
+                   help="how the KV cache stores keys and values: f32 (default), f16 (half the memory) or q8_0 "
+                        "(ggml's 8-bit blocks, ~0.27 of f32)")
+
+
 def _load(args: argparse.Namespace):
     from archrun.api import load
     from archrun.family import parse_hints
@@ -183,6 +195,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import archrun
 
     options, chat, generate = _sampling(args), archrun.chat, archrun.generate
+    options["kv_type"] = args.kv_type
     model = _load(args)
     if args.speculative is not None:
         from archrun import speculative
@@ -209,12 +222,13 @@ def _print_speculation(t: dict[str, float]) -> None:
 
 def _cmd_chat(args: argparse.Namespace) -> int:
     import archrun
-    from archrun.cache import PrefixCache
+    from archrun.cache import PrefixCache, kv_options
 
     options = _sampling(args)
     model = _load(args)
     history = [{"role": "system", "content": args.system}] if args.system else []
-    cache = PrefixCache(model.init_cache())  # kept between turns: a turn computes only its new tokens
+    # kept between turns: a turn computes only its new tokens
+    cache = PrefixCache(model.init_cache(**kv_options(args.kv_type)))
     interactive = sys.stdin.isatty()
     while True:
         try:
@@ -249,7 +263,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     config = ServeConfig(host=args.host, port=args.port, api_key=key,
                          parallel=args.parallel, ctx=args.ctx, queue=args.queue, prefill_chunk=args.prefill_chunk,
                          max_body=args.max_body, model_name=args.model_name,
-                         speculative=args.speculative, draft_max=args.draft_max)  # validated before the model loads
+                         speculative=args.speculative, draft_max=args.draft_max,
+                         kv_type=args.kv_type)  # validated before the model loads
     if args.ray:
         from archrun.serve import ray
 
@@ -284,7 +299,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from archrun.benchmark import render_bench, run_bench
 
     result = run_bench(args.model, threads=args.threads, backend=args.backend, block_style=args.block_style,
-                       prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
+                       prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, kv_type=args.kv_type)
     print(json.dumps(result, indent=2) if args.json else render_bench(result))
     return 0
 

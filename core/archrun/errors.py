@@ -74,6 +74,10 @@ class InvalidRequest(ArchrunError):
     """Generation options or inputs are out of range (temperature NaN, bad ids, ...)."""
 
 
+class KvTypeUnsupported(InvalidRequest):
+    """init_cache asked for a kv type (KV cache row format) that a layer's op cannot store."""
+
+
 class VocabularyMismatch(InvalidRequest):
     """A draft model's vocabulary differs from its target's (speculative decoding refuses the pair)."""
 

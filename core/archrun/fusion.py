@@ -29,7 +29,7 @@ from numba.core.errors import TypingError
 from archrun.errors import ContextOverflow
 from archrun.kernels import block, layer, pool, qmatrix
 from archrun.kernels.lists import typed_list
-from archrun.kernels.parts import NO_ROPE, Part, slot_part
+from archrun.kernels.parts import NO_ROPE, Part, compiled_for, slot_part
 from archrun.plan import DenseFfn, LayerPlan, Projections
 from archrun.weights import Matrix
 
@@ -106,12 +106,21 @@ class FusedBlock:
         layer.decode_rows(x, *self._args, slots, np.int64(li), seq, pos, cos, sin, chunks, par)
 
 
+def attention_part(op: Any, kv_type: str = "f32") -> Part | None:
+    """The attention op's Part for caches of kv_type: `op.fused` for f32, else `op.fused_for(kv_type)`
+    (compiled for SIGNATURES["attention:<kv type>"]), or None when it has none."""
+    if kv_type == "f32":
+        return slot_part(op, "attention")
+    fused_for = getattr(op, "fused_for", None)
+    p = fused_for(kv_type) if callable(fused_for) else None
+    return p if isinstance(p, Part) and compiled_for(p.fn, f"attention:{kv_type}") else None
 
-def _parts(lp: LayerPlan, norm: Any, rope: Any) -> tuple[tuple, tuple] | None:
+
+def _parts(lp: LayerPlan, norm: Any, rope: Any, kv_type: str = "f32") -> tuple[tuple, tuple] | None:
     """(fns, params) of the layer's parts in kernels.layer's order, or None when an op has none."""
     act = lp.ffn.act if isinstance(lp.ffn, DenseFfn) else getattr(lp.ffn.moe, "act_part", None)
     found = [slot_part(norm, "norm"), NO_ROPE if rope is None else slot_part(rope, "rope"),
-             slot_part(lp.attention, "attention"), act if isinstance(act, Part) else slot_part(act, "activation"),
+             attention_part(lp.attention, kv_type), act if isinstance(act, Part) else slot_part(act, "activation"),
              slot_part(lp.residual, "residual", "fused_input"), slot_part(lp.residual, "residual")]
     if any(p is None for p in found) or not callable(getattr(lp.attention, "slot_arrays", None)):
         return None
@@ -142,8 +151,9 @@ def _group_id(groups: list[tuple], ms: tuple, n_in: int) -> int:
     return len(groups) - 1
 
 
-def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None = None) -> FusedBlock | None:
-    """The fused decode step of a bound layer, or None when it must run op by op.
+def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None = None,
+               kv_type: str = "f32") -> FusedBlock | None:
+    """The fused decode step of a bound layer over caches of kv_type, or None when it must run op by op.
 
     groups: when given, a dense layer's product groups are appended (pool group ids).
     """
@@ -151,7 +161,7 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
         return None  # a token mixer's layer (or one beside the attention), or a block without FFN: op by op
     a = lp.spec.attention
     rope = ropes[a.rope]
-    found = _parts(lp, norm, rope)
+    found = _parts(lp, norm, rope, kv_type)
     if found is None or not isinstance(lp.qkv, Projections) or not isinstance(lp.o, Matrix):
         return None  # an op without a kernel part, or an attention op's own projection layout
     if a.qk_norm_per_head:
@@ -189,11 +199,11 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
     return FusedBlock(layer.decode_layer, None, lp.attention.slot_arrays, rope_index, parallel, layer_args=args)
 
 
-def fuse_layers(plan: Any, groups: list[tuple] | None = None) -> list[FusedBlock] | None:
-    """Fused steps of every trunk layer, or None when any layer must run op by op."""
+def fuse_layers(plan: Any, groups: list[tuple] | None = None, kv_type: str = "f32") -> list[FusedBlock] | None:
+    """Fused steps of every trunk layer over caches of kv_type, or None when any layer must run op by op."""
     blocks = []
     for lp in plan.layers:
-        fb = fuse_layer(lp, plan.norm, plan.ropes, groups)
+        fb = fuse_layer(lp, plan.norm, plan.ropes, groups, kv_type)
         if fb is None:
             return None
         blocks.append(fb)
@@ -229,8 +239,19 @@ class DecodeSteps:
         shared = self.blocks is not None and all(fb._kernel is layer.decode_layer or fb.pooled for fb in self.blocks)
         self._groups = groups if shared and head is not None and pool.enabled() else None
         self._pool: pool.DecodePool | None = None
+        self._plan = plan
+        self._by_kv_type: dict[str, list[FusedBlock] | None] = {"f32": self.blocks}
         self._pool_rows = 0  # rows of activations the pool's buffers hold
         self._slot_lists: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def blocks_for(self, kv_type: str) -> list[FusedBlock] | None:
+        """The fused steps over caches of kv_type (built on the first such cache, then kept), or None when
+        an op has no part for it. Their product groups are the f32 blocks' (the same pool ids: the layers
+        are fused in the same order)."""
+        if kv_type not in self._by_kv_type:
+            self._by_kv_type[kv_type] = None if self.blocks is None else fuse_layers(
+                self._plan, [] if self._groups is not None else None, kv_type)
+        return self._by_kv_type[kv_type]
 
     @property
     def rows_ready(self) -> bool:

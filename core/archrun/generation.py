@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from archrun.cache import PrefixCache
+from archrun.cache import PrefixCache, kv_options
 from archrun.chat_template import chat_prompt
 from archrun.errors import ContextOverflow, InvalidRequest, shown
 from archrun.grammar import Constraint, Grammar, make_grammar
@@ -92,13 +92,14 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
              stop: Sequence[str] | str | None = None, add_special: bool = True,
              parse_special: bool = False, cache: PrefixCache | None = None,
              logprobs: int | None = None, json_schema: dict | str | None = None,
-             grammar: Grammar | None = None, **sampling: Any) -> Generation:
+             grammar: Grammar | None = None, kv_type: str = "f32", **sampling: Any) -> Generation:
     """Generate a continuation of `prompt` (text, or token ids) with `model` (any Decoder).
 
     Sampling options (temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
     frequency_penalty, penalty_last_n, logit_bias, seed) are those of SamplingParams.
     max_tokens None means "until EOS or the context is full".
     cache: a PrefixCache kept across calls (the prompt reuses the prefix it shares with it).
+    kv_type: how the cache made here (without `cache`) stores K/V: "f32", "f16" or "q8_0".
     logprobs: report each token's logprob and this many alternatives (result.logprobs).
     json_schema: a JSON Schema (dict or JSON text) the output must satisfy; grammar: an
     archrun.grammar.Grammar (JSON Schema, Lark or regex). The output is constrained token by
@@ -112,12 +113,13 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
     if cache is not None and not isinstance(cache, PrefixCache):
         raise InvalidRequest(f"cache must be an archrun.cache.PrefixCache, got {type(cache).__name__}")
     grammar = make_grammar(grammar, json_schema)
+    kv = kv_options(kv_type)
     tok = model.tokenizer
     ids = list(prompt) if not isinstance(prompt, str) else tok.encode(prompt, add_special, parse_special)
     capacity = cache.capacity if cache is not None else None
     req = make_request(model, ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs, context=capacity,
                        grammar=grammar, **sampling)
-    return Generation(lambda gen: _run(gen, model, req, cache))
+    return Generation(lambda gen: _run(gen, model, req, cache, kv))
 
 
 def chat(model: Any, messages: Sequence[dict], /, *, template: str | None = None, tools: Any = None,
@@ -318,10 +320,11 @@ def _logprob(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
     return TokenLogprob(token=token, logprob=float(x[token] - lse), top=top)
 
 
-def _run(gen: Generation, model: Any, req: GenerationRequest, cache: PrefixCache | None) -> Iterator[str]:
+def _run(gen: Generation, model: Any, req: GenerationRequest, cache: PrefixCache | None,
+         kv: dict | None = None) -> Iterator[str]:
     """The generation loop: prefill what the cache lacks, then sample/step until done."""
     dec = Decoding(model.tokenizer, req, model.descriptor.n_vocab)
-    cache = cache if cache is not None else PrefixCache(model.init_cache(len(req.ids) + req.budget))
+    cache = cache if cache is not None else PrefixCache(model.init_cache(len(req.ids) + req.budget, **(kv or {})))
     feed = cache.prepare(req.ids)
     t0 = time.perf_counter()
     logits = _step(model, cache, feed)

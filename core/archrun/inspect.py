@@ -7,11 +7,12 @@ import warnings
 from collections import Counter
 from typing import Any
 
+from archrun.cache import KV_TYPES, kv_options
 from archrun.compile import compile_gguf
 from archrun.errors import UnknownVocabulary
 from archrun.family import CONVENTIONS
 from archrun.ggufio import open_gguf
-from archrun.model import vocabulary_of
+from archrun.model import kv_types_of, vocabulary_of
 from archrun.plugins import default_plugin_manager, installed_plugins
 from archrun.vocab import build_vocabulary
 
@@ -58,6 +59,7 @@ def _memory(d: Any, vocab: Any) -> list[dict[str, Any]] | None:
         except UnknownVocabulary:
             return None
         per_token, state = _slot_bytes(op, d.n_ctx)
+        by_type = {t: _slot_bytes(op, d.n_ctx, t)[0] for t in KV_TYPES if t in kv_types_of(op)}
         kind = a.kind
         if layer.parallel is not None:
             try:
@@ -65,14 +67,18 @@ def _memory(d: Any, vocab: Any) -> list[dict[str, Any]] | None:
             except UnknownVocabulary:
                 return None
             state += _slot_bytes(side, d.n_ctx)[1]
+            by_type = {t: b for t, b in by_type.items() if t in kv_types_of(side)}
             kind = f"{a.kind}+{layer.parallel.kind}"
-        out.append({"kind": kind, "bytes_per_token": per_token, "state_bytes": state})
+        out.append({"kind": kind, "bytes_per_token": per_token, "state_bytes": state,
+                    "kv_bytes_per_token": by_type})
     return out
 
 
-def _slot_bytes(op: Any, n_ctx: int) -> tuple[int, int]:
-    """(bytes per token, fixed state bytes) of the slot `op` makes, from its empty slots of n_ctx and n_ctx-1."""
-    full, less = op.new_slot(n_ctx, 0), op.new_slot(max(1, n_ctx - 1), 0)
+def _slot_bytes(op: Any, n_ctx: int, kv_type: str = "f32") -> tuple[int, int]:
+    """(bytes per token, fixed state bytes) of the slot `op` makes (storing kv_type), from its empty slots of
+    n_ctx and n_ctx-1."""
+    kw = kv_options(kv_type)
+    full, less = op.new_slot(n_ctx, 0, **kw), op.new_slot(max(1, n_ctx - 1), 0, **kw)
     per_token = full.nbytes - less.nbytes
     return per_token, getattr(full, "state_bytes", full.nbytes - per_token * n_ctx)
 
@@ -90,6 +96,9 @@ def _memory_lines(memory: list[dict[str, Any]] | None) -> list[str]:
             start = i
     per_token = sum(m["bytes_per_token"] for m in memory)
     state = sum(m["state_bytes"] for m in memory)
+    kv = [f"{t} {sum(m['kv_bytes_per_token'][t] for m in memory)} B/token" for t in KV_TYPES
+          if all(t in m["kv_bytes_per_token"] for m in memory)]
+    out.append(f"kv types      {', '.join(kv)} (init_cache(kv_type=...), --kv-type; others: not stored by an op)")
     out.append(f"per sequence  {per_token} B/token + {state} B of state (each kept rewind copy: the recurrent "
                "layers' state again)")
     return out

@@ -24,13 +24,14 @@ import attrs
 import numpy as np
 
 from archrun import quant
-from archrun.cache import KvCache, PairSlot
+from archrun.cache import KvCache, PairSlot, kv_options
 from archrun.decoder import Caps
 from archrun.descriptor import NO_ROPE, Descriptor, LayerSpec, MoeSpec
 from archrun.errors import (
     ArchrunWarning,
     ContextOverflow,
     InvalidRequest,
+    KvTypeUnsupported,
     MetadataError,
     MissingTensor,
     UnexpectedTensor,
@@ -372,11 +373,13 @@ class Interpreter:
             self._tokenizer = self._tokenizer_factory()
         return self._tokenizer
 
-    def init_cache(self, max_tokens: int | None = None, max_rewind: int = 64) -> KvCache:
+    def init_cache(self, max_tokens: int | None = None, max_rewind: int = 64, kv_type: str = "f32") -> KvCache:
         """A cache for up to max_tokens tokens (default: the model's context length).
 
         max_rewind bounds how far `cache.rewind` can go back on sliding-window layers, whose
         ring buffers hold window + max_rewind rows (global layers can always rewind fully).
+        kv_type: how K/V rows are stored, "f32", "f16" or "q8_0" (ggml's blocks), as far as every
+        layer's op supports it (`op.kv_types`; ops without it store f32 only): else KvTypeUnsupported.
         """
         n_ctx = self.descriptor.n_ctx
         max_tokens = n_ctx if max_tokens is None else max_tokens
@@ -387,7 +390,9 @@ class Interpreter:
             raise ContextOverflow(f"max_tokens {max_tokens} exceeds the model's context length {n_ctx}")
         if not isinstance(max_rewind, int) or isinstance(max_rewind, bool) or max_rewind < 0:
             raise InvalidRequest(f"max_rewind must be a non-negative integer, got {shown(max_rewind)}")
-        return KvCache([_new_slot(lp, max_tokens, max_rewind) for lp in self.plan.layers], max_tokens)
+        check_kv_type(self.plan.layers, kv_type)
+        return KvCache([_new_slot(lp, max_tokens, max_rewind, kv_type) for lp in self.plan.layers], max_tokens,
+                       kv_type=kv_type)
 
     def forward_step(self, token_ids: Sequence[int] | np.ndarray, cache: KvCache,
                      all_logits: bool = False) -> np.ndarray:
@@ -588,8 +593,11 @@ class FusedDecoder(Interpreter):
         start = len(cache)
         x = np.ascontiguousarray(self.embed(ids, start)[0])
         angles = self.rope_angles(np.array([start]))
+        blocks = self._decode.blocks_for(cache.kv_type)  # resolved once per kv type, then a dict hit
+        if blocks is None:  # an op without a fused part for this kv type: op by op
+            return super()._forward(ids, cache, all_logits)
         with self._decode.running() as par:  # the worker pool, when there is one, for this step
-            for fb, slot in zip(self.fused_blocks, cache.slots, strict=True):
+            for fb, slot in zip(blocks, cache.slots, strict=True):
                 fb(x, slot, start, angles, par)
             cache.advance(1)
             hidden = p.norm(x[None, :], p.output_norm, p.output_norm_b)
@@ -798,10 +806,28 @@ def _per_span(op: Any, slots: list, starts: list[int], ends: np.ndarray) -> Call
     return attend
 
 
-def _new_slot(lp: LayerPlan, capacity: int, max_rewind: int) -> Any:
-    """A layer's cache slot, made by its op (with its parallel mixer's beside it: a PairSlot)."""
-    slot = lp.attention.new_slot(capacity, max_rewind)
-    return slot if lp.parallel is None else PairSlot(slot, lp.parallel.new_slot(capacity, max_rewind))
+def kv_types_of(op: Any) -> tuple[str, ...]:
+    """The kv types an op's slots can store (its `kv_types`; f32 only when it does not say)."""
+    return tuple(getattr(op, "kv_types", ("f32",)))
+
+
+def check_kv_type(layers: Sequence[LayerPlan], kv_type: Any) -> None:
+    """Raise KvTypeUnsupported unless every layer's op (and the mixer beside it) stores kv_type."""
+    kv_options(kv_type)
+    for i, lp in enumerate(layers):
+        for op in (lp.attention, lp.parallel):
+            if op is not None and kv_type not in kv_types_of(op):
+                kind = getattr(lp.spec.attention, "kind", type(op).__name__)
+                raise KvTypeUnsupported(f"layer {i}'s op {kind!r} ({type(op).__name__}) cannot store a "
+                                        f"{kv_type} cache; it stores {', '.join(kv_types_of(op))}")
+
+
+def _new_slot(lp: LayerPlan, capacity: int, max_rewind: int, kv_type: str = "f32") -> Any:
+    """A layer's cache slot, made by its op (with its parallel mixer's beside it: a PairSlot); the kv type
+    is passed only when it is not f32 (ops that store f32 only need not take it)."""
+    kw = {} if kv_type == "f32" else {"kv_type": kv_type}
+    slot = lp.attention.new_slot(capacity, max_rewind, **kw)
+    return slot if lp.parallel is None else PairSlot(slot, lp.parallel.new_slot(capacity, max_rewind, **kw))
 
 
 def fused_style() -> type[Interpreter]:

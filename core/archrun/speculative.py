@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from archrun.cache import PrefixCache, restore_point, rewind_to
+from archrun.cache import PrefixCache, kv_options, restore_point, rewind_to
 from archrun.errors import InvalidRequest, PluginError, VocabularyMismatch
 from archrun.generation import Decoding, Generation, GenerationRequest, chat_prompt, make_request
 from archrun.sampling import Sampler
@@ -117,7 +117,7 @@ class Drafter:
 def generate(model: Any, prompt: str | Sequence[int], drafter: str | Drafter, *, draft_max: int = 5,
              max_tokens: int | None = 256, stop: Sequence[str] | str | None = None, add_special: bool = True,
              parse_special: bool = False, cache: PrefixCache | None = None, logprobs: int | None = None,
-             **sampling: Any) -> Generation:
+             kv_type: str = "f32", **sampling: Any) -> Generation:
     """archrun.generate, decoding speculatively with `drafter` (a spec such as "lookup",
     "draft:PATH", "mtp", or a Drafter), drafting at most draft_max tokens a round.
 
@@ -132,6 +132,7 @@ def generate(model: Any, prompt: str | Sequence[int], drafter: str | Drafter, *,
     if isinstance(prompt, bytes | bytearray):
         raise InvalidRequest("prompt must be text or a sequence of token ids, not bytes")
     check_target(model)
+    kv = kv_options(kv_type)  # the target's cache made here (without `cache`); a draft model's stays f32
     length = AdaptiveLength(draft_max)
     ids = list(prompt) if not isinstance(prompt, str) else model.tokenizer.encode(prompt, add_special, parse_special)
     capacity = cache.capacity if cache is not None else None
@@ -140,7 +141,7 @@ def generate(model: Any, prompt: str | Sequence[int], drafter: str | Drafter, *,
     if req.grammar is not None:
         raise InvalidRequest("speculative decoding does not take a grammar (use archrun.generate)")
     chosen = make_drafter(model, drafter)
-    return Generation(lambda gen: run(gen, model, req, cache, chosen, length))
+    return Generation(lambda gen: run(gen, model, req, cache, chosen, length, kv))
 
 
 def chat(model: Any, messages: Sequence[dict], drafter: str | Drafter, *, template: str | None = None,
@@ -266,12 +267,12 @@ def check_target(model: Any) -> None:
 
 
 def run(gen: Generation, model: Any, req: GenerationRequest, cache: PrefixCache | None,
-        drafter: Drafter, length: AdaptiveLength) -> Iterator[str]:
+        drafter: Drafter, length: AdaptiveLength, kv: dict | None = None) -> Iterator[str]:
     """The speculative generation loop (the speculative counterpart of generation's plain loop)."""
     dec = Decoding(model.tokenizer, req, model.descriptor.n_vocab)
     if cache is None:
         room = min(model.descriptor.n_ctx, len(req.ids) + req.budget + length.k_max)
-        cache = PrefixCache(model.init_cache(room, max_rewind=max(64, 2 * MAX_DRAFT + 2)))
+        cache = PrefixCache(model.init_cache(room, max_rewind=max(64, 2 * MAX_DRAFT + 2), **(kv or {})))
     elif drafter.follows_trunk:
         cache.reset()  # the drafter's state must see every token the target's cache holds
     drafter.start(model, cache.capacity)

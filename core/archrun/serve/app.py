@@ -85,7 +85,8 @@ class Server:
         self.metrics = Metrics()
         self.engine = Engine(model, parallel=config.parallel, ctx=self.ctx, queue=config.queue,
                              prefill_chunk=config.prefill_chunk, metrics=self.metrics,
-                             drafter=_drafter(model, config.speculative), draft_max=config.draft_max)
+                             drafter=_drafter(model, config.speculative), draft_max=config.draft_max,
+                             kv_type=config.kv_type)
         self.logprobs = protocol.LogprobFormatter(model.tokenizer)
         self.created = int(time.time())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from archrun.cache import kv_options
 from archrun.errors import InvalidRequest
 
 
@@ -35,6 +36,11 @@ class ServeConfig:
     model_name: str | None = None           # the model id clients see (None: the file's name)
     speculative: str | None = None          # a drafter spec ("lookup", "draft:PATH"): decode speculatively
     draft_max: int = attrs.field(default=5, validator=_int_in(1, 16))  # most drafts per verify step
+    kv_type: str = attrs.field(default="f32")  # how each sequence's cache stores K/V: f32, f16, q8_0
+
+    @kv_type.validator
+    def _kv(self, _attr, value) -> None:
+        kv_options(value)  # KvTypeUnsupported for an unknown name (the model's ops are checked at load)
 
     @api_key.validator
     def _key(self, _attr, value) -> None:

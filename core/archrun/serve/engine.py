@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from archrun.cache import PrefixCache, common_prefix
+from archrun.cache import PrefixCache, common_prefix, kv_options
 from archrun.errors import ArchrunError, InvalidRequest
 from archrun.generation import Decoding, GenerationRequest, GenerationResult, TokenLogprob
 from archrun.serve.metrics import Metrics
@@ -129,8 +129,11 @@ class Engine:
     """The inference thread and its batch (see the module docstring)."""
 
     def __init__(self, model: Any, *, parallel: int, ctx: int, queue: int, prefill_chunk: int | None = None,
-                 metrics: Metrics | None = None, drafter: Any = None, draft_max: int = 5):
+                 metrics: Metrics | None = None, drafter: Any = None, draft_max: int = 5, kv_type: str = "f32"):
         self.model, self.ctx, self.queue_bound = model, ctx, queue
+        self.kv = kv_options(kv_type)  # init_cache's kv type keyword
+        if self.kv:  # every layer's op must store it: refused now, not at the first request
+            model.init_cache(2, **self.kv)
         self.prefill_chunk = prefill_chunk  # prompt tokens per step; None: automatic (StepCosts)
         self.costs = StepCosts()
         self.drafter, self.draft_max = drafter, draft_max   # an archrun.speculative.Drafter, or None
@@ -224,7 +227,7 @@ class Engine:
             slot = max(self._free, key=lambda s: (self._shared(s, ticket.request.ids), -s.last_used))  # LRU on ties
             self._free.remove(slot)
             if slot.cache is None:
-                slot.cache = PrefixCache(self.model.init_cache(self.ctx))
+                slot.cache = PrefixCache(self.model.init_cache(self.ctx, **self.kv))
             if not (ticket.reuse_prefix and self.model.caps.rewind):
                 slot.cache.reset()
             try:
