@@ -4,9 +4,13 @@ Both sides run in their own fresh process (alternating, --repeat times each; med
 reported), on the same random token ids, at the same thread count: prefill of --prompt-tokens
 tokens, then --gen-tokens greedy decode steps. Prints a table of tok/s and the
 archrun/llama.cpp ratios, and writes the same as JSON (--json-out). Decode at a depth: the decode
-steps run after the prompt, so `--prompt-tokens 4096` measures decode over 4k cached tokens.
+steps run after the prompt, so `--prompt-tokens 4096` measures decode over 4k cached tokens;
+`--depths 512,4096,16384` does that for each depth and prints a decode-at-depth table, with the
+KV cache of both sides in --kv-type (f32, f16, q8_0; llama.cpp's type_k/type_v, with flash
+attention on where it needs it: a quantized V cache).
 
     python bench/bench_llamacpp.py --llama-python .venv-bench/bin/python --threads 2
+    python bench/bench_llamacpp.py --models smollm2 --depths 512,4096,16384 --kv-type f16 --gen-tokens 32
 
 --llama-python is an interpreter with llama-cpp-python installed (`make bench` makes one).
 """
@@ -32,9 +36,10 @@ import numpy as np
 import llama_cpp as L
 from llama_cpp import Llama
 path, (threads, n_prompt, n_gen, seed) = sys.argv[1], map(int, sys.argv[2:6])
+kv = {"f32": 0, "f16": 1, "q8_0": 8}[sys.argv[6]]  # ggml type ids
 t0 = time.perf_counter()
 llm = Llama(model_path=path, n_ctx=n_prompt + n_gen + 8, n_batch=512, n_threads=threads,
-            n_threads_batch=threads, verbose=False, seed=seed)
+            n_threads_batch=threads, verbose=False, seed=seed, type_k=kv, type_v=kv, flash_attn=kv == 8)
 ctx, n_vocab = llm.ctx, llm.n_vocab()
 
 def decode(ids):  # llama_decode in batches of n_batch (Llama.eval keeps only n_batch rows of logits)
@@ -62,7 +67,8 @@ ARCHRUN_SNIPPET = r"""
 import json, sys
 from archrun.benchmark import run_bench
 path, (threads, n_prompt, n_gen, seed) = sys.argv[1], map(int, sys.argv[2:6])
-print(json.dumps(run_bench(path, threads=threads, prompt_tokens=n_prompt, gen_tokens=n_gen, seed=seed)))
+print(json.dumps(run_bench(path, threads=threads, prompt_tokens=n_prompt, gen_tokens=n_gen, seed=seed,
+                           kv_type=sys.argv[6])))
 """
 
 
@@ -83,25 +89,30 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3,
                    help="runs per side and model, alternating; each figure is the median (a shared machine is noisy)")
     p.add_argument("--json-out", type=Path, default=HERE / "results" / "latest.json")
+    p.add_argument("--depths", default=None, metavar="N,N,...",
+                   help="decode at these cached depths (each: a prompt of N tokens, then --gen-tokens steps)")
+    p.add_argument("--kv-type", choices=("f32", "f16", "q8_0"), default="f32", help="both sides' KV cache type")
     args = p.parse_args()
-    common = [str(args.threads), str(args.prompt_tokens), str(args.gen_tokens), "0"]
+    depths = [int(d) for d in args.depths.split(",")] if args.depths else [args.prompt_tokens]
     rows = []
     for name in args.models:
         path = str(model_path(name))
-        runs = [(_run(sys.executable, ARCHRUN_SNIPPET, [path, *common]),
-                 _run(args.llama_python, LLAMA_SNIPPET, [path, *common])) for _ in range(max(1, args.repeat))]
-        ours, ref = _median([a for a, _ in runs]), _median([b for _, b in runs])
-        rows.append({"model": name, "archrun": ours, "llama.cpp": ref,
-                     "prefill_ratio": ours["prefill_tok_s"] / ref["prefill_tok_s"],
-                     "decode_ratio": ours["decode_tok_s"] / ref["decode_tok_s"]})
-        print(_row(rows[-1]), flush=True)
+        for depth in depths:
+            common = [str(args.threads), str(depth), str(args.gen_tokens), "0", args.kv_type]
+            runs = [(_run(sys.executable, ARCHRUN_SNIPPET, [path, *common]),
+                     _run(args.llama_python, LLAMA_SNIPPET, [path, *common])) for _ in range(max(1, args.repeat))]
+            ours, ref = _median([a for a, _ in runs]), _median([b for _, b in runs])
+            rows.append({"model": name, "depth": depth, "kv_type": args.kv_type, "archrun": ours, "llama.cpp": ref,
+                         "prefill_ratio": ours["prefill_tok_s"] / ref["prefill_tok_s"],
+                         "decode_ratio": ours["decode_tok_s"] / ref["decode_tok_s"]})
+            print(_row(rows[-1]), flush=True)
     report = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.processor() or ''}".strip(),
               "threads": args.threads, "repeat": args.repeat, "prompt_tokens": args.prompt_tokens,
-              "gen_tokens": args.gen_tokens,
+              "gen_tokens": args.gen_tokens, "kv_type": args.kv_type, "depths": depths,
               "rows": rows}
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(report, indent=2))
-    print(_table(rows))
+    print(_depth_table(rows) if args.depths else _table(rows))
     return 0
 
 
@@ -116,7 +127,8 @@ def _median(results: list[dict]) -> dict:
 
 def _row(r: dict) -> str:
     a, b = r["archrun"], r["llama.cpp"]
-    return (f"{r['model']}: prefill {a['prefill_tok_s']:.1f} vs {b['prefill_tok_s']:.1f} tok/s "
+    return (f"{r['model']} (depth {r['depth']}, kv {r['kv_type']}): "
+            f"prefill {a['prefill_tok_s']:.1f} vs {b['prefill_tok_s']:.1f} tok/s "
             f"({r['prefill_ratio']:.2f}x), decode {a['decode_tok_s']:.1f} vs {b['decode_tok_s']:.1f} tok/s "
             f"({r['decode_ratio']:.2f}x)")
 
@@ -132,6 +144,16 @@ def _table(rows: list[dict]) -> str:
             f"| {a['decode_tok_s']:.1f} | {b['decode_tok_s']:.1f} | {r['decode_ratio']:.2f} "
             f"| {a['load_to_first_token_s']:.2f} | {a['peak_rss_mb']:.0f} |"
         )
+    return "\n".join(lines)
+
+
+def _depth_table(rows: list[dict]) -> str:
+    """Decode tok/s after a prompt of `depth` tokens, both sides, and the ratio (same run)."""
+    lines = ["| model | depth | kv type | decode archrun | decode llama.cpp | ratio |", "|" + "---|" * 6]
+    for r in rows:
+        a, b = r["archrun"], r["llama.cpp"]
+        lines.append(f"| {r['model']} | {r['depth']} | {r['kv_type']} | {a['decode_tok_s']:.1f} "
+                     f"| {b['decode_tok_s']:.1f} | {r['decode_ratio']:.2f} |")
     return "\n".join(lines)
 
 
