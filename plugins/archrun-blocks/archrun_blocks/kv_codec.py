@@ -103,7 +103,7 @@ def half_value(lo, hi):
     elif e == 31:
         v = _F32(np.inf) if m == 0 else _F32(np.nan)
     else:
-        v = _F32(m + 1024) * _F32(math.ldexp(1.0, e - 25))
+        v = _F32(m + 1024) * _F32(math.ldexp(1.0, int(e) - 25))
     return -v if b & 0x8000 else v
 
 
