@@ -33,8 +33,11 @@ from archrun.conformance import hf
 
 FILE = "greedy_chains.json"
 FORMAT = 1
-N_PROMPT = 12
+#: the chain covers the fixture's last positions (24-39 of ``hf.N_TOKENS`` = 40), those its HF goldens hold
+#: archrun to: a model whose HF code switches behaviour with the sequence length (Phi-3's LongRoPE picks its
+#: factors by it; archrun and llama.cpp by the context) is then compared where both agree
 N_CHAIN = 16
+N_PROMPT = hf.N_TOKENS - N_CHAIN
 #: a reference step whose top-2 gap is below TIE x max |logit| (of the chain) is a near tie
 TIE = 2 * hf.TOLERANCE
 
@@ -92,7 +95,7 @@ def write(goldens: Path, entries: Mapping[str, Any], versions: Mapping[str, Any]
     path = Path(goldens) / FILE
     old = read(goldens).get("chains", {})
     body = {"format": FORMAT, "what": "greedy chains of an independent reference (archrun must pick the same "
-            "tokens up to the first near tie)", "n_prompt": N_PROMPT, "n_chain": N_CHAIN, "tie": TIE,
+            "tokens up to the first near tie)", "n_chain": N_CHAIN, "tie": TIE,
             "chains": dict(sorted({**old, **entries}.items()))}
     body["chains"] = {k: {**v, "versions": dict(v.get("versions", versions))} for k, v in body["chains"].items()}
     text = json.dumps(body, indent=1, sort_keys=True)
@@ -220,7 +223,7 @@ def record_reference_chains(decl: Any, here: Path, work: Path) -> Path | None:
         except AssertionError as e:
             raise InvalidRequest(f"not recording the greedy chain of {variant.name}: {e}") from None
         chain = reference_chain(lambda seq, p=path: decl.reference(p, np.asarray(seq, np.int64))[-1],
-                                ids[:N_PROMPT].tolist())
+                                kit.ids_of(variant, N_PROMPT).tolist())
         entries[key("synthetic", variant.name)] = {**chain, "input_sha256": hf._sha256(path),
                                                    "reference": "the package's forward pass", "versions": vers}
         print(f"chain {variant.name}: {chain['tokens']}")
