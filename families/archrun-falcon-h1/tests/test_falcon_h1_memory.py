@@ -30,7 +30,9 @@ def test_inspect_shows_rows_and_state():
 
     memory = inspect_model(GOLDENS / "falcon_h1_g1.gguf")["memory"]
     conv, ssm = 3 * (128 + 2 * 16), 8 * 16 * 16
-    assert memory == [{"kind": "causal+mamba2", "bytes_per_token": 2 * 2 * 16 * 4, "state_bytes": 4 * (conv + ssm)}] * 3
+    rows = 2 * 2 * 16 * 4  # K and V, 2 kv heads x 16, float32 (the mixer stores f32 only, so the pair does)
+    assert memory == [{"kind": "causal+mamba2", "bytes_per_token": rows, "state_bytes": 4 * (conv + ssm),
+                       "kv_bytes_per_token": {"f32": rows}}] * 3
 
 
 def test_a_mixer_beside_sliding_window_attention_is_refused(tmp_path):

@@ -26,4 +26,5 @@ def test_inspect_shows_the_per_channel_state():
 
     memory = inspect_model(GOLDENS / "jamba_mmam_moe2.gguf")["memory"]
     inner = 2 * 64
-    assert memory[0] == {"kind": "mamba", "bytes_per_token": 0, "state_bytes": 4 * (3 * inner + inner * 16)}
+    assert memory[0] == {"kind": "mamba", "bytes_per_token": 0, "state_bytes": 4 * (3 * inner + inner * 16),
+                         "kv_bytes_per_token": {"f32": 0}}

@@ -31,11 +31,12 @@ def test_inspect_shows_each_layers_kind_and_its_state_bytes():
 
     info = inspect_model(GOLDENS / "lfm2_ccac.gguf")
     d, kv = 64, 2 * 16  # width; kv heads x head_dim
+    conv = {"kind": "shortconv", "bytes_per_token": 0, "state_bytes": 2 * d * 4, "kv_bytes_per_token": {"f32": 0}}
     assert info["memory"] == [
-        {"kind": "shortconv", "bytes_per_token": 0, "state_bytes": 2 * d * 4},   # (l_cache - 1) rows of d
-        {"kind": "shortconv", "bytes_per_token": 0, "state_bytes": 2 * d * 4},
-        {"kind": "causal", "bytes_per_token": 2 * kv * 4, "state_bytes": 0},      # a K and a V row per token
-        {"kind": "shortconv", "bytes_per_token": 0, "state_bytes": 2 * d * 4},
+        conv, conv,                                                             # (l_cache - 1) rows of d
+        {"kind": "causal", "bytes_per_token": 2 * kv * 4, "state_bytes": 0,      # a K and a V row per token
+         "kv_bytes_per_token": {"f32": 2 * kv * 4, "f16": 2 * kv * 2}},         # (q8_0: head_dim 16 < 32)
+        conv,
     ]
     text = render_text(info)
     assert "memory 0-1     shortconv: 0 B/token, state 512 B" in text

@@ -25,4 +25,5 @@ def test_inspect_shows_a_fixed_state_and_no_per_token_bytes():
 
     memory = inspect_model(GOLDENS / "mamba2_g1_k4.gguf")["memory"]
     conv, ssm = 3 * (128 + 2 * 16), 8 * 16 * 16   # (K-1) x conv_dim; heads x head_dim x state
-    assert memory == [{"kind": "mamba2", "bytes_per_token": 0, "state_bytes": 4 * (conv + ssm)}] * 3
+    assert memory == [{"kind": "mamba2", "bytes_per_token": 0, "state_bytes": 4 * (conv + ssm),
+                       "kv_bytes_per_token": {"f32": 0}}] * 3

@@ -29,8 +29,11 @@ def test_inspect_shows_the_delta_state():
 
     memory = inspect_model(GOLDENS / "qwen35_dddA.gguf")["memory"]
     conv, delta = 3 * (2 * 2 * 16 + 4 * 16), 4 * 16 * 16     # (K-1) x conv_dim; value heads x dk x dv
-    assert memory[0] == {"kind": "gated_deltanet_tiled", "bytes_per_token": 0, "state_bytes": 4 * (conv + delta)}
-    assert memory[3] == {"kind": "gated_causal", "bytes_per_token": 2 * 2 * 32 * 4, "state_bytes": 0}
+    assert memory[0] == {"kind": "gated_deltanet_tiled", "bytes_per_token": 0, "state_bytes": 4 * (conv + delta),
+                         "kv_bytes_per_token": {"f32": 0}}
+    rows = 2 * 2 * 32  # K and V rows of 2 kv heads x 32; q8_0: one block of 32 values = 34 bytes per head row
+    assert memory[3] == {"kind": "gated_causal", "bytes_per_token": rows * 4, "state_bytes": 0,
+                         "kv_bytes_per_token": {"f32": rows * 4, "f16": rows * 2, "q8_0": 2 * 2 * 34}}
 
 
 def test_the_value_head_order_is_seen():

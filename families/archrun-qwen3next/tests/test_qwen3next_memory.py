@@ -27,5 +27,8 @@ def test_inspect_shows_the_delta_state():
 
     memory = inspect_model(GOLDENS / "qwen3next_dddA.gguf")["memory"]
     conv, delta = 3 * (2 * 2 * 16 + 4 * 16), 4 * 16 * 16     # (K-1) x conv_dim; value heads x dk x dv
-    assert memory[0] == {"kind": "gated_deltanet", "bytes_per_token": 0, "state_bytes": 4 * (conv + delta)}
-    assert memory[3] == {"kind": "gated_causal", "bytes_per_token": 2 * 2 * 16 * 4, "state_bytes": 0}
+    assert memory[0] == {"kind": "gated_deltanet", "bytes_per_token": 0, "state_bytes": 4 * (conv + delta),
+                         "kv_bytes_per_token": {"f32": 0}}
+    rows = 2 * 2 * 16  # K and V rows of 2 kv heads x 16 (no q8_0: 16 is not a multiple of its 32-value blocks)
+    assert memory[3] == {"kind": "gated_causal", "bytes_per_token": rows * 4, "state_bytes": 0,
+                         "kv_bytes_per_token": {"f32": rows * 4, "f16": rows * 2}}
