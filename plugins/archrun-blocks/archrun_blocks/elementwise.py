@@ -2,8 +2,9 @@
 
 Norms, rope and activations run their kernel part (archrun_blocks.parts) over rows, so the
 numba math of an op exists once; attention over many queries runs the decode part's attention
-(decode_attention.attend_biased) for each query over the keys it sees, in parallel over queries. Each public function validates shapes and dtypes in Python
-(raising ShapeMismatch), then runs one jitted kernel that writes into a fresh float32 output.
+(decode_attention.attend_biased) for each query over the keys it sees, in parallel over queries.
+Each public function validates shapes and dtypes in Python (raising ShapeMismatch), then runs one
+jitted kernel that writes into a fresh float32 output.
 They match the numpy reference ops (archrun_blocks.reference) to float32 rounding.
 """
 
