@@ -7,7 +7,7 @@ reference's top-2 logit gap at each step. archrun must pick the same tokens thro
 prefill, then one-token steps), on both backends.
 
 A near tie ends the compared chain: where the reference's top-2 gap is below ``TIE`` of the
-chain's max |logit| (archrun may differ from the reference by ``hf.TOLERANCE`` of max |logit| in
+chain's max |logit| (archrun may differ from the reference by ``limits.TOLERANCE`` of max |logit| in
 each logit, so a gap under twice that may legitimately resolve the other way), the tokens from
 there on are not compared; the message of a failure (or the skip, when the very first step is a
 near tie) states where the chain was cut and why.
@@ -22,24 +22,24 @@ recorded HF logits, or archrun's logits off the reference's): the chain would pi
 from __future__ import annotations
 
 import json
-import platform
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from archrun.conformance import hf
+from archrun.conformance.bithash import file_sha256
+from archrun.conformance.limits import N_TOKENS, TOLERANCE
 
 FILE = "greedy_chains.json"
 FORMAT = 1
-#: the chain covers the fixture's last positions (24-39 of ``hf.N_TOKENS`` = 40), those its HF goldens hold
+#: the chain covers the fixture's last positions (24-39 of ``limits.N_TOKENS`` = 40), those its HF goldens hold
 #: archrun to: a model whose HF code switches behaviour with the sequence length (Phi-3's LongRoPE picks its
 #: factors by it; archrun and llama.cpp by the context) is then compared where both agree
 N_CHAIN = 16
-N_PROMPT = hf.N_TOKENS - N_CHAIN
+N_PROMPT = N_TOKENS - N_CHAIN
 #: a reference step whose top-2 gap is below TIE x max |logit| (of the chain) is a near tie
-TIE = 2 * hf.TOLERANCE
+TIE = 2 * TOLERANCE
 
 
 # ------------------------------------------------------------------------------ computing chains
@@ -128,7 +128,7 @@ def check_chain(model: Any, chain: Mapping[str, Any], path: Path, what: str) -> 
     """archrun's greedy chain on ``path`` = the recorded one up to its first near tie."""
     import pytest
 
-    sha = hf._sha256(Path(path))
+    sha = file_sha256(Path(path))
     assert chain["input_sha256"] == sha, (
         f"{what}: the chain was recorded on another file (sha256 {chain['input_sha256'][:12]}, this one "
         f"{sha[:12]}): re-record: archrun conformance record PACKAGE --chains")
@@ -161,72 +161,3 @@ def check_recorded(goldens: Path, source: str, name: str, model: Any, path: Path
 
 
 # ------------------------------------------------------------------------------ recording
-
-
-def record_hf_chains(arches: Sequence[Any], fixtures: Sequence[Any], goldens: Path) -> Path:
-    """Greedy chains of HF float32 for ``fixtures`` (rebuilt with ``hf.build_tiny``) into ``goldens``.
-
-    Refuses (InvalidRequest, nothing written) when a rebuilt model does not reproduce the recorded HF
-    logits (the chain would come from another model than the file's) or archrun's logits on the file
-    are off HF's (``hf.check_fixture``)."""
-    import torch
-
-    from archrun.errors import InvalidRequest
-
-    torch.set_num_threads(2)
-    goldens = Path(goldens)
-    vers = {**hf.versions(), "reference": "HF transformers float32 (model(ids).logits, no cache)"}
-    entries = {}
-    for fixture in fixtures:
-        name = fixture.name
-        gguf_path = goldens / f"{name}.gguf"
-        golden = hf.load_golden(gguf_path.with_suffix(".npz"))
-        model, _ = hf.build_tiny(hf.arch_of(arches, fixture), fixture.seed, **fixture.overrides)
-        model.eval()
-        logits, _ = hf.hf_logits(model, golden["ids"])
-        err = float(np.abs(logits - golden["logits"]).max())
-        problems = []
-        if err > 1e-4:
-            problems.append(f"the rebuilt HF model is {err:.2e} from the recorded HF logits")
-        if hf._sha256(gguf_path) != golden["fixture"]["gguf_sha256"]:
-            problems.append("the GGUF is not the recorded one")
-        try:
-            hf.check_fixture(gguf_path, "reference")
-        except AssertionError as e:
-            problems.append(f"archrun is off HF ({e})")
-        if problems:
-            raise InvalidRequest(f"not recording the greedy chain of {name}: {'; '.join(problems)}")
-        chain = reference_chain(hf_step(model), golden["ids"][:N_PROMPT].tolist())
-        entries[key("hf", name)] = {**chain, "input_sha256": hf._sha256(gguf_path), "reference": "HF", "versions": vers}
-        print(f"chain {name}: {chain['tokens']}")
-    return write(goldens, entries, vers)
-
-
-def record_reference_chains(decl: Any, here: Path, work: Path) -> Path | None:
-    """Greedy chains of a package's declared independent forward pass on its synthetic variants
-    (``Conformance.reference``) into ``here/goldens``; None when it declares none. Refuses a variant
-    on which archrun's logits are off the reference (``kit.check_reference``)."""
-    from archrun.conformance import kit
-    from archrun.conformance import synthetic as synth
-    from archrun.errors import InvalidRequest
-
-    if decl.reference is None:
-        return None
-    vers = {"python": platform.python_version(), "numpy": np.__version__,
-            "reference": f"{getattr(decl.reference, '__module__', '?')}.{getattr(decl.reference, '__qualname__', '?')}"}
-    entries = {}
-    for variant in kit.variants(decl):
-        path = synth.write(Path(work) / f"{variant.name}.gguf", variant, kit.hints_of(variant.arch))
-        ids = kit.ids_of(variant, 16)
-        try:
-            kit.check_reference(path, ids, decl.reference, "reference", variant.name)
-        except AssertionError as e:
-            raise InvalidRequest(f"not recording the greedy chain of {variant.name}: {e}") from None
-        chain = reference_chain(lambda seq, p=path: decl.reference(p, np.asarray(seq, np.int64))[-1],
-                                kit.ids_of(variant, N_PROMPT).tolist())
-        entries[key("synthetic", variant.name)] = {**chain, "input_sha256": hf._sha256(path),
-                                                   "reference": "the package's forward pass", "versions": vers}
-        print(f"chain {variant.name}: {chain['tokens']}")
-    goldens = Path(here) / "goldens"
-    goldens.mkdir(exist_ok=True)
-    return write(goldens, entries, vers)

@@ -47,13 +47,14 @@ import attrs
 import gguf
 import numpy as np
 
+from archrun.conformance import chains
+from archrun.conformance.limits import N_TOKENS, TOLERANCE
+
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
 N_VOCAB = 288  # 256 byte tokens + 30 merges + bos + eos
-N_TOKENS = 40  # tokens per fixture
 MAX_GGUF_BYTES = 1_000_000  # per fixture
 MAX_TOTAL_BYTES = 10_000_000  # per goldens folder
-TOLERANCE = 1e-4  # archrun vs HF: max |Δlogit| relative to max |logit|
 BACKENDS = ("reference", "fast")
 
 #: Every tiny model starts from these (then its arch's ``defaults``, then the fixture's overrides).
@@ -704,10 +705,8 @@ def record_main(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], out_d
         report = llamacpp_check(arches, entries, out_dir)
         (out_dir / "llamacpp_check.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         return
-    from archrun.conformance import chains
-
     if args.chains:
-        print("wrote", chains.record_hf_chains(arches, entries, out_dir))
+        print("wrote", record_chains(arches, entries, out_dir))
         return
     import torch
 
@@ -715,7 +714,7 @@ def record_main(arches: Sequence[HfArch], fixtures: Sequence[TinyFixture], out_d
     vers = versions()
     for fixture in entries:
         print("recorded", record(arch_of(arches, fixture), fixture, out_dir, vers).name)
-    print("wrote", chains.record_hf_chains(arches, entries, out_dir))  # the greedy chains of the new files
+    print("wrote", record_chains(arches, entries, out_dir))  # the greedy chains of the new files
     total = _total_bytes(out_dir)
     if total > MAX_TOTAL_BYTES:
         raise SystemExit(f"{out_dir} holds {total} bytes (> {MAX_TOTAL_BYTES})")
@@ -759,6 +758,46 @@ def record_package(entry_point: str, argv: list[str] | None = None) -> None:
         spec = load_module(spec_path)
         print(f"{entry_point}: {spec_path}")
         record_main(spec.ARCHES, spec.FIXTURES, spec_path.parent / "goldens", argv)
+
+
+def record_chains(arches: Sequence[Any], fixtures: Sequence[Any], goldens: Path) -> Path:
+    """Greedy chains of HF float32 for ``fixtures`` (rebuilt with ``build_tiny``) into ``goldens``.
+
+    Refuses (InvalidRequest, nothing written) when a rebuilt model does not reproduce the recorded HF
+    logits (the chain would come from another model than the file's) or archrun's logits on the file
+    are off HF's (``check_fixture``)."""
+    import torch
+
+    from archrun.errors import InvalidRequest
+
+    torch.set_num_threads(2)
+    goldens = Path(goldens)
+    vers = {**versions(), "reference": "HF transformers float32 (model(ids).logits, no cache)"}
+    entries = {}
+    for fixture in fixtures:
+        name = fixture.name
+        gguf_path = goldens / f"{name}.gguf"
+        golden = load_golden(gguf_path.with_suffix(".npz"))
+        model, _ = build_tiny(arch_of(arches, fixture), fixture.seed, **fixture.overrides)
+        model.eval()
+        logits, _ = hf_logits(model, golden["ids"])
+        err = float(np.abs(logits - golden["logits"]).max())
+        problems = []
+        if err > 1e-4:
+            problems.append(f"the rebuilt HF model is {err:.2e} from the recorded HF logits")
+        if _sha256(gguf_path) != golden["fixture"]["gguf_sha256"]:
+            problems.append("the GGUF is not the recorded one")
+        try:
+            check_fixture(gguf_path, "reference")
+        except AssertionError as e:
+            problems.append(f"archrun is off HF ({e})")
+        if problems:
+            raise InvalidRequest(f"not recording the greedy chain of {name}: {'; '.join(problems)}")
+        chain = chains.reference_chain(chains.hf_step(model), golden["ids"][:chains.N_PROMPT].tolist())
+        entries[chains.key("hf", name)] = {**chain, "input_sha256": _sha256(gguf_path), "reference": "HF",
+                                           "versions": vers}
+        print(f"chain {name}: {chain['tokens']}")
+    return chains.write(goldens, entries, vers)
 
 
 def record_here(record_py: str | Path) -> None:

@@ -527,13 +527,11 @@ def record_package_hashes(entry_point: str) -> list[Path]:
 
 def record_package_reference_chains(entry_point: str) -> list[Path]:
     """The greedy chains of every kit declaration of the package that declares an independent reference
-    (``archrun.conformance.chains.record_reference_chains``); return the files written."""
+    (``record_reference_chains``); return the files written."""
     import tempfile
 
-    from archrun.conformance import chains
-
     with tempfile.TemporaryDirectory() as work:
-        found = [chains.record_reference_chains(decl, here, Path(work)) for decl, here in declarations(entry_point)]
+        found = [record_reference_chains(decl, here, Path(work)) for decl, here in declarations(entry_point)]
     return [p for p in found if p is not None]
 
 
@@ -627,3 +625,34 @@ def _all_described() -> set[str]:
     from archrun.plugins import default_plugin_manager
 
     return {a for lst in default_plugin_manager().hook.archrun_families() for a in lst}
+
+
+def record_reference_chains(decl: Any, here: Path, work: Path) -> Path | None:
+    """Greedy chains of a package's declared independent forward pass on its synthetic variants
+    (``Conformance.reference``) into ``here/goldens``; None when it declares none. Refuses a variant
+    on which archrun's logits are off the reference (``check_reference``)."""
+    import platform
+
+    from archrun.conformance import bithash, chains
+    from archrun.errors import InvalidRequest
+
+    if decl.reference is None:
+        return None
+    vers = {"python": platform.python_version(), "numpy": np.__version__,
+            "reference": f"{getattr(decl.reference, '__module__', '?')}.{getattr(decl.reference, '__qualname__', '?')}"}
+    entries = {}
+    for variant in variants(decl):
+        path = synth.write(Path(work) / f"{variant.name}.gguf", variant, hints_of(variant.arch))
+        ids = ids_of(variant, 16)
+        try:
+            check_reference(path, ids, decl.reference, "reference", variant.name)
+        except AssertionError as e:
+            raise InvalidRequest(f"not recording the greedy chain of {variant.name}: {e}") from None
+        chain = chains.reference_chain(lambda seq, p=path: decl.reference(p, np.asarray(seq, np.int64))[-1],
+                                ids_of(variant, chains.N_PROMPT).tolist())
+        entries[chains.key("synthetic", variant.name)] = {**chain, "input_sha256": bithash.file_sha256(path),
+                                                   "reference": "the package's forward pass", "versions": vers}
+        print(f"chain {variant.name}: {chain['tokens']}")
+    goldens = Path(here) / "goldens"
+    goldens.mkdir(exist_ok=True)
+    return chains.write(goldens, entries, vers)
