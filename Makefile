@@ -49,7 +49,7 @@ test: install-test models
 		tests/test_kernels.py tests/test_simd.py tests/test_gemm.py tests/test_fusion.py tests/test_decode_rows.py tests/test_moe_kernel.py tests/test_pool.py \
 		tests/test_boundary.py plugins/archrun-blocks
 	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider -m 'not live' tests/test_kernels.py tests/test_gemm.py \
-		plugins/archrun-blocks/tests/test_decode_attention.py plugins/archrun-blocks/tests/test_kv_types.py \
+		plugins/archrun-blocks/tests/test_decode_attention.py plugins/archrun-blocks/tests/test_kv_codec.py \
 		plugins/archrun-blocks/tests/test_elementwise.py \
 		tests/test_tiny_hf.py tests/test_model.py families/*/tests/test_*_tiny_hf.py
 	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider -m 'not live' families -k TestArchrunTinyHf

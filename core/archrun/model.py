@@ -634,7 +634,10 @@ class FusedDecoder(Interpreter):
         for ids, cache in zip(spans, caches, strict=True):
             cache.check_room(len(ids))
         out: list[np.ndarray] = [np.empty(0)] * len(spans)
-        lone = len(spans) == 1 and len(spans[0]) == 1  # one token of one sequence: the one-token step
+        # one sequence asking for its last position only (one token, or a prompt chunk): forward_step's own
+        # path, so a lone request computes exactly what generate/chat compute on the same cache (a prompt chunk
+        # takes the prefill GEMM there); spans whose every position is wanted (verification) take the rows kernel
+        lone = len(spans) == 1 and (len(spans[0]) == 1 or not all_logits)
         short = [i for i, (ids, c) in enumerate(zip(spans, caches, strict=True))
                  if not lone and len(ids) <= ROWS_MAX and self._rows_blocks(c) is not None]
         rest = [i for i in range(len(spans)) if i not in set(short)]
