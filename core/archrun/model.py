@@ -618,6 +618,7 @@ class FusedDecoder(Interpreter):
         mixture of experts) run op by op on the rows inside that pass, and so do models with a
         token mixer or ops without kernel parts, and longer spans (prompt chunks: the prefill's
         int8 GEMM is faster there); those agree with one-token steps within the prefill path's rounding.
+        A batch of one sequence is forward_step itself (what generate and chat compute).
         """
         return [logits[-1] for logits in self.forward_step_batch_spans(batch, caches)]
 
