@@ -22,16 +22,18 @@ from numba.extending import intrinsic
 from archrun.kernels._jit import LANES, QB
 
 
-def _host_avx2() -> bool:
+def host_has(feature: str) -> bool:
+    """Whether kernels may use the host CPU's `feature` (LLVM's name, e.g. "avx2", "f16c"): numba compiles
+    for the host, unless the JIT is off or NUMBA_CPU_NAME / NUMBA_CPU_FEATURES ask for another target."""
     if numba.config.DISABLE_JIT or numba.config.CPU_NAME or numba.config.CPU_FEATURES:
         return False
     try:
-        return bool(binding.get_host_cpu_features().get("avx2", False))
+        return bool(binding.get_host_cpu_features().get(feature, False))
     except RuntimeError:  # no feature map on this platform
         return False
 
 
-AVX2 = _host_avx2()
+AVX2 = host_has("avx2")
 
 _I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V32I8, _V16I16, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)

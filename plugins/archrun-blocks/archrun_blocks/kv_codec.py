@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
-from llvmlite import binding, ir
+from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from archrun.kernels._jit import JIT
+from archrun.kernels.simd import host_has
 
 _F32 = np.float32
 _EXACT = dict(cache=True, nogil=True)
@@ -73,18 +73,9 @@ def encode_f16(x, out):
         out[i] = np.uint16(sign | h)
 
 
-def _host_f16c() -> bool:
-    """Whether kernels may convert halves with the CPU's F16C instructions (`vcvtph2ps`): numba compiles
-    for the host, and without F16C LLVM would call a helper numba's linker does not provide."""
-    if numba.config.DISABLE_JIT or numba.config.CPU_NAME or numba.config.CPU_FEATURES:
-        return False
-    try:
-        return bool(binding.get_host_cpu_features().get("f16c", False))
-    except RuntimeError:  # no feature map on this platform
-        return False
-
-
-F16C = _host_f16c()
+#: whether kernels convert halves with the CPU's F16C instructions (`vcvtph2ps`): without F16C LLVM would
+#: call a helper numba's linker does not provide
+F16C = host_has("f16c")
 
 
 @intrinsic
