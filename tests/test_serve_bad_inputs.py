@@ -153,8 +153,10 @@ def _burst(url, srv, http):
         t = threading.Thread(target=_hold, args=(url, started, gate), daemon=True)
         t.start()
         holds.append((t, started, gate))
-    assert holds[0][1].wait(30)
-    _until(lambda: srv.metrics.queue_depth == 1)
+    assert holds[0][1].wait(300)
+    # one in the batch and one waiting (a lone waiting request may be the first, not yet admitted);
+    # the first step may compile kernels on a cold cache, hence the long wait
+    _until(lambda: srv.engine.running == 1 and srv.metrics.queue_depth == 1, timeout=300)
     error_of(http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}), 429)
     for _, _, gate in holds:
         gate.set()  # both clients hang up
