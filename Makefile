@@ -41,18 +41,19 @@ demo: install
 # Two xdist workers share the two cores, so each runs the kernels on one thread; the kernel
 # tests (and the decode pool's) then run once more on two threads with bounds checking on (an empty numba cache, since
 # cached kernels were compiled without the checks), and the small-fixture tests (the core's and
-# every family's tiny HF fixtures) once with the JIT disabled (pure-Python kernels).
+# every family's tiny HF fixtures) once with the JIT disabled (pure-Python kernels, on two xdist workers:
+# nothing compiles there, so both cores do useful work).
 test: install-test models
 	$(VENV)/bin/ruff check .
 	NUMBA_NUM_THREADS=1 $(VENV)/bin/python -m pytest -n 2 -q --durations=30 $(PYTEST_ARGS)
 	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$$(mktemp -d) $(VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		tests/test_kernels.py tests/test_simd.py tests/test_gemm.py tests/test_fusion.py tests/test_decode_rows.py tests/test_moe_kernel.py tests/test_pool.py \
 		tests/test_boundary.py plugins/archrun-blocks
-	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider -m 'not live' tests/test_kernels.py tests/test_gemm.py \
+	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m 'not live' tests/test_kernels.py tests/test_gemm.py \
 		plugins/archrun-blocks/tests/test_decode_attention.py plugins/archrun-blocks/tests/test_kv_codec.py \
 		plugins/archrun-blocks/tests/test_elementwise.py \
 		tests/test_tiny_hf.py tests/test_model.py families/*/tests/test_*_tiny_hf.py
-	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider -m 'not live' families -k TestArchrunTinyHf
+	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m 'not live' families -k TestArchrunTinyHf
 
 lint: install-test
 	$(VENV)/bin/ruff check .
