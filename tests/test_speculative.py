@@ -209,9 +209,14 @@ def test_sampled_speculation_follows_the_target_distribution(draft_model):
 
 def test_sampled_runs_repeat_with_a_seed():
     model = load("qwen2_gqa")
-    runs = [speculative.generate(model, prompt_of("qwen2_gqa"), "lookup", max_tokens=16, seed=5, **FULL)
-            .complete().token_ids for _ in range(2)]
-    assert runs[0] == runs[1]
+    results = [speculative.generate(model, prompt_of("qwen2_gqa"), "lookup", max_tokens=16, seed=5, **FULL)
+               .complete() for _ in range(2)]
+    runs = [r.token_ids for r in results]
+    assert runs[0] == runs[1] and results[0].timings["spec_drafted"] > 0
+    # a deterministic drafter's tokens are kept iff plain sampling's draw picks them: one draw per
+    # token, so the seeded run is plain seeded sampling's, whatever draft lengths the timings chose
+    plain = archrun.generate(model, prompt_of("qwen2_gqa"), max_tokens=16, seed=5, **FULL).complete()
+    assert runs[0] == plain.token_ids
 
 
 # -- adaptive draft length ---------------------------------------------------------------------------
@@ -238,6 +243,43 @@ def test_draft_length_follows_the_acceptance_rate_and_the_costs():
     assert length.k == 0
     length.c1, length.d = 0.002, 0.020              # cheap rows but a slow drafter
     assert length.k == 0
+
+
+def test_acceptance_rate_counts_only_the_drafts_the_target_tested():
+    length = AdaptiveLength(5, rate=0.5, decay=0.5, prior=2.0)   # kept 1, missed 1
+    length.update(5, 5)                              # 5 kept, none missed: kept 0.5 + 5, missed 0.5
+    assert length.rate == pytest.approx(5.5 / 6.0)
+    length.update(5, 0)                              # the first draft missed; the other 4 were never tested
+    assert length.rate == pytest.approx(2.75 / (2.75 + 1.25))
+    length.update(5, 2)                              # 2 kept, then a miss
+    assert length.rate == pytest.approx(3.375 / (3.375 + 1.625))
+    length.update(0, 0)                              # a round without drafts changes nothing
+    assert length.rate == pytest.approx(3.375 / 5.0)
+
+
+def test_a_one_off_slow_step_moves_the_row_cost_at_most_by_the_spike_bound():
+    length = AdaptiveLength(5)
+    length.observe(1, 0.020, 0, 0.0)                 # c0 = 20 ms; c1 not measured: c0 / 4 = 5 ms
+    length.observe(3, 0.100, 2, 0.0)                 # 40 ms a row (a first call's one-off cost)
+    assert length.c1 == pytest.approx(0.010)         # counted as 2 x 5 ms
+    length.observe(3, 0.030, 2, 0.0)                 # 5 ms a row
+    assert length.c1 == pytest.approx(0.7 * 0.010 + 0.3 * 0.005)
+
+
+def test_lookup_proposes_what_followed_the_best_matching_place():
+    lookup = LookupDrafter()
+    a, b, c, d, e, x, y = 1, 2, 3, 4, 5, 6, 7
+    # the latest occurrence of the longest n-gram
+    assert lookup.propose([a, b, c, x, a, b, c, y, e, a, b, c], 2, None).tokens == (y, e)
+    # no n-gram matches: the output replaced one token (x -> y) and copies on after it
+    assert lookup.propose([a, b, x, c, d, e, a, b, y], 3, None).tokens == (c, d, e)
+    # the 2-gram (e, d) occurs twice: the place whose window agrees more with the history's wins
+    src = [9, 9, a, x, e, d, c, b, x, e, d, a]          # "x e d" after a, then after b
+    assert lookup.propose([*src, 9, 9, a, y, e, d], 2, None).tokens == (c, b)
+    # nothing long enough to match: no draft
+    assert lookup.propose([a, b, c, d], 3, None).tokens == ()
+    assert lookup.propose([a], 3, None).tokens == ()
+    assert LookupDrafter(ngram_min=1).propose([a, b, c, a], 2, None).tokens == (b, c)
 
 
 # -- typed errors ------------------------------------------------------------------------------------

@@ -162,16 +162,35 @@ class AdaptiveLength:
     and d as generation goes (exponential averages); until it has, c1 = c0 / 4 and d = 0. A
     round without drafts learns nothing about a, so when k is 0 every `probe`-th round drafts
     one token anyway (text turns repetitive, drafts start to agree).
+
+    a is estimated as the drafts kept over the drafts *tested*: a round that keeps j of its k
+    drafts saw j agreements and, when j < k, one disagreement (the drafts after the first
+    rejected one were never tested: counting them as rejections would make one miss after a
+    long run of copied text look like a collapse). Both counts decay by `decay` a round.
+    A multi-row step's time above c0 counts at most `spike` times the current c1 (one-off costs:
+    the first call of a step shape, another process taking the cores).
     """
 
-    def __init__(self, k_max: int = 5, rate: float = 0.6, decay: float = 0.7, probe: int = 4):
+    def __init__(self, k_max: int = 5, rate: float = 0.6, decay: float = 0.7, probe: int = 4,
+                 prior: float = 2.0, spike: float = 2.0):
         if isinstance(k_max, bool) or not isinstance(k_max, int) or not 1 <= k_max <= MAX_DRAFT:
             raise InvalidRequest(f"the draft length must be an integer in [1, {MAX_DRAFT}], got {k_max!r}")
-        self.k_max, self.rate, self.decay, self.probe = k_max, rate, decay, probe
+        self.k_max, self.decay, self.probe, self.spike = k_max, decay, probe, spike
+        self.kept, self.missed = rate * prior, (1.0 - rate) * prior   # decayed counts of tested drafts
         self.rounds = 0
         self.c0: float | None = None   # seconds of a one-row target step
         self.c1: float | None = None   # seconds each further row adds
         self.d = 0.0                   # seconds per drafted token
+
+    @property
+    def rate(self) -> float:
+        """The running acceptance rate: drafts kept / drafts tested (decayed counts)."""
+        return self.kept / (self.kept + self.missed)
+
+    @rate.setter
+    def rate(self, a: float) -> None:
+        total = self.kept + self.missed
+        self.kept, self.missed = a * total, (1.0 - a) * total
 
     @property
     def k(self) -> int:
@@ -193,15 +212,16 @@ class AdaptiveLength:
     def update(self, drafted: int, accepted: int) -> None:
         """A round drafted `drafted` tokens and the target kept `accepted` of them."""
         if drafted:
-            w = self.decay ** drafted  # a long round moves the average more than a short one
-            self.rate = w * self.rate + (1 - w) * accepted / drafted
+            self.kept = self.decay * self.kept + accepted
+            self.missed = self.decay * self.missed + (accepted < drafted)
 
     def observe(self, rows: int, step_s: float, drafted: int, draft_s: float, w: float = 0.3) -> None:
         """A target step of `rows` rows took step_s seconds; drafting its `drafted` tokens draft_s."""
         if rows == 1:
             self.c0 = step_s if self.c0 is None else (1 - w) * self.c0 + w * step_s
         elif self.c0 is not None:
-            per_row = max(step_s - self.c0, 0.0) / (rows - 1)
+            now = self.c1 if self.c1 is not None else self.c0 / 4
+            per_row = min(max(step_s - self.c0, 0.0) / (rows - 1), self.spike * now)
             self.c1 = per_row if self.c1 is None else (1 - w) * self.c1 + w * per_row
         if drafted:
             self.d = (1 - w) * self.d + w * draft_s / drafted
@@ -234,24 +254,23 @@ def decide(sampler: Sampler, logits: np.ndarray, history: Sequence[int], draft: 
 
     i == len(draft.tokens) is the round's bonus position (nothing drafted: a plain draw).
     Greedy: keep the draft iff it is the target's choice. Sampled: keep x with probability
-    min(1, p(x)/q(x)); otherwise draw from the residual max(p - q, 0), renormalized.
+    min(1, p(x)/q(x)); otherwise draw from the residual max(p - q, 0), renormalized. A draft
+    picked deterministically (q one-hot at x) makes that rule "draw from p as plain sampling
+    does, keep x iff the draw is x" (kept with probability p(x), else a draw from p without x):
+    one draw of the sampler's stream per decided token, as plain decoding makes, so a seeded run
+    decides the tokens plain seeded sampling does, whatever the draft lengths were.
     """
     if i == len(draft.tokens):
         return sampler(logits, history), False
     x = draft.tokens[i]
-    if sampler.params.greedy:
+    if sampler.params.greedy or draft.probs is None:
         tok = sampler(logits, history)
         return tok, tok == x
     p = sampler.distribution(logits, history)
-    q = draft.probs[i] if draft.probs is not None else None
-    qx = 1.0 if q is None else float(q[x])
-    if sampler.rng.random() * qx < p[x]:
+    q = draft.probs[i]
+    if sampler.rng.random() * float(q[x]) < p[x]:
         return x, True
-    residual = p.copy()
-    if q is None:
-        residual[x] = 0.0
-    else:
-        residual = np.maximum(p - q, 0.0)
+    residual = np.maximum(p - q, 0.0)
     total = residual.sum()
     if total <= 0.0:  # p == q up to rounding: any draw from p is exact
         residual, total = p, p.sum()
@@ -425,33 +444,55 @@ class Speculation:
 
 
 class LookupDrafter(Drafter):
-    """Prompt lookup: find the latest earlier occurrence of the history's last n-gram (longest n
-    first, ngram_max down to ngram_min) and propose the tokens that followed it. No second model:
-    it pays off when the output repeats its input (code editing, summaries quoting a document)."""
+    """Prompt lookup: propose the tokens that followed the earlier place of the history that best
+    matches its end. No second model: it pays off when the output repeats its input (code editing,
+    summaries quoting a document).
+
+    A place j (a history position, the candidate counterpart of the last token) matches with the
+    length of the run of equal tokens ending there: h[j - m] == h[-1 - m] for m = 0, 1, ...
+    (the classic n-gram match, counted up to ngram_max), or, where h[j] differs from the last
+    token, the run just before it (h[j - 1 - m] == h[-2 - m]): the output replaced one token of
+    its source (an edit such as a rename) and goes on copying what followed it. Runs shorter than
+    ngram_min do not count; a substitution's run ranks after an exact run of the same length.
+    Ties go to the place whose last `window` tokens agree with the history's in most positions
+    (the same spot of the source, when a short n-gram occurs several times), then to the latest.
+    """
 
     name = "lookup"
 
-    def __init__(self, ngram_max: int = 4, ngram_min: int = 2):
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 2, window: int = 16):
         if not (isinstance(ngram_min, int) and isinstance(ngram_max, int) and 1 <= ngram_min <= ngram_max):
             raise InvalidRequest(f"lookup needs 1 <= ngram_min <= ngram_max, got {ngram_min!r}, {ngram_max!r}")
-        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+        self.ngram_max, self.ngram_min, self.window = ngram_max, ngram_min, max(window, ngram_max + 1)
 
     def propose(self, history: Sequence[int], k: int, sampler: DraftSampler) -> Draft:
         h = np.asarray(history, dtype=np.int64)
-        for n in range(min(self.ngram_max, len(h) - 1), self.ngram_min - 1, -1):
-            start = _latest_match(h, n)
-            if start is not None:
-                return Draft(tuple(int(t) for t in h[start + n:start + n + k]))
-        return Draft()
+        j = best_match(h, self.ngram_min, self.ngram_max, self.window)
+        return Draft() if j is None else Draft(tuple(int(t) for t in h[j + 1:j + 1 + k]))
 
 
-def _latest_match(h: np.ndarray, n: int) -> int | None:
-    """Start of the latest window h[i:i+n] equal to the last n ids, with at least one id after it."""
-    if len(h) <= n:
+def best_match(h: np.ndarray, ngram_min: int, ngram_max: int, window: int) -> int | None:
+    """The place j < len(h) - 1 whose tokens best match the end of h (LookupDrafter's rule), or None.
+
+    eq[j, m] = h[j - m] == h[-1 - m] for m < window ([len(h) - 1, window] booleans; positions
+    before the start never match), so the exact run is eq's leading Trues and a substitution's
+    run the leading Trues of eq[:, 1:] where eq[:, 0] is False.
+    """
+    n = len(h) - 1                                             # places with a successor
+    if n < 1:
         return None
-    windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)    # [len - n, n]; each has a successor
-    hits = np.flatnonzero((windows == h[-n:]).all(axis=1))
-    return int(hits[-1]) if len(hits) else None
+    pad = np.concatenate([np.full(window - 1, -1, dtype=np.int64), h])
+    places = np.lib.stride_tricks.sliding_window_view(pad[:n + window - 1], window)[:, ::-1]   # [n, window]
+    tail = pad[-window:][::-1]                                 # h[-1], h[-2], ... ([window])
+    eq = (places == tail) & (tail >= 0)
+    exact = np.minimum(np.cumprod(eq, axis=1).sum(axis=1), ngram_max)
+    sub = np.where(eq[:, 0], 0, np.minimum(np.cumprod(eq[:, 1:], axis=1).sum(axis=1), ngram_max))
+    run = np.maximum(2 * exact, 2 * sub - 1)                   # a substitution ranks after an exact run
+    run[run < 2 * ngram_min - 1] = 0
+    if not run.any():
+        return None
+    score = (run * (window + 1) + eq.sum(axis=1)) * (n + 1) + np.arange(n)   # run, then agreement, then latest
+    return int(np.argmax(score))
 
 
 class ModelDrafter(Drafter):
