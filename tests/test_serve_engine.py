@@ -154,3 +154,34 @@ def test_cancel_frees_the_slot_and_a_full_queue_refuses(model, engine, ids):
     until(lambda: engine.running == 0 and engine.metrics.queue_depth == 0)
     _, e = submit(engine, model, "e", ids[:6], [], max_tokens=2)
     assert e.wait().completion_tokens == 2
+
+
+def test_every_event_is_flushed_also_a_refused_request_while_nothing_runs(model, ids, monkeypatch):
+    """A server's sinks may hold events until the engine's `flushed()` (one wake-up of its event loop per
+    step), so no event may stay unflushed: not a step's, not an admission's error while the engine then
+    sleeps. The throwaway warm-up step at start leaves results equal to generate's."""
+    from archrun.errors import InvalidRequest
+    from archrun.serve import engine as engine_module
+
+    log: list = []
+    flushed: list = []  # events sent so far, at each flush
+    eng = Engine(model, parallel=2, ctx=96, queue=1, flushed=lambda: flushed.append(len(log)))
+    eng.start()
+    try:
+        _, a = submit(eng, model, "a", ids[:10], log, max_tokens=4, logprobs=0)
+        _, b = submit(eng, model, "b", ids[3:12], log, max_tokens=4, logprobs=0)
+        assert a.wait().token_ids == greedy(model, ids[:10], 4)
+        assert b.wait().token_ids == greedy(model, ids[3:12], 4)
+        until(lambda: flushed and flushed[-1] == len(log))
+        until(lambda: eng.running == 0)
+
+        def refused(*args, **kwargs):
+            raise InvalidRequest("refused at admission")
+
+        monkeypatch.setattr(engine_module, "Decoding", refused)
+        _, c = submit(eng, model, "c", ids[:4], log)
+        error = c.done.get(timeout=60).error
+        assert isinstance(error, InvalidRequest)
+        until(lambda: flushed[-1] == len(log))  # flushed before the engine went back to sleep
+    finally:
+        eng.stop()

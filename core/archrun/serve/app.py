@@ -12,6 +12,7 @@ import contextlib
 import functools
 import hmac
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -76,6 +77,37 @@ def _drafter(model: Any, spec: str | None) -> Any:
     return speculative.make_drafter(model, spec)
 
 
+class _Mailbox:
+    """Events from the inference thread to the event loop's request queues. Sinks only post; the engine's
+    `flushed()` after each step wakes the loop once to deliver them all (a step's events for every stream
+    together: one wake-up of the loop, one hand-over of the interpreter lock, instead of one per stream)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._posted: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue, Event]] = []
+
+    def post(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, event: Event) -> None:
+        """Hold `event` for `queue` (inference thread)."""
+        with self._lock:
+            self._posted.append((loop, queue, event))
+
+    def flush(self) -> None:
+        """Deliver what was posted: one call into each event loop that has events (inference thread)."""
+        with self._lock:
+            posted, self._posted = self._posted, []
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for loop, queue, event in posted:
+            by_loop.setdefault(loop, []).append((queue, event))
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
+                loop.call_soon_threadsafe(_deliver, items)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
 class Server:
     """The routes' shared state: model, engine, options, metrics."""
 
@@ -83,10 +115,11 @@ class Server:
         self.model, self.config, self.model_id = model, config, model_id
         self.ctx = config.context_for(model.descriptor.n_ctx)
         self.metrics = Metrics()
+        self.mailbox = _Mailbox()
         self.engine = Engine(model, parallel=config.parallel, ctx=self.ctx, queue=config.queue,
                              prefill_chunk=config.prefill_chunk, metrics=self.metrics,
                              drafter=_drafter(model, config.speculative), draft_max=config.draft_max,
-                             kv_type=config.kv_type)
+                             kv_type=config.kv_type, flushed=self.mailbox.flush)
         self.logprobs = protocol.LogprobFormatter(model.tokenizer)
         self.created = int(time.time())
 
@@ -191,9 +224,8 @@ class Server:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
-        def sink(event: Event) -> None:  # called on the inference thread
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
-                loop.call_soon_threadsafe(events.put_nowait, event)
+        def sink(event: Event) -> None:  # called on the inference thread; delivered at the engine's flush
+            self.mailbox.post(loop, events, event)
 
         ticket = self.engine.submit(req, sink, reuse_prefix=opts.cache_prompt)
         if opts.stream:
@@ -248,20 +280,27 @@ class Server:
         try:
             if chunks.kind == "chat":
                 yield chunks.delta({"role": "assistant", "content": ""})
-            while not finished:
-                event = await events.get()
-                if event.error is not None:
-                    yield _sse(_api_error(event.error).response().body.decode())
-                    break
-                if event.piece or event.logprobs:
-                    for chunk in chunks.piece(event.piece, event.logprobs):
-                        yield chunk
-                if event.result is not None:
-                    finished = True
-                    for chunk in chunks.finish(event.result):
-                        yield chunk
-                    if opts.include_usage:
-                        yield chunks.usage(event.result)
+            failed = False
+            while not (finished or failed):
+                ready = [await events.get()]
+                while not events.empty():  # events this loop fell behind on go out in one write
+                    ready.append(events.get_nowait())
+                out: list[str] = []
+                for event in ready:
+                    if event.error is not None:
+                        out.append(_sse(_api_error(event.error).response().body.decode()))
+                        failed = True
+                        break
+                    if event.piece or event.logprobs:
+                        out += chunks.piece(event.piece, event.logprobs)
+                    if event.result is not None:
+                        finished = True
+                        out += chunks.finish(event.result)
+                        if opts.include_usage:
+                            out.append(chunks.usage(event.result))
+                        break
+                if out:
+                    yield "".join(out)
             yield "data: [DONE]\n\n"
         finally:
             if not finished:
@@ -328,7 +367,7 @@ def create_app(model: Any, config: ServeConfig, model_id: str) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        server.engine.start()
+        await run_in_threadpool(server.engine.start)  # warms the batched kernels: ready means fast
         try:
             yield
         finally:

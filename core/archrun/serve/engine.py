@@ -13,7 +13,9 @@ sequence appends [last token, *drafts] instead of one token; the step's logits o
 position verify the drafts, and the rejected ones are rewound from that sequence's cache.
 
 Results go back through a sink: a callable the engine thread calls with each Event (the
-server's sink hands them to its event loop).
+server's sink hands them to its event loop). After each round of events (a step's, an admission's)
+the engine calls `flushed()` when given: a server's sinks may hold a step's events and wake their
+event loop once per step, not once per stream.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ AUTO_MAX_CHUNK = 512  # prompt tokens of a step when no sequence is decoding (on
 AUTO_MIN_CHUNK = 8    # prompt tokens of a step while others decode: a prompt always moves on
 AUTO_FIRST_CHUNK = 16  # ... before the step costs are known
 STALL = 1.0           # a step with prompt tokens may take this much longer than the decode-only step
+WARM_MAX = 64         # most sequences of the throwaway step that loads the batched kernels at start
 
 
 class StepCosts:
@@ -129,8 +132,10 @@ class Engine:
     """The inference thread and its batch (see the module docstring)."""
 
     def __init__(self, model: Any, *, parallel: int, ctx: int, queue: int, prefill_chunk: int | None = None,
-                 metrics: Metrics | None = None, drafter: Any = None, draft_max: int = 5, kv_type: str = "f32"):
+                 metrics: Metrics | None = None, drafter: Any = None, draft_max: int = 5, kv_type: str = "f32",
+                 flushed: Callable[[], None] | None = None):
         self.model, self.ctx, self.queue_bound = model, ctx, queue
+        self.parallel, self._flushed = parallel, flushed
         self.kv = kv_options(kv_type)  # init_cache's kv type keyword
         if self.kv:  # every layer's op must store it: refused now, not at the first request
             model.init_cache(2, **self.kv)
@@ -152,8 +157,23 @@ class Engine:
     # -- any thread ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the inference thread."""
+        """Load the batched step's kernels (warm_up), then start the inference thread."""
+        self.warm_up()
         self._thread.start()
+
+    def warm_up(self) -> None:
+        """A throwaway step of `parallel` one-token sequences (with a drafter: verification spans) on fresh
+        caches, so the multi-row kernels are loaded (or compiled) and the decode workers' buffers sized
+        for the full batch now, not inside the first batched request (archrun.load warms one sequence)."""
+        n = min(self.parallel, WARM_MAX)
+        if self._batch is None or n < 2:
+            return
+        span = min(self.ctx, 1 + self.draft_max if self.drafter is not None else 1)
+        caches = [self.model.init_cache(min(self.ctx, span + 1), **self.kv) for _ in range(n)]
+        try:
+            self._forward([[0] * span for _ in range(n)], caches)
+        except ArchrunError:  # only a head start: a real step reports the problem to its requests
+            return
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the current step, fail what is left, and end the thread."""
@@ -203,16 +223,24 @@ class Engine:
                     self._admit()
                     if self._running:
                         break
+                    self._flush()  # e.g. a refused request's error, before sleeping
                     self._cond.wait()
                 if self._stop:
                     break
+            self._flush()  # events of the admission (a refused grammar)
             try:
                 self._step()
             except Exception as exc:  # never leave the thread (and every slot) hanging
                 for run in list(self._running):
                     run.slot.cache.reset()
                     self._end(run, Event(error=exc))
+            self._flush()
         self._fail_all(QueueFull("the server is shutting down"))
+        self._flush()
+
+    def _flush(self) -> None:
+        if self._flushed is not None:
+            self._flushed()
 
     def _drop_cancelled(self) -> None:
         self._waiting = deque(t for t in self._waiting if not t.cancelled)
@@ -284,6 +312,10 @@ class Engine:
                 run.slot.cache.reset()
                 self._end(run, Event(error=exc))
             return
+        if len(batch) > 1 and hasattr(self.model, "rest_workers"):
+            # sampling and streaming several sequences' tokens takes longer than the decode workers' spin
+            # between steps: their core goes to the server's event loop meanwhile (the next step wakes them)
+            self.model.rest_workers()
         generated = prefilled = 0
         for (run, ids), lg in zip(batch, logits, strict=True):
             run.slot.cache.fed(ids)
