@@ -1,8 +1,9 @@
 """Op-by-op fast kernels (prefill and the op path): norms, rotary embedding, attention, activations.
 
 Norms, rope and activations run their kernel part (archrun_blocks.parts) over rows, so the
-numba math of an op exists once; attention over many queries runs the decode part's attention
-(decode_attention.attend_biased) for each query over the keys it sees, in parallel over queries.
+numba math of an op exists once; attention over a few queries runs the decode part's attention
+(decode_attention.attend_biased) for each query over the keys it sees, in parallel over queries,
+and over TILE_MIN_QUERIES or more queries tiles of queries x keys (prefill_attention).
 Each public function validates shapes and dtypes in Python (raising ShapeMismatch), then runs one
 jitted kernel that writes into a fresh float32 output.
 They match the numpy reference ops (archrun_blocks.reference) to float32 rounding.
@@ -19,6 +20,7 @@ from archrun.kernels._jit import JIT, JIT_PAR
 from archrun.kernels.parts import part
 from archrun_blocks import parts
 from archrun_blocks.decode_attention import attend_biased
+from archrun_blocks.prefill_attention import TILE_MIN_QUERIES, attend_tiled
 
 _F32 = np.float32
 # attention work (n * H * T * head_dim multiply-adds) above which heads go to the thread pool
@@ -199,6 +201,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, k_
         return out
     args = (np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
             q_pos, k_pos, float(scale), int(window), float(softcap), np.ascontiguousarray(slopes, np.float64), out)
+    if n >= TILE_MIN_QUERIES:  # long prompts: tiles of queries x keys (prefill_attention)
+        attend_tiled(*args)
+        return out
     work = n * n_head * k.shape[0] * q.shape[2]
     (_attend_par if work >= _ATTN_PARALLEL_WORK else _attend)(*args)
     return out
