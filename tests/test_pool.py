@@ -183,3 +183,36 @@ def test_model_decode_on_the_pool_equals_one_thread(synth_model, two_threads):
         if m._decode._pool.worker_chunks:
             break
     assert m._decode._pool.worker_chunks > 0
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "q8_0"])
+def test_long_context_attention_on_the_pool_equals_one_thread(synth_model, two_threads, kv_type):
+    """Past 1024 cached tokens the attention part splits its keys into chunks that the pool's worker shares
+    (a pool task): the logits are the bits of one thread, through one-token steps and a batch of rows."""
+    from test_fusion import _model
+
+    m = _model(synth_model, T.Q4_1, n_ctx=2048)
+    prompt = np.random.default_rng(5).integers(0, 96, size=1200).tolist()
+    ids = [3, 1, 4, 1, 5]
+
+    def decode(threads):
+        qmatrix.set_threads(threads)
+        cache = m.init_cache(1300, kv_type=kv_type)
+        m.forward_step(prompt, cache)
+        return [m.forward_step([t], cache) for t in ids]
+
+    one = decode(1)
+    for _ in range(20):  # until the worker has taken part (it is woken at each step's start)
+        two = decode(2)
+        for a, b in zip(one, two, strict=True):
+            assert np.array_equal(a, b)
+        if m._decode._pool.worker_task_chunks:
+            break
+    assert m._decode._pool.worker_task_chunks > 0
+    if kv_type == "f32":  # a span of rows (the rows kernel: f32 caches): each row is its one-token step
+        for threads in (1, 2):
+            qmatrix.set_threads(threads)
+            cache = m.init_cache(1300)
+            m.forward_step(prompt, cache)
+            rows = m.forward_step_batch_spans([ids], [cache], all_logits=True)[0]
+            assert np.array_equal(rows, np.stack(one))

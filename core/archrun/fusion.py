@@ -129,13 +129,13 @@ def _parts(lp: LayerPlan, norm: Any, rope: Any, kv_type: str = "f32") -> tuple[t
     return fns, params
 
 
-def _geo(lp: LayerPlan, rope_on: bool, ids: list[int]) -> tuple:
+def _geo(lp: LayerPlan, rope_on: bool, ids: list[int], task: int) -> tuple:
     a = lp.spec.attention
     dense = isinstance(lp.ffn, DenseFfn)
     n_ff = lp.ffn.down.n_in if dense else 0
     gated = int(dense and lp.ffn.gated)
     return tuple(int(g) for g in (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim, n_ff, gated, rope_on, *ids,
-                                  a.qk_norm_after_rope))
+                                  a.qk_norm_after_rope, task))
 
 
 def _vecs(lp: LayerPlan) -> tuple:
@@ -145,6 +145,19 @@ def _vecs(lp: LayerPlan) -> tuple:
                                    lp.ffn_norm, lp.ffn_norm_b, lp.post_ffn_norm, clamp))
 
 
+def _task_id(tasks: list | None, op: Any) -> int:
+    """Register the attention op's pool task (`op.pool_task`, compiled for SIGNATURES["task"]) for the
+    decode pool, once per function; its id, or -1 when there is no pool or the op has no task."""
+    fn = getattr(op, "pool_task", None)
+    if tasks is None or fn is None or not compiled_for(fn, "task"):
+        return -1
+    for i, t in enumerate(tasks):
+        if t is fn:
+            return i
+    tasks.append(fn)
+    return len(tasks) - 1
+
+
 def _group_id(groups: list[tuple], ms: tuple, n_in: int) -> int:
     """Register a product group (3 uniform matrices of input width n_in) for the decode pool; its id."""
     groups.append((ms, n_in))
@@ -152,10 +165,11 @@ def _group_id(groups: list[tuple], ms: tuple, n_in: int) -> int:
 
 
 def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None = None,
-               kv_type: str = "f32") -> FusedBlock | None:
+               kv_type: str = "f32", tasks: list | None = None) -> FusedBlock | None:
     """The fused decode step of a bound layer over caches of kv_type, or None when it must run op by op.
 
-    groups: when given, a dense layer's product groups are appended (pool group ids).
+    groups: when given, a dense layer's product groups are appended (pool group ids); tasks: when given,
+    the attention op's pool task, unless already there (pool task ids).
     """
     if lp.mixer is not None or lp.parallel is not None or lp.ffn is None:
         return None  # a token mixer's layer (or one beside the attention), or a block without FFN: op by op
@@ -171,12 +185,13 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
         return None
     fns, params = found
     rope_index = a.rope if rope is not None else -1
+    task = _task_id(tasks, lp.attention)
     if not isinstance(lp.ffn, DenseFfn):  # an FFN op with its own layer kernel (e.g. MoE)
         fused_layer = getattr(lp.ffn.moe, "fused_layer", None)
         ids, first = [-1] * 4, len(groups) if groups is not None else 0
         if groups is not None:  # the attention's groups; the op registers its own through group_id
             ids[:2] = [_group_id(groups, qkv, lp.qkv.matrices[0].n_in), _group_id(groups, o, lp.o.n_in)]
-        common = typed_list([(qkv, o, _vecs(lp), _geo(lp, rope is not None, ids), fns, params)])
+        common = typed_list([(qkv, o, _vecs(lp), _geo(lp, rope is not None, ids, task), fns, params)])
         made = None
         if fused_layer is not None:
             made = (fused_layer(lp.ffn.weights, common) if groups is None else
@@ -194,16 +209,17 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
     if groups is not None:
         widths = (lp.qkv.matrices[0].n_in, lp.o.n_in, lp.ffn.gate_up.matrices[0].n_in, lp.ffn.down.n_in)
         ids = [_group_id(groups, ms, n_in) for ms, n_in in zip((qkv, o, gate_up, down), widths, strict=True)]
-    args = (qkv, o, gate_up, down, _vecs(lp), _geo(lp, rope is not None, ids), fns, params)
+    args = (qkv, o, gate_up, down, _vecs(lp), _geo(lp, rope is not None, ids, task), fns, params)
     parallel = lp.o.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES
     return FusedBlock(layer.decode_layer, None, lp.attention.slot_arrays, rope_index, parallel, layer_args=args)
 
 
-def fuse_layers(plan: Any, groups: list[tuple] | None = None, kv_type: str = "f32") -> list[FusedBlock] | None:
+def fuse_layers(plan: Any, groups: list[tuple] | None = None, kv_type: str = "f32",
+                tasks: list | None = None) -> list[FusedBlock] | None:
     """Fused steps of every trunk layer over caches of kv_type, or None when any layer must run op by op."""
     blocks = []
     for lp in plan.layers:
-        fb = fuse_layer(lp, plan.norm, plan.ropes, groups, kv_type)
+        fb = fuse_layer(lp, plan.norm, plan.ropes, groups, kv_type, tasks)
         if fb is None:
             return None
         blocks.append(fb)
@@ -231,7 +247,8 @@ class DecodeSteps:
 
     def __init__(self, plan: Any):
         groups: list[tuple] = []
-        self.blocks = fuse_layers(plan, groups)
+        self._tasks: list = []  # the attention ops' pool tasks (kernels.pool), by task id
+        self.blocks = fuse_layers(plan, groups, tasks=self._tasks)
         head = _uniforms([plan.output], 3) if self.blocks is not None else None
         self._head_id = _group_id(groups, head, plan.output.n_in) if head is not None else -1
         self._head = head
@@ -247,10 +264,11 @@ class DecodeSteps:
     def blocks_for(self, kv_type: str) -> list[FusedBlock] | None:
         """The fused steps over caches of kv_type (built on the first such cache, then kept), or None when
         an op has no part for it. Their product groups are the f32 blocks' (the same pool ids: the layers
-        are fused in the same order)."""
+        are fused in the same order), and so are their pool tasks'."""
         if kv_type not in self._by_kv_type:
+            pooled = self._groups is not None
             self._by_kv_type[kv_type] = None if self.blocks is None else fuse_layers(
-                self._plan, [] if self._groups is not None else None, kv_type)
+                self._plan, [] if pooled else None, kv_type, [] if pooled else None)
         return self._by_kv_type[kv_type]
 
     @property
@@ -270,7 +288,8 @@ class DecodeSteps:
             max_out = max(sum(int(m[block._NOUT]) for m in ms) for ms, _ in self._groups)
             if self._pool is not None:
                 self._pool.rest()
-            self._pool = pool.DecodePool([ms for ms, _ in self._groups], max_in * cap, max_out * cap, block.serve)
+            self._pool = pool.DecodePool([ms for ms, _ in self._groups], max_in * cap, max_out * cap, block.serve,
+                                         tuple(self._tasks))
             self._pool_rows = cap
             self._pool.warm_up()  # compile the workers' loop here, not in a worker during a step
         return self._pool

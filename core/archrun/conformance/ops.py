@@ -261,6 +261,8 @@ def _attention_part_cases(label: str, rng: np.random.Generator, spec: Any, ref_f
 
 def _attention_part_run(label: str, rng: np.random.Generator, spec: Any, ref: Any, fast: Any, p: Any, rs: Any,
                         fs: Any, what: str) -> None:
+    from archrun.kernels.parts import NO_TASK
+
     heads, kv, hd, vd = spec.n_head, spec.n_head_kv, spec.head_dim, spec.v_head_dim
 
     def r(*shape: int) -> np.ndarray:
@@ -277,7 +279,7 @@ def _attention_part_run(label: str, rng: np.random.Generator, spec: Any, ref: An
         row = pos % kc.shape[0] if ring else pos
         att = np.full(heads * vd, np.nan, F32)
         p.fn(p.params, q.reshape(-1).copy(), k.reshape(-1).copy(), v.reshape(-1).copy(), kc, vc, kpos, bool(ring),
-             row, pos, att)
+             row, pos, att, *NO_TASK)
         case = (f"{what} heads={heads}/{kv} hd={hd} vd={vd} window={spec.window} softcap={spec.softcap} "
                 f"alibi={spec.alibi_max_bias} position {pos}{' after a rewind' if step >= 3 else ''}")
         # the first diverging element is named as [query head, value element]

@@ -291,19 +291,26 @@ def _pooled_rows(par, gid, ms, xf, y):
 
 
 @njit(**JIT)
-def serve(ctrl, groups, pxf, xq, dq, hq, py, idle_ticks, idle_spins):
-    """A pool worker: compute claimed chunks of published jobs (groups[gid]: 3 uniform matrices)
-    until the pool says sleep, or no job came for idle_ticks time-stamp ticks (or idle_spins spins)."""
+def serve(ctrl, groups, tasks, pxf, xq, dq, hq, py, idle_ticks, idle_spins):
+    """A pool worker: compute claimed chunks of published jobs (groups[gid]: 3 uniform matrices;
+    tasks[id]: a task's function value, called with the pool's args block) until the pool says sleep,
+    or no job came for idle_ticks time-stamp ticks (or idle_spins spins)."""
     par = (ctrl, pxf, xq, dq, hq, py)
     idle = 0
     last = atomics.ticks()
     while idle < idle_spins and atomics.ticks() - last <= idle_ticks:
         c, w = pool.claim(ctrl)
         if c >= 0:
-            ms = groups[pool.job_group(w)]
-            n_total = ms[0][_NOUT] + ms[1][_NOUT] + ms[2][_NOUT]
-            xs, X, DX, QH, ys = _pool_views(par, atomics.load(ctrl, pool.N), atomics.load(ctrl, pool.N_IN), n_total)
-            _group_chunk(ms, c, pool.job_chunks(w), xs, X, DX, QH, ys)
+            gid = pool.job_group(w)
+            if gid >= pool.TASK_BIT:
+                tasks[gid - pool.TASK_BIT][0](ctrl[pool.ARGS:], c)
+                atomics.add(ctrl, pool.WORKER_TASK_CHUNKS, 1)
+            else:
+                ms = groups[gid]
+                n_total = ms[0][_NOUT] + ms[1][_NOUT] + ms[2][_NOUT]
+                xs, X, DX, QH, ys = _pool_views(par, atomics.load(ctrl, pool.N), atomics.load(ctrl, pool.N_IN),
+                                                n_total)
+                _group_chunk(ms, c, pool.job_chunks(w), xs, X, DX, QH, ys)
             pool.worker_done(ctrl)
             idle = 0
             last = atomics.ticks()

@@ -18,7 +18,8 @@ list of them, built once at load):
          (OLMo, MPT clip_qkv; empty: none) (no attn_norm: a block without
          pre-norms; q/k norms of a head's width apply per head, of all heads' width to the whole)
   geo    int64: n_head, n_kv, head_dim, v_head_dim, n_ff, gated, rope (0/1), the pool
-         group ids of qkv, o_mat, gate_up, down (-1: none), and q/k norms after rope (0/1)
+         group ids of qkv, o_mat, gate_up, down (-1: none), q/k norms after rope (0/1), and the
+         pool task id of the attention op (-1: none; the attention part gets it with the pool's ctrl)
   fns    parts' functions as first-class values (kernels.parts.Part.value, called f[0](...)): norm, rope,
          attention, activation, residual ffn_input, residual combine
   params their float64 parameters in the same order (the residual's serve both of its functions)
@@ -47,7 +48,7 @@ _STEP = dict(JIT, inline="always")
 
 # vecs and geo fields
 V_ATTN_NORM, V_ATTN_NORM_B, V_Q_NORM, V_K_NORM, V_POST_ATTN, V_FFN_NORM, V_FFN_NORM_B, V_POST_FFN, V_CLAMP = range(9)
-G_HEADS, G_KV, G_HD, G_VD, G_FF, G_GATED, G_ROPE, G_QKV, G_O, G_GU, G_DOWN, G_QK_LATE = range(12)
+G_HEADS, G_KV, G_HD, G_VD, G_FF, G_GATED, G_ROPE, G_QKV, G_O, G_GU, G_DOWN, G_QK_LATE, G_TASK = range(13)
 # fns / params fields
 F_NORM, F_ROPE, F_ATTN, F_ACT, F_RES_IN, F_RES_OUT = range(6)
 P_NORM, P_ROPE, P_ATTN, P_ACT, P_RES = range(5)
@@ -82,9 +83,10 @@ def _pre_norm(x, vecs, fns, params, h):
 
 
 @njit(**_STEP)
-def _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, att):
+def _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, att, ctrl):
     """One token's attention from its q|k|v projections y [nq + nk + nv] (clamped, q/k-normed and rotated
-    in place) into att [n_head * vd]; its K/V go to cache row `row`."""
+    in place) into att [n_head * vd]; its K/V go to cache row `row`. ctrl: the running pool's (empty: none),
+    passed to the attention part with the op's pool task id."""
     n_head, n_kv, hd = geo[G_HEADS], geo[G_KV], geo[G_HD]
     norm, pn = fns[F_NORM], params[P_NORM]
     if vecs[V_CLAMP].shape[0]:
@@ -102,7 +104,7 @@ def _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, si
         rope[0](pr, k, n_kv, hd, cos, sin)
     if vecs[V_Q_NORM].shape[0] and late:
         _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd)
-    fns[F_ATTN][0](params[P_ATTN], q, k, v, kc, vc, kpos, ring, row, pos, att)
+    fns[F_ATTN][0](params[P_ATTN], q, k, v, kc, vc, kpos, ring, row, pos, att, ctrl, geo[G_TASK])
 
 
 @njit(**_STEP)
@@ -126,7 +128,7 @@ def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, r
     y = np.empty(_qkv_width(geo), _F32)
     product_group(par, geo[G_QKV], qkv, h, y, chunks)
     att = np.empty(geo[G_HEADS] * geo[G_VD], _F32)
-    _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, att)
+    _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, att, par[0])
     a = np.empty(d, _F32)
     product_group(par, geo[G_O], o_mat, att, a, chunks)
     _post_attn(a, vecs, fns, params)
@@ -234,7 +236,7 @@ def decode_rows(X, layers, i, slots, li, seq, pos, cos, sin, chunks, par):
     ATT = np.empty((n, geo[G_HEADS] * geo[G_VD]), _F32)
     for j in range(n):  # in order: a span's later rows see the K/V its earlier rows stored
         kc, vc, kpos, ring, row = _row_slot(slots, li, seq[j], pos[j])
-        _attend_row(Y[j], vecs, geo, fns, params, kc, vc, kpos, ring, row, pos[j], cos[j], sin[j], ATT[j])
+        _attend_row(Y[j], vecs, geo, fns, params, kc, vc, kpos, ring, row, pos[j], cos[j], sin[j], ATT[j], par[0])
     A = np.empty((n, d), _F32)
     product_group_rows(par, geo[G_O], o_mat, ATT, A, chunks)
     G = np.empty((n, d), _F32)

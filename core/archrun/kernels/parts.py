@@ -12,9 +12,12 @@ float64 parameter array):
   norm        fn(p, x[d], w[d], b[d or 0], out[d])        out may be x; b empty when the norm has no bias
   rope        fn(p, v[H * hd], n_head, hd, cos[r], sin[r])  in place; cos/sin from the op's cos_sin(pos)[0]
   attention   fn(p, q[H * hd], k[KV * hd], v[KV * vd], kc[cap, KV, hd], vc[cap, KV, vd],
-                 kpos int64[cap or 0], ring, row, pos, out[H * vd])
+                 kpos int64[cap or 0], ring, row, pos, out[H * vd], pool int64[], task)
                  stores k/v at cache row `row` (ring slots also kpos[row] = pos), then attends
-                 from position pos over the rows it can see. A cache of another kv type has its own
+                 from position pos over the rows it can see. pool: the decode pool's ctrl while a
+                 step runs on it (kernels.pool; empty: no pool), task: the id of the op's pool task
+                 there (-1: none; see `task` below): a part may split long work into chunks of
+                 that task, and its result must not depend on whether it did. A cache of another kv type has its own
                  slot, "attention:<kv type>", the same call with kc/vc of KV_CACHES[kv type]
                  (f16: uint16 float16 bits; q8_0: uint8 ggml q8_0 blocks, hd / 32 * 34 bytes a row);
                  an op offers those parts through `op.fused_for(kv_type)` (archrun.fusion)
@@ -22,13 +25,18 @@ float64 parameter array):
   residual    ffn_input fn(p, x[d], a[d], out[d])          what the FFN sub-block reads (before its norm)
               combine   fn(p, x[d], a[d], f[d])            x <- the residual stream after the block
   gating      fn(p, logits[E], probs[E])                    router probabilities of one token
+  task        fn(args int64[k], chunk)                       chunk `chunk` of a decode pool job (kernels.pool):
+                 an attention op offering `op.pool_task` (a function compiled for this slot) has it
+                 registered with the model's pool when the pool is built (archrun.fusion); its part then
+                 receives the task's id and publishes it with kernels.pool.publish_task
 
 Plugin kernels compile with `JIT` (cached, fastmath, nogil), e.g. `@njit(SIGNATURES["norm"], **JIT)`, and
 a plugin with kernels calls `kernel_cache(__file__)` (archrun.kernels.kernel_cache, also exported here) at
 the top of its kernel package, before its kernel modules are imported: their compiled code is then cached
 under a digest of its sources and the core's.
 `part(fn, *params)` builds a Part; kernels take `part.value` (see Part); `NO_ROPE` is the part of
-layers without rotary embedding.
+layers without rotary embedding; `NO_TASK` the last two arguments of an attention part called outside
+a pooled step.
 """
 
 from __future__ import annotations
@@ -52,20 +60,22 @@ CACHE = types.Array(types.float32, 3, "C")
 # cache arrays [cap, KV, stored] by kv type: float32 values, float16 bits, ggml q8_0 block bytes
 KV_CACHES = {"f32": CACHE, "f16": types.Array(types.uint16, 3, "C"), "q8_0": types.Array(types.uint8, 3, "C")}
 POSITIONS = types.Array(types.int64, 1, "C")
+POOL = types.Array(types.int64, 1, "C")  # the decode pool's ctrl (kernels.pool), empty without a pool
 
-__all__ = ["JIT", "NO_ROPE", "SIGNATURES", "Part", "compiled_for", "guard_cache", "kernel_cache", "part",
+__all__ = ["JIT", "NO_ROPE", "NO_TASK", "SIGNATURES", "Part", "compiled_for", "guard_cache", "kernel_cache", "part",
            "slot_part"]
 
 SIGNATURES = {
     "norm": types.void(PARAMS, VEC, VEC, VEC, VEC),
     "rope": types.void(PARAMS, VEC, types.int64, types.int64, VEC, VEC),
     "attention": types.void(PARAMS, VEC, VEC, VEC, CACHE, CACHE, POSITIONS, types.boolean, types.int64,
-                            types.int64, VEC),
+                            types.int64, VEC, POOL, types.int64),
     **{f"attention:{t}": types.void(PARAMS, VEC, VEC, VEC, c, c, POSITIONS, types.boolean, types.int64,
-                                    types.int64, VEC) for t, c in KV_CACHES.items() if t != "f32"},
+                                    types.int64, VEC, POOL, types.int64) for t, c in KV_CACHES.items() if t != "f32"},
     "activation": types.void(PARAMS, VEC, VEC),
     "residual": types.void(PARAMS, VEC, VEC, VEC),
     "gating": types.void(PARAMS, VEC, VEC),
+    "task": types.void(POOL, types.int64),
 }
 
 
@@ -128,3 +138,5 @@ def _no_rope(p, v, n_head, hd, cos, sin):
 
 
 NO_ROPE = part(_no_rope)
+# the (pool, task) arguments of an attention part called outside a pooled step (op by op, tests)
+NO_TASK = (np.zeros(0, np.int64), np.int64(-1))

@@ -21,12 +21,23 @@ replaces regions with a job word in shared memory:
   it is moved), then return to Python and sleep on an event; `rest()` sends them to sleep
   at once (before a prefill, whose BLAS threads need the cores).
 
-Job word layout (int64): gen << 40 | group << 16 | n_chunks << 8 | next_chunk. gen makes a
-word unique over 2^23 jobs (no ABA between a worker's read and its claim).
+Two kinds of job: a *product group* (kernels.block: 3 matrices of one input, the group id
+indexes the pool's groups) and a *task*: a plugin's jitted function value compiled for
+kernels.parts.SIGNATURES["task"], fn(args int64[ARG_SLOTS], chunk), registered with the pool
+when it is built (`tasks`; once per model, never per token). A task's publisher writes its
+arguments into the pool's args block (ctrl[ARGS:]: array addresses from kernels.addresses,
+integers, float bits) and publishes it with `publish_task`; whoever claims chunk c calls
+fn(args, c). A task's result must not depend on which thread ran a chunk (each chunk writes
+only its own outputs; the publisher combines them in chunk order).
+
+Job word layout (int64): gen << 40 | group << 16 | n_chunks << 8 | next_chunk (group: a product
+group id, or TASK_BIT | task id). gen makes a word unique over 2^23 jobs (no ABA between a
+worker's read and its claim).
 
 ctrl fields sit on separate cache lines (8 int64 apart): JOB, DONE (chunks finished), SLEEP
 (1: return to Python), N and N_IN (the job's activation shape), THREADS (threads in the step),
-WORKER_CHUNKS (chunks the workers computed, a statistic).
+WORKER_CHUNKS (chunks the workers computed, a statistic; WORKER_TASK_CHUNKS: of tasks); then the
+args block of a task (ARG_SLOTS int64 from ARGS).
 """
 
 from __future__ import annotations
@@ -43,13 +54,17 @@ from numba import njit
 from archrun.kernels import atomics
 from archrun.kernels._jit import JIT, QB
 from archrun.kernels.lists import typed_list
+from archrun.kernels.parts import SIGNATURES
 
-JOB, DONE, SLEEP, N, N_IN, THREADS, WORKER_CHUNKS = 0, 8, 16, 24, 32, 40, 48
-CTRL_SIZE = 56
+JOB, DONE, SLEEP, N, N_IN, THREADS, WORKER_CHUNKS, WORKER_TASK_CHUNKS = 0, 8, 16, 24, 32, 40, 48, 56
+ARGS, ARG_SLOTS = 64, 64  # a task's arguments: ctrl[ARGS:ARGS + ARG_SLOTS]
+CTRL_SIZE = ARGS + ARG_SLOTS
 _GEN_SHIFT, _GID_SHIFT = 40, 16
 _GEN_MASK = (1 << 23) - 1
 MAX_CHUNKS = 255
-MAX_GROUPS = 1 << 24
+TASK_BIT = 1 << 23  # a job's group field: a task id when this bit is set, else a product group id
+MAX_GROUPS = TASK_BIT
+MAX_TASKS = TASK_BIT
 # how long a worker with no job keeps spinning before it sleeps: time-stamp ticks (x86, ~3 ms
 # at 2.5 GHz) and, where there is no time-stamp counter, spins
 IDLE_TICKS = 8_000_000
@@ -88,7 +103,8 @@ def claim(ctrl):
 
 @njit(**_STEP)
 def job_group(w):
-    return (w >> _GID_SHIFT) & (MAX_GROUPS - 1)
+    """The job's product group id, or TASK_BIT | task id."""
+    return (w >> _GID_SHIFT) & (2 * TASK_BIT - 1)
 
 
 @njit(**_STEP)
@@ -117,6 +133,25 @@ def wait_done(ctrl, n_chunks):
 
 
 @njit(**_STEP)
+def publish_task(ctrl, task, args, n_chunks):
+    """Make task `task` (n_chunks chunks, arguments args int64 [<= ARG_SLOTS]) the current job;
+    returns the pool's copy of args (what every chunk, the publisher's too, reads)."""
+    shared = ctrl[ARGS:ARGS + args.shape[0]]
+    shared[:] = args
+    publish(ctrl, TASK_BIT | task, n_chunks, 0, 0)
+    return shared
+
+
+@njit(**_STEP)
+def next_chunk(ctrl):
+    """A chunk claimed from the current job (retrying lost races), or -1 when none is left."""
+    while True:
+        c, w = claim(ctrl)
+        if c != -2:
+            return c
+
+
+@njit(**_STEP)
 def should_sleep(ctrl) -> bool:
     return atomics.load(ctrl, SLEEP) != 0
 
@@ -128,6 +163,11 @@ def quantized_views(xq, dq, hq, n, n_in):
     nb = n_in // QB if n_in % QB == 0 else 0
     return (xq[:n * nb * QB].reshape((n, nb, QB)), dq[:n * nb].reshape((n, nb)),
             hq[:n * nb * 2].reshape((n, nb, 2)))
+
+
+@njit(SIGNATURES["task"], **JIT)
+def no_task(args, chunk):
+    """The task list of a pool without tasks (a typed list is never empty: one numba type for every pool)."""
 
 
 def _no_pool() -> tuple:
@@ -149,14 +189,18 @@ class DecodePool:
 
     groups: every product group (3 uniform matrices, kernels.block.uniform) a step may publish,
     indexed by group id. max_in / max_out bound one token's activation width and a group's
-    output width. serve: the workers' jitted loop, serve(ctrl, groups, xf, xq, dq, hq, y, idle_ticks,
-    idle_spins) (kernels.block.serve).
+    output width. serve: the workers' jitted loop, serve(ctrl, groups, tasks, xf, xq, dq, hq, y,
+    idle_ticks, idle_spins) (kernels.block.serve). tasks: functions compiled for
+    SIGNATURES["task"] a step may publish, indexed by task id.
     """
 
-    def __init__(self, groups: list[tuple], max_in: int, max_out: int, serve: Callable):
+    def __init__(self, groups: list[tuple], max_in: int, max_out: int, serve: Callable, tasks: tuple = ()):
         if not groups or len(groups) >= MAX_GROUPS:
             raise ValueError(f"a pool takes 1..{MAX_GROUPS - 1} product groups")
+        if len(tasks) >= MAX_TASKS:
+            raise ValueError(f"a pool takes at most {MAX_TASKS - 1} tasks")
         self.groups = typed_list(groups)
+        self.tasks = typed_list([(fn,) for fn in tasks] or [(no_task,)])  # never empty: one numba type
         nb = -(-max_in // QB)
         self.ctrl = np.zeros(CTRL_SIZE, np.int64)
         self.ctrl[SLEEP] = 1
@@ -175,13 +219,18 @@ class DecodePool:
         return int(self.ctrl[WORKER_CHUNKS])
 
     @property
+    def worker_task_chunks(self) -> int:
+        """Chunks of tasks the workers have computed so far (all steps)."""
+        return int(self.ctrl[WORKER_TASK_CHUNKS])
+
+    @property
     def kernel_args(self) -> tuple:
         """(ctrl, xf, xq, dq, hq, y): what a kernel needs to publish jobs (active while running)."""
         return (self.ctrl, *self._buffers)
 
     def _start_worker(self) -> None:
         wake = threading.Event()
-        args = (self.ctrl, self.groups, *self._buffers, IDLE_TICKS, IDLE_SPINS)
+        args = (self.ctrl, self.groups, self.tasks, *self._buffers, IDLE_TICKS, IDLE_SPINS)
         t = threading.Thread(target=_worker_loop, args=(wake, self._quit, self._serve, args),
                              name=f"archrun-decode-{len(self._workers) + 1}", daemon=True)
         t.start()
@@ -190,7 +239,7 @@ class DecodePool:
 
     def warm_up(self) -> None:
         """Compile (or load) the workers' loop: it returns at once while the pool sleeps."""
-        self._serve(self.ctrl, self.groups, *self._buffers, 1, 1)
+        self._serve(self.ctrl, self.groups, self.tasks, *self._buffers, 1, 1)
 
     def wake(self, workers: int) -> None:
         """Start the first `workers` workers spinning (they sleep again after IDLE_TICKS without a job)."""

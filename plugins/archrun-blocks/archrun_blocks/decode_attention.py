@@ -9,6 +9,15 @@ Shapes of the inner loops are what makes this fast (measured, 9 heads x 150 rows
 - keys go in blocks of KEY_BLOCK rows with an online softmax, so long contexts need no scratch
   growing with the depth, and caches of other kv types (archrun_blocks.kv_codec) are decoded one
   block at a time into float32 rows that the same loops read.
+
+Long contexts (more than SPLIT_MIN_ROWS visible rows) go in chunks of CHUNK_ROWS rows
+(`attend_split`): each chunk's online softmax gives per-head partials (max, sum, value
+accumulator), merged in chunk order with the log-sum-exp rule. The chunks are the decode pool's
+task `attend_chunk` (archrun.kernels.pool), so the step's other threads share them: a layer's K/V
+at depth is read from memory at one thread's rate (~5 GB/s measured), the second core doubles
+it. Chunk boundaries and the merge order depend only on the number of visible rows, so the
+result is the same bits on any number of threads and with no pool; up to SPLIT_MIN_ROWS rows the
+one-pass code (attend_biased) runs as before.
 """
 
 from __future__ import annotations
@@ -19,7 +28,10 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from archrun.kernels import pool
 from archrun.kernels._jit import JIT
+from archrun.kernels.addresses import address, array_at, get_float, put_float
+from archrun.kernels.parts import SIGNATURES
 from archrun_blocks.kv_codec import load_row
 
 _F32 = np.float32
@@ -30,6 +42,10 @@ _EXP_MIN = _F32(-87.0)             # exp(-87) is still a normal float32
 # keys per block of the online softmax: the scores [group, KEY_BLOCK] and a block of decoded K/V rows
 # ([KEY_BLOCK, KV, hd] float32 each, other kv types) stay in the core's cache
 KEY_BLOCK = 256
+# visible rows above which the keys go in chunks (attend_split), and the rows of a chunk: at 2 threads a
+# 4k context is 8 chunks (fine enough that a busy core costs little; a chunk's partials cost ~1 us to merge)
+SPLIT_MIN_ROWS = 1024
+CHUNK_ROWS = 2 * KEY_BLOCK
 
 
 @njit(**JIT)
@@ -252,3 +268,139 @@ def attend_one(q, kc, vc, rows, count, n_head, scale, softcap, out):
     first capped to softcap * tanh(score / softcap) when softcap > 0.
     """
     attend_biased(q, kc, vc, rows, count, n_head, scale, softcap, np.empty(0, np.float64), np.empty(0, _F32), out)
+
+
+# -- long contexts: chunks of keys shared with the decode pool --------------------------------------------
+# attend_chunk's arguments (int64 [N_ARGS]: addresses of the caller's arrays, integers, float64 bits):
+# q f32 [H, hd], rows int64 [count], slopes f64 [n_slopes], dist f32 [count or 0], the partials
+# mx / tot f32 [chunks, H] and acc f32 [chunks, H, vd], the caches [cap, KV, stored] of kind (itemsize:
+# 4 float32, 2 float16 bits, 1 q8_0 bytes)
+(A_Q, A_ROWS, A_COUNT, A_HEADS, A_HD, A_VD, A_SCALE, A_SOFTCAP, A_SLOPES, A_NSLOPES, A_DIST, A_MX, A_TOT, A_ACC,
+ A_KC, A_VC, A_CAP, A_KV, A_KW, A_VW, A_KIND, N_ARGS) = range(22)
+
+
+@njit(**JIT)
+def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc):
+    """attend_biased's online softmax of q2 [H, hd] over rows[:count] without its final division: per head
+    h the max score mx[h], the sum tot[h] of exp(score - mx[h]) and acc[h] [vd] = sum of exp(score - mx[h]) v."""
+    n_head, hd = q2.shape
+    n_kv, vd = kc.shape[1], acc.shape[1]
+    group = n_head // n_kv
+    nb = min(count, KEY_BLOCK)
+    p = np.empty((group, nb), np.float32)
+    bits = np.empty(nb, np.int32)
+    tot[:] = 0.0
+    acc[:] = 0.0
+    kb = np.empty((scratch_rows(kc, nb), n_kv, hd), np.float32)
+    vb = np.empty((scratch_rows(vc, nb), n_kv, vd), np.float32)
+    ident = np.arange(nb)
+    for j0 in range(0, count, KEY_BLOCK):
+        n = min(KEY_BLOCK, count - j0)
+        km, kr = block_rows(kc, rows, j0, n, kb, ident)
+        vm, vr = block_rows(vc, rows, j0, n, vb, ident)
+        for kv in range(n_kv):
+            _scores(q2, km, kr, n, kv, group, _F32(scale), p)
+            if softcap > 0:
+                _cap(p, n, _F32(softcap))
+            if slopes.shape[0]:
+                _bias(p, n, kv, group, slopes, dist[j0:j0 + n])
+            for g in range(group):
+                h = kv * group + g
+                pg = p[g][:n]
+                m = pg[0]
+                for j in range(1, n):
+                    m = max(m, pg[j])
+                if j0 == 0:
+                    mx[h] = m
+                elif m > mx[h]:
+                    _rescale(acc, tot, h, _F32(math.exp(mx[h] - m)))
+                    mx[h] = m
+                tot[h] += exp_shifted(pg, mx[h], bits[:n])
+            _mix(vm, vr, n, kv, p, acc[kv * group:(kv + 1) * group])
+
+
+@njit(**JIT)
+def _chunk(args, c, kc, vc):
+    """Chunk c of a split attention (arguments: A_*): the partials of rows[c * CHUNK_ROWS:][:CHUNK_ROWS]."""
+    count, n_head, vd = args[A_COUNT], args[A_HEADS], args[A_VD]
+    nch = (count + CHUNK_ROWS - 1) // CHUNK_ROWS
+    j0 = c * CHUNK_ROWS
+    n = min(CHUNK_ROWS, count - j0)
+    rows = array_at(args[A_ROWS], (count,), np.int64)
+    slopes = array_at(args[A_SLOPES], (args[A_NSLOPES],), np.float64)
+    dist = array_at(args[A_DIST], (count if args[A_NSLOPES] else 0,), np.float32)
+    d0, d1 = min(j0, dist.shape[0]), min(j0 + n, dist.shape[0])
+    _partial(array_at(args[A_Q], (n_head, args[A_HD]), np.float32), kc, vc, rows[j0:j0 + n], n,
+             get_float(args, A_SCALE), get_float(args, A_SOFTCAP), slopes, dist[d0:d1],
+             array_at(args[A_MX], (nch, n_head), np.float32)[c], array_at(args[A_TOT], (nch, n_head), np.float32)[c],
+             array_at(args[A_ACC], (nch, n_head, vd), np.float32)[c])
+
+
+@njit(SIGNATURES["task"], **JIT)
+def attend_chunk(args, c):
+    """The decode pool's task of a split attention: chunk c, the caches rebuilt from args (see A_*)."""
+    ks, vs = (args[A_CAP], args[A_KV], args[A_KW]), (args[A_CAP], args[A_KV], args[A_VW])
+    kind = args[A_KIND]
+    if kind == 4:
+        _chunk(args, c, array_at(args[A_KC], ks, np.float32), array_at(args[A_VC], vs, np.float32))
+    elif kind == 2:
+        _chunk(args, c, array_at(args[A_KC], ks, np.uint16), array_at(args[A_VC], vs, np.uint16))
+    else:
+        _chunk(args, c, array_at(args[A_KC], ks, np.uint8), array_at(args[A_VC], vs, np.uint8))
+
+
+@njit(**JIT)
+def _merge(mx, tot, acc, out):
+    """out[h] = sum_c w_c acc[c, h] / sum_c w_c tot[c, h], w_c = exp(mx[c, h] - max_c mx[c, h]), summed in
+    chunk order (the log-sum-exp rule)."""
+    nch, n_head, vd = acc.shape
+    a = np.empty(vd, _F32)
+    for h in range(n_head):
+        m = mx[0, h]
+        for c in range(1, nch):
+            m = max(m, mx[c, h])
+        total = _F32(0.0)
+        a[:] = 0.0
+        for c in range(nch):
+            w = _F32(math.exp(mx[c, h] - m))
+            total += tot[c, h] * w
+            for e in range(vd):
+                a[e] += acc[c, h, e] * w
+        inv = _F32(1.0) / total
+        o = out[h * vd:(h + 1) * vd]
+        for e in range(vd):
+            o[e] = a[e] * inv
+
+
+@njit(**JIT)
+def attend_split(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, out, ctrl, task):
+    """attend_biased (same arguments) in chunks of CHUNK_ROWS rows, merged in chunk order; the chunks are
+    shared with the running decode pool `ctrl` (archrun.kernels.pool; empty: none) as its task `task` (-1:
+    none), else computed here in order: the same bits either way. q, rows, slopes, dist C-contiguous."""
+    hd, vd = q.shape[0] // n_head, out.shape[0] // n_head
+    nch = (count + CHUNK_ROWS - 1) // CHUNK_ROWS
+    mx = np.empty((nch, n_head), _F32)
+    tot = np.empty((nch, n_head), _F32)
+    acc = np.empty((nch, n_head, vd), _F32)
+    args = np.zeros(N_ARGS, np.int64)
+    args[A_Q], args[A_ROWS], args[A_COUNT], args[A_HEADS], args[A_HD], args[A_VD] = (
+        address(q), address(rows), count, n_head, hd, vd)
+    put_float(args, A_SCALE, scale)
+    put_float(args, A_SOFTCAP, softcap)
+    args[A_SLOPES], args[A_NSLOPES], args[A_DIST] = address(slopes), slopes.shape[0], address(dist)
+    args[A_MX], args[A_TOT], args[A_ACC] = address(mx), address(tot), address(acc)
+    args[A_KC], args[A_VC], args[A_CAP], args[A_KV] = address(kc), address(vc), kc.shape[0], kc.shape[1]
+    args[A_KW], args[A_VW], args[A_KIND] = kc.shape[2], vc.shape[2], kc.itemsize
+    if task >= 0 and nch <= pool.MAX_CHUNKS and pool.active(ctrl):
+        shared = pool.publish_task(ctrl, task, args, nch)
+        while True:
+            c = pool.next_chunk(ctrl)
+            if c < 0:
+                break
+            _chunk(shared, c, kc, vc)
+            pool.done(ctrl)
+        pool.wait_done(ctrl, nch)
+    else:
+        for c in range(nch):
+            _chunk(args, c, kc, vc)
+    _merge(mx, tot, acc, out)

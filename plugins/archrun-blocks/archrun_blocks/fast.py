@@ -19,7 +19,7 @@ from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
 from archrun.errors import ShapeMismatch
 from archrun.kernels import pool, qmatrix
 from archrun.kernels.parts import Part, part, slot_part
-from archrun_blocks import elementwise, kv_codec, parts, reference
+from archrun_blocks import decode_attention, elementwise, kv_codec, parts, reference
 from archrun_blocks import moe_kernels as mk
 
 F32 = np.float32
@@ -138,6 +138,7 @@ def _with_kernels(op, name: str, params: tuple):
     op.codec = KernelKvCodec
     op.fused = part(getattr(parts, name), *params)
     op.fused_for = functools.partial(_kv_parts, name, params)  # kv type -> Part (archrun.fusion)
+    op.pool_task = decode_attention.attend_chunk  # the parts' chunks of a long context (decode pool task)
     op.slot_arrays = _slot_arrays  # the fused block reads and writes the cache through these
     return op
 

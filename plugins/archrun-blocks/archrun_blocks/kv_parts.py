@@ -16,24 +16,24 @@ from archrun_blocks.parts import alibi, causal
 
 
 @njit(SIGNATURES["attention:f16"], **JIT)
-def causal_attention_f16(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
+def causal_attention_f16(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     """parts.causal_attention over a float16 cache (uint16 bits [cap, KV, hd])."""
-    causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out)
+    causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task)
 
 
 @njit(SIGNATURES["attention:q8_0"], **JIT)
-def causal_attention_q8_0(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
+def causal_attention_q8_0(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     """parts.causal_attention over a q8_0 cache (ggml blocks, uint8 [cap, KV, hd / 32 * 34])."""
-    causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out)
+    causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task)
 
 
 @njit(SIGNATURES["attention:f16"], **JIT)
-def alibi_attention_f16(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
+def alibi_attention_f16(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     """parts.alibi_attention over a float16 cache."""
-    alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out)
+    alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task)
 
 
 @njit(SIGNATURES["attention:q8_0"], **JIT)
-def alibi_attention_q8_0(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
+def alibi_attention_q8_0(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     """parts.alibi_attention over a q8_0 cache."""
-    alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out)
+    alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task)

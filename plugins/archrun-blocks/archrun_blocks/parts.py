@@ -15,7 +15,7 @@ from numba import njit
 
 from archrun.kernels._jit import JIT
 from archrun.kernels.parts import SIGNATURES
-from archrun_blocks.decode_attention import attend_biased, attend_one, visible_rows
+from archrun_blocks.decode_attention import SPLIT_MIN_ROWS, attend_biased, attend_one, attend_split, visible_rows
 from archrun_blocks.kv_codec import store_row, values_per_row
 from archrun_blocks.rotate import rotate_pairs
 
@@ -97,40 +97,49 @@ def _store_and_select(k, v, kc, vc, kpos, ring, row, pos, window):
 
 
 @njit(**dict(JIT, inline="always"))
-def causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
+def causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     """causal_attention over a cache of any kv type (archrun_blocks.kv_codec; compiled per cache dtype)."""
     rows, count = _store_and_select(k, v, kc, vc, kpos, ring, row, pos, int(p[1]))
-    attend_one(q, kc, vc, rows, count, q.shape[0] // values_per_row(kc), p[0], p[2], out)
+    if count <= SPLIT_MIN_ROWS:
+        attend_one(q, kc, vc, rows, count, q.shape[0] // values_per_row(kc), p[0], p[2], out)
+    else:  # a long context: chunks of keys, shared with the decode pool when one runs
+        attend_split(q, kc, vc, rows, count, q.shape[0] // values_per_row(kc), p[0], p[2], np.empty(0, np.float64),
+                     np.empty(0, _F32), out, ctrl, task)
 
 
 @njit(**dict(JIT, inline="always"))
-def alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
+def alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     """alibi_attention over a cache of any kv type (compiled per cache dtype)."""
     rows, count = _store_and_select(k, v, kc, vc, kpos, ring, row, pos, int(p[1]))
     dist = np.empty(count, _F32)
     for j in range(count):  # a ring row holds position kpos[row]; a plain row r holds position r
         dist[j] = _F32((kpos[rows[j]] if ring else rows[j]) - pos)
     n_head = q.shape[0] // values_per_row(kc)
-    attend_biased(q, kc, vc, rows, count, n_head, p[0], p[2], p[5:5 + n_head], dist, out)
+    if count <= SPLIT_MIN_ROWS:
+        attend_biased(q, kc, vc, rows, count, n_head, p[0], p[2], p[5:5 + n_head], dist, out)
+    else:
+        attend_split(q, kc, vc, rows, count, n_head, p[0], p[2], p[5:5 + n_head], dist, out, ctrl, task)
 
 
 @njit(SIGNATURES["attention"], **JIT)
-def causal_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
+def causal_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     """Store k/v at cache row `row` (ring slots record its position), then causal GQA of q over the
     rows visible from `pos` (window p[1], 0: global), scores scaled by p[0] and capped by p[2] (0: none).
-    The parts of other kv types are in archrun_blocks.kv_parts."""
-    causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out)
+    Over more than SPLIT_MIN_ROWS rows the keys go in chunks, shared with the decode pool ctrl as its
+    task `task` (archrun_blocks.decode_attention.attend_split). The parts of other kv types are in
+    archrun_blocks.kv_parts."""
+    causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task)
 
 
 # -- ALiBi attention: p = (scale, window, softcap, max_bias, n_head, slope_0 .. slope_{n_head-1}) ----------
 
 
 @njit(SIGNATURES["attention"], **JIT)
-def alibi_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out):
+def alibi_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     """causal_attention with ALiBi: query head h adds slope_h * (key position - pos) to its scores (after
     the scale p[0] and the cap p[2]); the slopes follow the fixed fields (reference.alibi_slopes of
     max_bias p[3] and n_head p[4])."""
-    alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out)
+    alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task)
 
 
 # -- activations: p unused -------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from archrun.descriptor import AttentionSpec
 from archrun.errors import MetadataError, ShapeMismatch
-from archrun.kernels.parts import slot_part
+from archrun.kernels.parts import NO_TASK, slot_part
 from archrun.plugins import make_plugin_manager
 from archrun.vocab import build_vocabulary
 from archrun_blocks import elementwise, fast, reference
@@ -169,7 +169,7 @@ def test_fast_op_and_part_equal_the_reference(window, softcap, n, t0, heads, kv,
     pos = t0 + n - 1
     out = np.empty(heads * vd, F32)
     fst.fused.fn(fst.fused.params, q[-1].reshape(-1).copy(), k[-1].reshape(-1).copy(), v[-1].reshape(-1).copy(),
-                 kc, vc, kpos, ring, pos % kc.shape[0] if ring else pos, pos, out)
+                 kc, vc, kpos, ring, pos % kc.shape[0] if ring else pos, pos, out, *NO_TASK)
     close(out.reshape(heads, vd), want[-1])
 
 
@@ -189,7 +189,7 @@ def test_ring_slot(window):
         close(fst(q, k, v, fs, pos), want)
         out = np.empty(64, F32)
         fst.fused.fn(fst.fused.params, q.reshape(-1).copy(), k.reshape(-1).copy(), v.reshape(-1).copy(),
-                     kc, vc, kpos, True, pos % kc.shape[0], pos, out)
+                     kc, vc, kpos, True, pos % kc.shape[0], pos, out, *NO_TASK)
         close(out.reshape(4, 16), want[0])
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from archrun.descriptor import AttentionSpec, RopeSpec
-from archrun.kernels.parts import compiled_for, slot_part
+from archrun.kernels.parts import NO_TASK, compiled_for, slot_part
 from archrun_blocks import fast, reference
 
 RNG = np.random.default_rng(3)
@@ -70,7 +70,7 @@ def test_attention(window, softcap, n, t0, heads, kv, hd, vd):
     pos = t0 + n - 1
     out = np.empty(heads * vd, F32)
     fst.fused.fn(fst.fused.params, q[-1].reshape(-1).copy(), k[-1].reshape(-1).copy(), v[-1].reshape(-1).copy(),
-                 kc, vc, kpos, ring, pos % kc.shape[0] if ring else pos, pos, out)
+                 kc, vc, kpos, ring, pos % kc.shape[0] if ring else pos, pos, out, *NO_TASK)
     close(out.reshape(heads, vd), want[-1])
 
 
@@ -90,5 +90,5 @@ def test_attention_ring_slot(window):
         close(fst(q, k, v, fs, pos), want)
         out = np.empty(64, F32)
         fst.fused.fn(fst.fused.params, q.reshape(-1).copy(), k.reshape(-1).copy(), v.reshape(-1).copy(),
-                     kc, vc, kpos, True, pos % kc.shape[0], pos, out)
+                     kc, vc, kpos, True, pos % kc.shape[0], pos, out, *NO_TASK)
         close(out.reshape(4, 16), want[0])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from archrun.descriptor import AttentionSpec
+from archrun.kernels.parts import NO_TASK
 from archrun_blocks import fast, kv_codec, reference
 from archrun_blocks.decode_attention import KEY_BLOCK, attend_biased, attend_one
 
@@ -137,7 +138,7 @@ def test_slot_attention_reads_rows_as_stored(kv_type, window):
         kc, vc, kpos, ring = fast._slot_arrays(slot)
         out = np.empty(4 * hd, np.float32)
         fast_op.fused_for(kv_type).fn(fast_op.fused.params, q[11].reshape(-1), k[11].reshape(-1), v[11].reshape(-1),
-                                      kc, vc, kpos, ring, 11 % kc.shape[0] if ring else 11, 11, out)
+                                      kc, vc, kpos, ring, 11 % kc.shape[0] if ring else 11, 11, out, *NO_TASK)
         np.testing.assert_allclose(out, want[11].reshape(-1), rtol=0, atol=2e-6)
 
 
