@@ -166,8 +166,8 @@ class Engine:
         caches, so the multi-row kernels are loaded (or compiled) and the decode workers' buffers sized
         for the full batch now, not inside the first batched request (archrun.load warms one sequence)."""
         n = min(self.parallel, WARM_MAX)
-        if self._batch is None or n < 2:
-            return
+        if self._batch is None or n < 2 or getattr(self.model, "backend", "fast") == "reference":
+            return  # nothing to load (a tiered start's reference tier has no kernels)
         span = min(self.ctx, 1 + self.draft_max if self.drafter is not None else 1)
         caches = [self.model.init_cache(min(self.ctx, span + 1), **self.kv) for _ in range(n)]
         try:
