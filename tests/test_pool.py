@@ -10,6 +10,7 @@ needs two numba threads (it runs in the bounds-checked two-thread pass of `make 
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
 import numba
@@ -18,7 +19,7 @@ import pytest
 from gguf.constants import GGMLQuantizationType as T
 from gguf_fixtures import random_quant_tensor
 
-from archrun.kernels import block, dots, pool, qmatrix
+from archrun.kernels import atomics, block, dots, pool, qmatrix
 
 pytestmark = pytest.mark.skipif(not pool.enabled(), reason="the pool needs the JIT (its atomics are intrinsics)")
 
@@ -153,6 +154,22 @@ def test_workers_stop_when_the_pool_is_collected():
     for t in threads:
         t.join(timeout=10)
     assert not any(t.is_alive() for t in threads)
+
+
+@pytest.mark.skipif(not atomics._X86, reason="the stall guard reads the x86 time-stamp counter")
+def test_a_stalled_task_wait_backs_off():
+    """A publisher that waited long for a task's chunks (a worker descheduled while holding one) computes the
+    next BACKOFF_TASKS tasks alone, then shares again; a short wait starts no backoff."""
+    ctrl = np.zeros(pool.CTRL_SIZE, np.int64)
+    ctrl[pool.THREADS], ctrl[pool.DONE] = 2, 1
+    pool.wait_task(ctrl, 1)  # done already: no wait, no backoff (and the wait is compiled before the timed one)
+    assert pool.share_task(ctrl)
+    ctrl[pool.DONE] = 0
+    late = threading.Timer(0.05, lambda: ctrl.__setitem__(pool.DONE, 1))  # the chunk is done 50 ms later
+    late.start()
+    pool.wait_task(ctrl, 1)
+    late.join()
+    assert [pool.share_task(ctrl) for _ in range(pool.BACKOFF_TASKS + 1)] == [False] * pool.BACKOFF_TASKS + [True]
 
 
 @pytest.fixture

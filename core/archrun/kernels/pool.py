@@ -36,8 +36,15 @@ worker's read and its claim).
 
 ctrl fields sit on separate cache lines (8 int64 apart): JOB, DONE (chunks finished), SLEEP
 (1: return to Python), N and N_IN (the job's activation shape), THREADS (threads in the step),
-WORKER_CHUNKS (chunks the workers computed, a statistic; WORKER_TASK_CHUNKS: of tasks); then the
-args block of a task (ARG_SLOTS int64 from ARGS).
+WORKER_CHUNKS (chunks the workers computed, a statistic; WORKER_TASK_CHUNKS: of tasks), BACKOFF
+(tasks not to share after a stall, see `share_task`); then the args block of a task (ARG_SLOTS int64
+from ARGS).
+
+A task's chunks are long (~0.1-0.2 ms of streaming, a product's ~1-2 us), so on an overloaded host
+a worker is often descheduled while it holds one, and the publisher waits until it runs again
+(milliseconds). A publisher that waited longer than STALL_TICKS for its task's chunks
+(`wait_task`) computes the next BACKOFF_TASKS tasks alone (`share_task` says no): the same bits,
+and at most one stall per BACKOFF_TASKS tasks while the host stays overloaded.
 """
 
 from __future__ import annotations
@@ -56,8 +63,8 @@ from archrun.kernels._jit import JIT, QB
 from archrun.kernels.lists import typed_list
 from archrun.kernels.parts import SIGNATURES
 
-JOB, DONE, SLEEP, N, N_IN, THREADS, WORKER_CHUNKS, WORKER_TASK_CHUNKS = 0, 8, 16, 24, 32, 40, 48, 56
-ARGS, ARG_SLOTS = 64, 64  # a task's arguments: ctrl[ARGS:ARGS + ARG_SLOTS]
+JOB, DONE, SLEEP, N, N_IN, THREADS, WORKER_CHUNKS, WORKER_TASK_CHUNKS, BACKOFF = 0, 8, 16, 24, 32, 40, 48, 56, 64
+ARGS, ARG_SLOTS = 72, 64  # a task's arguments: ctrl[ARGS:ARGS + ARG_SLOTS]
 CTRL_SIZE = ARGS + ARG_SLOTS
 _GEN_SHIFT, _GID_SHIFT = 40, 16
 _GEN_MASK = (1 << 23) - 1
@@ -69,6 +76,10 @@ MAX_TASKS = TASK_BIT
 # at 2.5 GHz) and, where there is no time-stamp counter, spins
 IDLE_TICKS = 8_000_000
 IDLE_SPINS = 1 << 20
+# a task's wait for claimed chunks beyond which its publisher computes the next BACKOFF_TASKS tasks
+# alone (time-stamp ticks: ~1 ms at 2.5 GHz, several chunks' time; a descheduled worker costs more)
+STALL_TICKS = 2_500_000
+BACKOFF_TASKS = 64
 
 _STEP = dict(JIT, inline="always")
 
@@ -140,6 +151,29 @@ def publish_task(ctrl, task, args, n_chunks):
     shared[:] = args
     publish(ctrl, TASK_BIT | task, n_chunks, 0, 0)
     return shared
+
+
+@njit(**_STEP)
+def share_task(ctrl) -> bool:
+    """Whether to share the next task with the running pool ctrl: it runs, and no stall backoff is on
+    (each refusal counts one task of the backoff down). Called by the thread running the step only."""
+    if not active(ctrl):
+        return False
+    b = ctrl[BACKOFF]
+    if b > 0:
+        ctrl[BACKOFF] = b - 1
+        return False
+    return True
+
+
+@njit(**_STEP)
+def wait_task(ctrl, n_chunks):
+    """wait_done for a task's chunks; a wait longer than STALL_TICKS (a worker descheduled while holding
+    a chunk) starts a backoff of BACKOFF_TASKS tasks."""
+    t0 = atomics.ticks()
+    wait_done(ctrl, n_chunks)
+    if atomics.ticks() - t0 > STALL_TICKS:
+        ctrl[BACKOFF] = BACKOFF_TASKS
 
 
 @njit(**_STEP)

@@ -376,7 +376,8 @@ def _merge(mx, tot, acc, out):
 def attend_split(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, out, ctrl, task):
     """attend_biased (same arguments) in chunks of CHUNK_ROWS rows, merged in chunk order; the chunks are
     shared with the running decode pool `ctrl` (archrun.kernels.pool; empty: none) as its task `task` (-1:
-    none), else computed here in order: the same bits either way. q, rows, slopes, dist C-contiguous."""
+    none) unless the pool backs off after a stall (pool.share_task), else computed here in order: the same
+    bits either way. q, rows, slopes, dist C-contiguous."""
     hd, vd = q.shape[0] // n_head, out.shape[0] // n_head
     nch = (count + CHUNK_ROWS - 1) // CHUNK_ROWS
     mx = np.empty((nch, n_head), _F32)
@@ -391,7 +392,7 @@ def attend_split(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, o
     args[A_MX], args[A_TOT], args[A_ACC] = address(mx), address(tot), address(acc)
     args[A_KC], args[A_VC], args[A_CAP], args[A_KV] = address(kc), address(vc), kc.shape[0], kc.shape[1]
     args[A_KW], args[A_VW], args[A_KIND] = kc.shape[2], vc.shape[2], kc.itemsize
-    if task >= 0 and nch <= pool.MAX_CHUNKS and pool.active(ctrl):
+    if task >= 0 and nch <= pool.MAX_CHUNKS and pool.share_task(ctrl):
         shared = pool.publish_task(ctrl, task, args, nch)
         while True:
             c = pool.next_chunk(ctrl)
@@ -399,7 +400,7 @@ def attend_split(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, o
                 break
             _chunk(shared, c, kc, vc)
             pool.done(ctrl)
-        pool.wait_done(ctrl, nch)
+        pool.wait_task(ctrl, nch)  # after a long wait (an overloaded host) the next tasks stay here
     else:
         for c in range(nch):
             _chunk(args, c, kc, vc)
