@@ -185,3 +185,40 @@ def test_every_event_is_flushed_also_a_refused_request_while_nothing_runs(model,
         until(lambda: flushed[-1] == len(log))  # flushed before the engine went back to sleep
     finally:
         eng.stop()
+
+
+class Switching:
+    """A model that, like a tiered start, replaces its active tier between steps: attributes are the
+    active tier's at the moment they are read."""
+
+    def __init__(self, first, second):
+        self.active, self.second, self.batches = first, second, []
+
+    def __getattr__(self, name):
+        return getattr(self.active, name)
+
+    def switch(self):
+        self.active = self.second
+
+
+def test_batched_steps_follow_a_model_that_switches_tiers(ids):
+    reference = archrun.load(TINY[NAME], block_style="fused", backend="reference")
+    fast = archrun.load(TINY[NAME], block_style="fused")
+    model = Switching(reference, fast)
+    calls = []
+    for tier in (reference, fast):
+        real = tier.forward_step_batch
+        tier.forward_step_batch = lambda a, c, _t=tier, _r=real: calls.append(_t) or _r(a, c)
+    eng = Engine(model, parallel=2, ctx=96, queue=1, prefill_chunk=8)
+    eng.start()
+    try:
+        for step in range(2):
+            pair = [submit(eng, model, n, ids[i:i + 8], [], max_tokens=3)[1] for i, n in ((0, "a"), (8, "b"))]
+            for sink in pair:
+                assert sink.wait().token_ids == greedy(model.active, ids[:8] if sink is pair[0] else ids[8:16], 3)
+            if step == 0:
+                assert calls and set(calls) == {reference}
+                model.switch()
+        assert calls[-1] is fast  # after the switch the engine's steps run on the new tier
+    finally:
+        eng.stop()

@@ -151,7 +151,6 @@ class Engine:
         self._running: list[_Running] = []       # touched only by the inference thread
         self._cond = threading.Condition()
         self._stop = False
-        self._batch = model.forward_step_batch if model.caps.batch else None
         self._thread = threading.Thread(target=self._loop, name="archrun-inference", daemon=True)
 
     # -- any thread ----------------------------------------------------------------------------
@@ -166,7 +165,7 @@ class Engine:
         caches, so the multi-row kernels are loaded (or compiled) and the decode workers' buffers sized
         for the full batch now, not inside the first batched request (archrun.load warms one sequence)."""
         n = min(self.parallel, WARM_MAX)
-        if self._batch is None or n < 2 or getattr(self.model, "backend", "fast") == "reference":
+        if not self.model.caps.batch or n < 2 or getattr(self.model, "backend", "fast") == "reference":
             return  # nothing to load (a tiered start's reference tier has no kernels)
         span = min(self.ctx, 1 + self.draft_max if self.drafter is not None else 1)
         caches = [self.model.init_cache(min(self.ctx, span + 1), **self.kv) for _ in range(n)]
@@ -340,8 +339,8 @@ class Engine:
             if self.model.caps.batch:
                 return self.model.forward_step_batch_spans(arrays, caches, all_logits=True)
             return [self.model.forward_step(a, c, all_logits=True) for a, c in zip(arrays, caches, strict=True)]
-        if self._batch is not None:
-            return self._batch(arrays, caches)
+        if self.model.caps.batch:  # looked up each step: a tiered model switches to its fast tier between steps
+            return self.model.forward_step_batch(arrays, caches)
         return [self.model.forward_step(a, c) for a, c in zip(arrays, caches, strict=True)]
 
     def _accept(self, run: _Running, logits: np.ndarray) -> int:
