@@ -277,8 +277,10 @@ def test_lookup_proposes_what_followed_the_best_matching_place():
     a, b, c, d, e, x, y = 1, 2, 3, 4, 5, 6, 7
     # the latest occurrence of the longest n-gram
     assert lookup.propose([a, b, c, x, a, b, c, y, e, a, b, c], 2, None).tokens == (y, e)
-    # no n-gram matches: the output replaced one token (x -> y) and copies on after it
-    assert lookup.propose([a, b, x, c, d, e, a, b, y], 3, None).tokens == (c, d, e)
+    # no n-gram matches: the output replaced one token (x -> y) after 4 copied ones and copies on after it
+    assert lookup.propose([9, a, b, c, d, x, c, d, e, 8, a, b, c, d, y], 3, None).tokens == (c, d, e)
+    # ...but a run of 2 before the replaced token is too short to count
+    assert lookup.propose([a, b, x, c, d, e, 8, a, b, y], 3, None).tokens == ()
     # the 2-gram (e, d) occurs twice: the place whose window agrees more with the history's wins
     src = [9, 9, a, x, e, d, c, b, x, e, d, a]          # "x e d" after a, then after b
     assert lookup.propose([*src, 9, 9, a, y, e, d], 2, None).tokens == (c, b)

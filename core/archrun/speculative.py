@@ -459,9 +459,11 @@ class LookupDrafter(Drafter):
     A place j (a history position, the candidate counterpart of the last token) matches with the
     length of the run of equal tokens ending there: h[j - m] == h[-1 - m] for m = 0, 1, ...
     (the classic n-gram match, counted up to ngram_max), or, where h[j] differs from the last
-    token, the run just before it (h[j - 1 - m] == h[-2 - m]): the output replaced one token of
-    its source (an edit such as a rename) and goes on copying what followed it. Runs shorter than
-    ngram_min do not count; a substitution's run ranks after an exact run of the same length.
+    token, the run just before it (h[j - 1 - m] == h[-2 - m]) if it reaches ngram_max: the output
+    replaced one token of its source (an edit such as a rename) and goes on copying what followed
+    it (shorter runs before a differing token are mostly chance: measured 3 of 65 such drafts kept
+    where the output did not copy, 21 of 26 where it did). Exact runs shorter than ngram_min do
+    not count; a substitution's run ranks after an exact run of the same length.
     Ties go to the place whose last `window` tokens agree with the history's in most positions
     (the same spot of the source, when a short n-gram occurs several times), then to the latest.
     """
@@ -475,12 +477,13 @@ class LookupDrafter(Drafter):
 
     def propose(self, history: Sequence[int], k: int, sampler: DraftSampler) -> Draft:
         h = np.asarray(history, dtype=np.int64)
-        j = best_match(h, self.ngram_min, self.ngram_max, self.window)
+        j = best_match(h, self.ngram_min, self.ngram_max, self.window, sub_min=self.ngram_max)
         return Draft() if j is None else Draft(tuple(int(t) for t in h[j + 1:j + 1 + k]))
 
 
-def best_match(h: np.ndarray, ngram_min: int, ngram_max: int, window: int) -> int | None:
-    """The place j < len(h) - 1 whose tokens best match the end of h (LookupDrafter's rule), or None.
+def best_match(h: np.ndarray, ngram_min: int, ngram_max: int, window: int, sub_min: int | None = None) -> int | None:
+    """The place j < len(h) - 1 whose tokens best match the end of h (LookupDrafter's rule), or None;
+    a substitution counts when its run reaches sub_min (default ngram_min).
 
     eq[j, m] = h[j - m] == h[-1 - m] for m < window ([len(h) - 1, window] booleans; positions
     before the start never match), so the exact run is eq's leading Trues and a substitution's
@@ -495,6 +498,7 @@ def best_match(h: np.ndarray, ngram_min: int, ngram_max: int, window: int) -> in
     eq = (places == tail) & (tail >= 0)
     exact = np.minimum(np.cumprod(eq, axis=1).sum(axis=1), ngram_max)
     sub = np.where(eq[:, 0], 0, np.minimum(np.cumprod(eq[:, 1:], axis=1).sum(axis=1), ngram_max))
+    sub[sub < max(sub_min or ngram_min, ngram_min)] = 0
     run = np.maximum(2 * exact, 2 * sub - 1)                   # a substitution ranks after an exact run
     run[run < 2 * ngram_min - 1] = 0
     if not run.any():
