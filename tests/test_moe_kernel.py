@@ -13,6 +13,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pytest
+from conftest import assert_pool_matches_one_thread
 from gguf.constants import GGMLQuantizationType as T
 from gguf_fixtures import random_quant_tensor
 from test_fusion import _compare_blocks as compare_blocks
@@ -133,14 +134,7 @@ def test_moe_decode_on_the_pool_equals_one_thread(synth_model, two_threads):
         cache = m.init_cache(16)
         return [m.forward_step([t], cache) for t in ids]
 
-    one = decode(1)
-    for _ in range(20):  # until the worker has taken part (it is woken at each step's start)
-        two = decode(2)
-        for a, b in zip(one, two, strict=True):
-            assert np.array_equal(a, b)
-        if m._decode._pool.worker_chunks:
-            break
-    assert m._decode._pool.worker_chunks > 0
+    assert_pool_matches_one_thread(decode, lambda: m._decode._pool.worker_chunks)
     n_groups = len(m._decode._groups)
     per_layer = 2 + 1 + 2 * E  # qkv, o, router, each expert's gate/up and down
     assert n_groups == 2 * per_layer + 1  # and the output head

@@ -16,6 +16,7 @@ import time
 import numba
 import numpy as np
 import pytest
+from conftest import assert_pool_matches_one_thread
 from gguf.constants import GGMLQuantizationType as T
 from gguf_fixtures import random_quant_tensor
 
@@ -192,14 +193,7 @@ def test_model_decode_on_the_pool_equals_one_thread(synth_model, two_threads):
         cache = m.init_cache(16)
         return [m.forward_step([t], cache) for t in ids]
 
-    one = decode(1)
-    for _ in range(20):  # until the worker has taken part (it is woken at each step's start)
-        two = decode(2)
-        for a, b in zip(one, two, strict=True):
-            assert np.array_equal(a, b)
-        if m._decode._pool.worker_chunks:
-            break
-    assert m._decode._pool.worker_chunks > 0
+    assert_pool_matches_one_thread(decode, lambda: m._decode._pool.worker_chunks)
 
 
 @pytest.mark.parametrize("kv_type", ["f32", "q8_0"])
@@ -218,14 +212,7 @@ def test_long_context_attention_on_the_pool_equals_one_thread(synth_model, two_t
         m.forward_step(prompt, cache)
         return [m.forward_step([t], cache) for t in ids]
 
-    one = decode(1)
-    for _ in range(20):  # until the worker has taken part (it is woken at each step's start)
-        two = decode(2)
-        for a, b in zip(one, two, strict=True):
-            assert np.array_equal(a, b)
-        if m._decode._pool.worker_task_chunks:
-            break
-    assert m._decode._pool.worker_task_chunks > 0
+    one = assert_pool_matches_one_thread(decode, lambda: m._decode._pool.worker_task_chunks)
     if kv_type == "f32":  # a span of rows (the rows kernel: f32 caches): each row is its one-token step
         for threads in (1, 2):
             qmatrix.set_threads(threads)
