@@ -13,9 +13,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pytest
-from conftest import assert_pool_matches_one_thread
 from gguf.constants import GGMLQuantizationType as T
 from gguf_fixtures import random_quant_tensor
+from pool_check import assert_pool_matches_one_thread
 from test_fusion import _compare_blocks as compare_blocks
 from test_fusion import decode_paths_agree
 from test_tiny_hf import GLM, TINY, fixtures, golden, rel_err

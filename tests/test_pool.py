@@ -16,9 +16,9 @@ import time
 import numba
 import numpy as np
 import pytest
-from conftest import assert_pool_matches_one_thread
 from gguf.constants import GGMLQuantizationType as T
 from gguf_fixtures import random_quant_tensor
+from pool_check import assert_pool_matches_one_thread
 
 from archrun.kernels import atomics, block, dots, pool, qmatrix
 
