@@ -32,7 +32,7 @@ from archrun.kernels import pool
 from archrun.kernels._jit import JIT
 from archrun.kernels.addresses import address, array_at, get_float, put_float
 from archrun.kernels.parts import SIGNATURES
-from archrun_blocks.kv_codec import load_row
+from archrun_blocks.kv_codec import load_rows
 
 _F32 = np.float32
 _LOG2E = _F32(1.4426950408889634)
@@ -163,9 +163,7 @@ def block_rows(c, rows, j0, n, scratch, ident):
     (no copy), any other kv type decoded into scratch float32 [>= n, KV, width] (rows ident[:n])."""
     if c.dtype == np.float32:
         return c, rows[j0:j0 + n]
-    for t in range(n):
-        for h in range(c.shape[1]):
-            load_row(c[rows[j0 + t], h], scratch[t, h])
+    load_rows(c, rows, j0, n, scratch)
     return scratch, ident[:n]
 
 
@@ -175,9 +173,7 @@ def _block_rows_typed(c, rows, j0, n, scratch, ident):
         return lambda c, rows, j0, n, scratch, ident: (c, rows[j0:j0 + n])
 
     def decoded(c, rows, j0, n, scratch, ident):
-        for t in range(n):
-            for h in range(c.shape[1]):
-                load_row(c[rows[j0 + t], h], scratch[t, h])
+        load_rows(c, rows, j0, n, scratch)
         return scratch, ident[:n]
 
     return decoded
@@ -205,61 +201,6 @@ def _rescale(acc, l, h, factor):
 
 
 @njit(**JIT)
-def attend_biased(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, out):
-    """Grouped-query attention of one token over cache rows rows[:count]: q [H * hd], kc [cap, KV, *],
-    vc [cap, KV, *] of any kv type (archrun_blocks.kv_codec) -> out [H * vd], with an ALiBi bias:
-    after the scale and the cap, query head h adds slopes[h] * dist[j] to its score of row rows[j]
-    (dist: key position - query position, float32 [count]; slopes float64 [H], empty: no bias).
-
-    Keys go in blocks of KEY_BLOCK rows with an online softmax (a running max, sum and value
-    accumulator per head, rescaled when a block raises the max), so the scores' scratch stays
-    small at any depth and a cache of another kv type is decoded a block at a time. Up to
-    KEY_BLOCK rows this is exactly the one-pass softmax.
-    """
-    n_kv = kc.shape[1]
-    hd, vd = q.shape[0] // n_head, out.shape[0] // n_head
-    group = n_head // n_kv
-    q2 = q.reshape(n_head, hd)
-    nb = min(count, KEY_BLOCK)
-    p = np.empty((group, nb), np.float32)
-    bits = np.empty(nb, np.int32)
-    mx = np.empty(n_head, np.float32)
-    tot = np.zeros(n_head, np.float32)
-    acc = np.zeros((n_head, vd), np.float32)
-    kb = np.empty((scratch_rows(kc, nb), n_kv, hd), np.float32)
-    vb = np.empty((scratch_rows(vc, nb), n_kv, vd), np.float32)
-    ident = np.arange(nb)
-    for j0 in range(0, count, KEY_BLOCK):
-        n = min(KEY_BLOCK, count - j0)
-        km, kr = block_rows(kc, rows, j0, n, kb, ident)
-        vm, vr = block_rows(vc, rows, j0, n, vb, ident)
-        for kv in range(n_kv):
-            _scores(q2, km, kr, n, kv, group, _F32(scale), p)
-            if softcap > 0:
-                _cap(p, n, _F32(softcap))
-            if slopes.shape[0]:
-                _bias(p, n, kv, group, slopes, dist[j0:j0 + n])
-            for g in range(group):
-                h = kv * group + g
-                pg = p[g][:n]
-                m = pg[0]
-                for j in range(1, n):
-                    m = max(m, pg[j])
-                if j0 == 0:
-                    mx[h] = m
-                elif m > mx[h]:
-                    _rescale(acc, tot, h, _F32(math.exp(mx[h] - m)))
-                    mx[h] = m
-                tot[h] += exp_shifted(pg, mx[h], bits[:n])
-            _mix(vm, vr, n, kv, p, acc[kv * group:(kv + 1) * group])
-    for h in range(n_head):
-        inv = _F32(1.0) / tot[h]
-        o = out[h * vd:(h + 1) * vd]
-        for e in range(vd):
-            o[e] = acc[h, e] * inv
-
-
-@njit(**JIT)
 def attend_one(q, kc, vc, rows, count, n_head, scale, softcap, out):
     """Grouped-query attention of one token: q [H * hd], cache kc [cap, KV, *], vc [cap, KV, *] (any kv
     type) -> out [H * vd].
@@ -270,19 +211,11 @@ def attend_one(q, kc, vc, rows, count, n_head, scale, softcap, out):
     attend_biased(q, kc, vc, rows, count, n_head, scale, softcap, np.empty(0, np.float64), np.empty(0, _F32), out)
 
 
-# -- long contexts: chunks of keys shared with the decode pool --------------------------------------------
-# attend_chunk's arguments (int64 [N_ARGS]: addresses of the caller's arrays, integers, float64 bits):
-# q f32 [H, hd], rows int64 [count], slopes f64 [n_slopes], dist f32 [count or 0], the partials
-# mx / tot f32 [chunks, H] and acc f32 [chunks, H, vd], the caches [cap, KV, stored] of kind (itemsize:
-# 4 float32, 2 float16 bits, 1 q8_0 bytes)
-(A_Q, A_ROWS, A_COUNT, A_HEADS, A_HD, A_VD, A_SCALE, A_SOFTCAP, A_SLOPES, A_NSLOPES, A_DIST, A_MX, A_TOT, A_ACC,
- A_KC, A_VC, A_CAP, A_KV, A_KW, A_VW, A_KIND, N_ARGS) = range(22)
-
-
 @njit(**JIT)
 def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc):
-    """attend_biased's online softmax of q2 [H, hd] over rows[:count] without its final division: per head
-    h the max score mx[h], the sum tot[h] of exp(score - mx[h]) and acc[h] [vd] = sum of exp(score - mx[h]) v."""
+    """The online softmax of q2 [H, hd] over rows[:count] before its final division: per head h the max score
+    mx[h], the sum tot[h] of exp(score - mx[h]) and acc[h] [vd] = sum of exp(score - mx[h]) v (attend_biased
+    divides them; attend_split's chunks each give theirs, merged in chunk order)."""
     n_head, hd = q2.shape
     n_kv, vd = kc.shape[1], acc.shape[1]
     group = n_head // n_kv
@@ -317,6 +250,40 @@ def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc
                     mx[h] = m
                 tot[h] += exp_shifted(pg, mx[h], bits[:n])
             _mix(vm, vr, n, kv, p, acc[kv * group:(kv + 1) * group])
+
+
+@njit(**JIT)
+def attend_biased(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, out):
+    """Grouped-query attention of one token over cache rows rows[:count]: q [H * hd], kc [cap, KV, *],
+    vc [cap, KV, *] of any kv type (archrun_blocks.kv_codec) -> out [H * vd], with an ALiBi bias:
+    after the scale and the cap, query head h adds slopes[h] * dist[j] to its score of row rows[j]
+    (dist: key position - query position, float32 [count]; slopes float64 [H], empty: no bias).
+
+    Keys go in blocks of KEY_BLOCK rows with an online softmax (a running max, sum and value
+    accumulator per head, rescaled when a block raises the max), so the scores' scratch stays
+    small at any depth and a cache of another kv type is decoded a block at a time. Up to
+    KEY_BLOCK rows this is exactly the one-pass softmax.
+    """
+    vd = out.shape[0] // n_head
+    mx = np.empty(n_head, _F32)
+    tot = np.empty(n_head, _F32)
+    acc = np.empty((n_head, vd), _F32)
+    _partial(q.reshape(n_head, q.shape[0] // n_head), kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot,
+             acc)
+    for h in range(n_head):
+        inv = _F32(1.0) / tot[h]
+        o = out[h * vd:(h + 1) * vd]
+        for e in range(vd):
+            o[e] = acc[h, e] * inv
+
+
+# -- long contexts: chunks of keys shared with the decode pool --------------------------------------------
+# attend_chunk's arguments (int64 [N_ARGS]: addresses of the caller's arrays, integers, float64 bits):
+# q f32 [H, hd], rows int64 [count], slopes f64 [n_slopes], dist f32 [count or 0], the partials
+# mx / tot f32 [chunks, H] and acc f32 [chunks, H, vd], the caches [cap, KV, stored] of kind (itemsize:
+# 4 float32, 2 float16 bits, 1 q8_0 bytes)
+(A_Q, A_ROWS, A_COUNT, A_HEADS, A_HD, A_VD, A_SCALE, A_SOFTCAP, A_SLOPES, A_NSLOPES, A_DIST, A_MX, A_TOT, A_ACC,
+ A_KC, A_VC, A_CAP, A_KV, A_KW, A_VW, A_KIND, N_ARGS) = range(22)
 
 
 @njit(**JIT)

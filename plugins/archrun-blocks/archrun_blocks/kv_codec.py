@@ -236,6 +236,22 @@ def encode_rows(src, dst):
 
 
 @njit(**JIT)
+def load_rows(c, rows, j0, n, out):
+    """Cache rows rows[j0:j0 + n] of c [cap, KV, stored] (f16 bits or q8_0 bytes, C-contiguous) into float32
+    out[:n] [>= n, KV, width]. A run of consecutive rows (all of a plain slot's, most of a ring's) decodes as
+    one flat span: one call per run instead of one per row and head, whose ~20 ns each were 6x the 64
+    values' conversion (measured at 4096 rows)."""
+    t = 0
+    while t < n:
+        r = rows[j0 + t]
+        u = t + 1
+        while u < n and rows[j0 + u] == r + (u - t):
+            u += 1
+        load_row(c[r:r + u - t].reshape(-1), out[t:u].reshape(-1))
+        t = u
+
+
+@njit(**JIT)
 def decode_rows(src, dst):
     """Cache rows src [n, KV, stored] into float32 dst [n, KV, width]."""
     for t in range(src.shape[0]):
