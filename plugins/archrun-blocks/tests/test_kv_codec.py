@@ -91,6 +91,20 @@ def _cache(kv_type, cap, n_kv, width):
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_load_rows_decodes_runs_and_gaps_as_numpy(kv_type):
+    """load_rows decodes each run of consecutive rows in one call: rows listed with gaps, runs of one, a
+    run ending at the cache's last row and a block starting mid-list all give numpy's decoded values."""
+    raw, vals = _cache(kv_type, 40, 3, 64)
+    rows = np.array([0, 1, 2, 5, 7, 8, 9, 10, 20, 39, 3, 4, 36, 37, 38, 39], np.int64)
+    out = np.full((16, 3, 64), np.nan, np.float32)
+    for j0, n in [(0, 16), (3, 9), (10, 6), (15, 1)]:
+        out[:] = np.nan
+        kv_codec.load_rows(raw, rows, j0, n, out)
+        assert np.array_equal(_bits(out[:n]), _bits(vals[rows[j0:j0 + n]]))
+        assert np.isnan(out[n:]).all()  # nothing past n written
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
 @pytest.mark.parametrize("count", [1, 37, KEY_BLOCK + 70])
 def test_attention_over_stored_rows_equals_their_values(kv_type, count):
     """The decode attention over f16 / q8_0 rows = the same kernel over the float32 values they hold (to float32
