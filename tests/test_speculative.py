@@ -198,7 +198,7 @@ def test_sampled_speculation_follows_the_target_distribution(draft_model):
     for seed in range(1500):
         req = make_request(model, prompt, max_tokens=3, seed=seed, **options)
         length = AdaptiveLength(2)
-        length.c0 = 1.0  # as if a step had been measured: the first round drafts (no plain step first)
+        length.cost_s[0] = 1.0  # as if a step had been measured: the first round drafts (no plain step first)
         out = Generation(lambda gen, r=req, n=length: speculative.run(gen, model, r, None, drafter, n)).complete()
         seconds[out.token_ids[1]] += 1
         accepted += out.timings["spec_acceptance"]
@@ -222,7 +222,7 @@ def test_sampled_runs_repeat_with_a_seed():
 # -- adaptive draft length ---------------------------------------------------------------------------
 
 
-def test_draft_length_follows_the_acceptance_rate_and_the_costs():
+def test_draft_length_follows_the_acceptance_and_probes_when_drafting_does_not_pay():
     length = AdaptiveLength(6)
     assert length.next() == 0                       # a plain step first (it measures what a step costs)
     for _ in range(10):
@@ -232,44 +232,87 @@ def test_draft_length_follows_the_acceptance_rate_and_the_costs():
     for _ in range(12):
         k = length.next()
         length.update(k, 0)
-    assert length.k == 0                            # drafts never agree: plain steps...
+    assert length.k == 0                            # the first draft never agrees: plain steps...
     assert [length.next() for _ in range(8)].count(1) == 2   # ...probing every 4th round
-    length.update(1, 1)
-    length.rate = 0.8
-    length.observe(1, 0.010, 0, 0.0)
-    length.observe(3, 0.014, 2, 0.0)                # cheap rows: long drafts pay
-    assert length.k >= 4
-    length.c1 = 0.010                               # each row costs a whole step: drafting never pays
-    assert length.k == 0
-    length.c1, length.d = 0.002, 0.020              # cheap rows but a slow drafter
-    assert length.k == 0
 
 
-def test_acceptance_rate_counts_only_the_drafts_the_target_tested():
-    length = AdaptiveLength(5, rate=0.5, decay=0.5, prior=2.0)   # kept 1, missed 1
-    length.update(5, 5)                              # 5 kept, none missed: kept 0.5 + 5, missed 0.5
-    assert length.rate == pytest.approx(5.5 / 6.0)
-    length.update(5, 0)                              # the first draft missed; the other 4 were never tested
-    assert length.rate == pytest.approx(2.75 / (2.75 + 1.25))
-    length.update(5, 2)                              # 2 kept, then a miss
-    assert length.rate == pytest.approx(3.375 / (3.375 + 1.625))
-    length.update(0, 0)                              # a round without drafts changes nothing
-    assert length.rate == pytest.approx(3.375 / 5.0)
+def test_acceptance_is_learnt_per_draft_depth_from_the_tested_drafts():
+    # depth 1 on a prior of 1 draft at 0.5 (decaying with its counts), each deeper depth on the depth
+    # before with a lasting weight of 1 draft; counts decay by 0.5 per observation of their depth
+    length = AdaptiveLength(3, rate=0.5, decay=0.5, prior=1.0, pool=1.0)
+    assert length.acceptance() == pytest.approx([0.5, 0.5, 0.5])   # untested: each depth the prior
+    length.update(3, 3)          # every depth kept once. depth 1: (1 + 0.5 x 0.5) / (1 + 0.5) = 5/6
+    assert length.acceptance() == pytest.approx([5 / 6, 11 / 12, 23 / 24])   # (1 + p before) / 2
+    length.update(3, 0)          # depth 1 missed (kept 0.5, tested 1.5, prior 0.25); 2, 3 never tested
+    assert length.acceptance() == pytest.approx([5 / 14, 19 / 28, 47 / 56])   # .625 / 1.75, then (1 + p) / 2
+    length.update(3, 1)          # depth 1 kept (1.25 / 1.75, prior .125), depth 2 missed (0.5 / 1.5), 3 untested
+    assert length.acceptance() == pytest.approx([0.7, 0.48, 0.74])     # 1.3125 / 1.875, 1.2 / 2.5, 1.48 / 2
+    length.update(0, 0)          # a round without drafts changes nothing
+    assert length.acceptance() == pytest.approx([0.7, 0.48, 0.74])
+    assert length.rate == pytest.approx(0.7)
+    assert length.expected() == pytest.approx([1, 1.7, 1.7 + 0.7 * 0.48, 1.7 + 0.7 * 0.48 * 1.74])
 
 
-def test_a_one_off_slow_step_moves_the_row_cost_at_most_by_the_spike_bound():
-    length = AdaptiveLength(5)
-    length.observe(1, 0.020, 0, 0.0)                 # c0 = 20 ms; c1 not measured: c0 / 4 = 5 ms
-    length.observe(3, 0.100, 2, 0.0)                 # 40 ms a row (a first call's one-off cost)
-    assert length.c1 == pytest.approx(0.010)         # counted as 2 x 5 ms
-    length.observe(3, 0.030, 2, 0.0)                 # 5 ms a row
-    c1 = 0.7 * 0.010 + 0.3 * 0.005
-    assert length.c1 == pytest.approx(c1)
-    length.observe(6, 0.015, 5, 0.5)                 # 6 rows in less than c0: c0 was stale; 100 ms a draft
-    c0 = 0.7 * 0.020 + 0.3 * 0.015
-    assert length.c0 == pytest.approx(c0)
-    assert length.c1 == pytest.approx(0.7 * c1)      # 0 s a row this time
-    assert length.d == pytest.approx(0.3 * 2 * c0 / 4)   # the draft's time bounded by 2 x max(d, c0 / 4)
+def _length_with(p: list[float], costs_ms: dict[int, float]) -> AdaptiveLength:
+    """An AdaptiveLength whose acceptance per depth is p (prior 0: the counts alone) and whose
+    rounds of k drafts measured costs_ms[k] (one sample each)."""
+    length = AdaptiveLength(len(p), prior=0.0, pool=0.0)
+    length.kept, length.tested = np.array(p) * 10, np.full(len(p), 10.0)
+    for k, ms in costs_ms.items():
+        length.cost_s[k] = ms / 1000
+    return length
+
+
+def test_draft_length_maximises_expected_tokens_per_second_over_measured_costs():
+    # E(k) = 1, 1.5, 1.95, 2.355, 2.7195; costs 10, 12, 14, 20 ms and k = 4 priced with the steepest
+    # measured slope (6 ms): 26 ms. Tokens per ms: .1, .125, .1393, .1178, .1046 -> k = 2 (a linear
+    # cost of 10 + 2k ms, learnt from the short rounds, gives 2.7195 / 18 = .151 at k = 4)
+    length = _length_with([0.5, 0.9, 0.9, 0.9], {0: 10, 1: 12, 2: 14, 3: 20})
+    assert length.expected() == pytest.approx([1, 1.5, 1.95, 2.355, 2.7195])
+    assert length.costs() * 1000 == pytest.approx([10, 12, 14, 20, 26])
+    assert length.k == 2
+    # copy or not: the first draft is kept 20 % of the time, a kept one is followed by more:
+    # E = 1, 1.2, 1.4, 1.6, 1.8 over 10, 11, 12, 13, 14 ms -> k = 4 (1.8 / 14 = .1286 > .1231 at k = 3)
+    assert _length_with([0.2, 1.0, 1.0, 1.0], {0: 10, 1: 11, 2: 12, 3: 13, 4: 14}).k == 4
+    # the same first-draft rate as an independent rate (0.2 at every depth) pays for no draft:
+    # E = 1, 1.2, 1.24 over 10, 11, 12 ms: .1, .1091, .1033 -> k = 1
+    assert _length_with([0.2, 0.2, 0.2, 0.2], {0: 10, 1: 11, 2: 12, 3: 13, 4: 14}).k == 1
+    # each row as dear as a step: 1.2 / 20 < 1 / 10, nothing pays
+    assert _length_with([0.2, 1.0, 1.0, 1.0], {0: 10, 1: 20}).k == 0
+
+
+def test_unmeasured_lengths_are_priced_from_the_measured_ones():
+    assert _length_with([0.5] * 4, {}).costs() == pytest.approx([1, 1.25, 1.5, 1.75, 2])   # nothing: 1 + k / 4
+    assert _length_with([0.5] * 4, {0: 10}).costs() * 1000 == pytest.approx([10, 12.5, 15, 17.5, 20])
+    # between two measured lengths: linear; beyond: the steepest measured slope
+    assert _length_with([0.5] * 4, {0: 10, 4: 30}).costs() * 1000 == pytest.approx([10, 15, 20, 25, 30])
+    assert _length_with([0.5] * 5, {0: 10, 1: 11, 3: 19}).costs() * 1000 == pytest.approx([10, 11, 15, 19, 23, 27])
+    # below the shortest measured: the shape 1 + k / 4 through it (12 ms at k = 2: 12 x (4 + k) / 6);
+    # above it with that shape's slope (2 ms)
+    assert _length_with([0.5] * 4, {2: 12}).costs() * 1000 == pytest.approx([8, 10, 12, 14, 16])
+    # more rows never count as cheaper (a noisy sample)
+    assert _length_with([0.5] * 2, {0: 10, 1: 20, 2: 15}).costs() * 1000 == pytest.approx([10, 20, 20])
+
+
+def test_a_one_off_slow_step_moves_a_round_cost_at_most_by_the_spike_bound():
+    length = AdaptiveLength(5)                       # w 0.3 for the sampled length, 0.1 for the others
+    length.observe(1, 0.020, 0, 0.0)                 # 20 ms for a round without drafts
+    assert length.cost_s[0] == pytest.approx(0.020)
+    length.observe(3, 0.100, 2, 0.0)                 # a first 3-row call: 100 ms (one-off); priced at 30 ms
+    assert length.cost_s[2] == pytest.approx(0.7 * 0.030 + 0.3 * 0.060)    # bounded at 2 x 30: 39 ms
+    assert length.cost_s[0] == pytest.approx(0.020 * (1 + 0.1 * (2 - 1)))  # the load doubled? by 0.1: 22 ms
+    length.observe(3, 0.029, 2, 0.001)               # 30 ms with the drafting
+    c0 = 0.022 * (1 + 0.1 * (0.030 / 0.039 - 1))
+    c2 = 0.7 * 0.039 + 0.3 * 0.030
+    assert length.cost_s[[0, 2]] == pytest.approx([c0, c2])
+    length.observe(6, 0.015, 5, 0.0)                 # 6 rows in 15 ms: the load fell
+    assert length.cost_s[5] == pytest.approx(0.015)  # a first sample cheaper than its price is taken as is
+    est5 = c2 + 3 * (c2 - c0) / 2                    # its price: beyond k = 2 with the slope from k = 0
+    load = 1 + 0.1 * (0.015 / est5 - 1)
+    # the shorter rounds (dearer than 15 ms) move with the load, then toward the sample
+    assert length.cost_s[0] == pytest.approx(0.7 * c0 * load + 0.3 * 0.015)
+    assert length.cost_s[2] == pytest.approx(0.7 * c2 * load + 0.3 * 0.015)
+    assert np.isnan(length.cost_s[[1, 3, 4]]).all()  # unmeasured ones stay so
 
 
 def test_lookup_proposes_what_followed_the_best_matching_place():
@@ -288,6 +331,33 @@ def test_lookup_proposes_what_followed_the_best_matching_place():
     assert lookup.propose([a, b, c, d], 3, None).tokens == ()
     assert lookup.propose([a], 3, None).tokens == ()
     assert LookupDrafter(ngram_min=1).propose([a, b, c, a], 2, None).tokens == (b, c)
+
+
+def test_lookup_remembers_a_replacement_once_the_output_copies_on_after_it():
+    a, b, c, d, e, f, x, y = 1, 2, 3, 4, 5, 6, 7, 8
+    src = [9, a, b, c, d, x, e, f, 15, 16, x, f, 17]      # x occurs twice in the source
+    lookup = LookupDrafter()
+    lookup.start(None, 64)
+    # the output copies a b c d, then puts y where the source has x: drafted after the substitution
+    assert lookup.propose([*src, a, b, c, d, y], 3, None).tokens == (e, f, 15)
+    assert lookup.renames == {}                         # not yet: did the output go on with e?
+    out = [a, b, c, d, y, e, f, 13, 15, 16]             # it did (then rewrote f 15 as f 13 15)
+    assert lookup.propose([*src, *out], 3, None).tokens == (y, f, 17)   # the later x drafted as y
+    assert lookup.renames == {x: y}
+    # "15 16 y" matches the source's "15 16 x"; without the map nothing matches (the run before y is 2)
+    assert lookup.propose([*src, *out, y], 2, None).tokens == (f, 17)
+    plain = LookupDrafter(renames=False)
+    assert plain.propose([*src, a, b, c, d, y], 3, None).tokens == (e, f, 15)
+    assert plain.propose([*src, *out], 3, None).tokens == (x, f, 17)
+    assert plain.propose([*src, *out, y], 2, None).tokens == ()
+    # a sequence of its own (the server's slots) and a new generation start without the map
+    assert lookup.fork().renames == {}
+    lookup.start(None, 64)
+    assert lookup.renames == {}
+    # a different token after the substitution: a rewrite, not a replacement
+    lookup.propose([*src, a, b, c, d, y], 3, None)
+    assert lookup.propose([*src, a, b, c, d, y, 12, 15, 16], 3, None).tokens == (x, f, 17)
+    assert lookup.renames == {}
 
 
 # -- typed errors ------------------------------------------------------------------------------------

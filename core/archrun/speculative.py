@@ -21,8 +21,8 @@ follows the target's distribution p whatever the drafter proposes.
 Drafters are plugins (hook `archrun_register_drafters`): "lookup" (n-gram match in the prompt
 and output) and "draft:PATH" (a smaller model with the same vocabulary) are built in; family
 plugins add drafters that need their own heads (e.g. a multi-token-prediction head, "mtp").
-The draft length adapts to the running acceptance rate and the measured cost of a step's rows
-(`AdaptiveLength`). `Speculation` is the per-sequence state the server's batch engine uses.
+The draft length adapts to the acceptance measured per draft depth and the measured cost of
+each round length (`AdaptiveLength`). `Speculation` is the per-sequence state the server's batch engine uses.
 """
 
 from __future__ import annotations
@@ -154,85 +154,128 @@ def chat(model: Any, messages: Sequence[dict], drafter: str | Drafter, *, templa
 
 
 class AdaptiveLength:
-    """Draft length from the running acceptance rate a and, where measured, the costs of steps.
+    """Draft length from the acceptance per draft depth and the measured cost of each round length.
 
-    With independent acceptance a, a round of k drafts decides (1 - a^(k+1)) / (1 - a) tokens.
-    It costs one target step of 1 + k rows, t(1 + k) = c0 + c1 * k, plus k drafts of d each;
-    k is the one in [0, k_max] deciding the most tokens per second. `observe` measures c0, c1
-    and d as generation goes (exponential averages); until it has, c1 = c0 / 4 and d = 0. A
-    round without drafts learns nothing about a, so when k is 0 every `probe`-th round drafts
-    one token anyway (text turns repetitive, drafts start to agree).
+    p[i] is the chance that draft i + 1 is kept given that the drafts before it were (the target
+    tested it), estimated per depth from the tested drafts: a round that keeps j of its k drafts
+    saw depths 1..j agree and, when j < k, depth j + 1 disagree; the drafts after the first
+    rejected one were never tested and count nowhere. Acceptance is not one independent rate:
+    a lookup either copies (every depth agrees) or not (the first draft fails), so depth 1 is
+    uncertain while the deeper depths, tested only once the first agreed, are mostly kept.
+    Each depth's counts decay by `decay` with each new observation of it. Depth 1 starts from a
+    prior of `prior` drafts at `rate`, decaying with its counts (its estimate can reach 0 or 1
+    where the drafts always fail or always agree); each deeper depth leans on the depth before
+    it with a lasting weight of `pool` drafts (a depth not yet tested takes the shallower
+    depth's rate, and one miss at a depth tested once does not make it a wall: the end of a
+    copied run falls at any depth).
 
-    a is estimated as the drafts kept over the drafts *tested*: a round that keeps j of its k
-    drafts saw j agreements and, when j < k, one disagreement (the drafts after the first
-    rejected one were never tested: counting them as rejections would make one miss after a
-    long run of copied text look like a collapse). Both counts decay by `decay` a round.
-    A multi-row step faster than c0 moves c0 down (rounds that always draft measure no one-row
-    step, and c0 would keep the load of its last one). A multi-row step's time above c0 counts at
-    most `spike` times the current c1, a drafted token's at most `spike` times max(d, c0 / 4)
-    (one-off costs: the first call of a step shape, a draft model's prompt, another process
-    taking the cores).
+    A round of k drafts decides E(k) = 1 + p[0] + p[0] p[1] + ... + p[0]..p[k-1] tokens and costs
+    t(k) seconds (drafting and the target step of 1 + k rows), measured per k as generation goes
+    (an exponential average; a step's cost is not linear in its rows: the op-by-op span path gets
+    dearer per row as the span grows). A k not measured yet is priced from the measured ones:
+    linearly between two of them (an over-estimate where the cost is convex), beyond the longest
+    with the slope between the two longest (the steepest, where the cost is convex), below the
+    shortest (or with nothing measured) by the shape 1 + k / 4; a longer round never counts as
+    cheaper than a shorter one. The round drafts
+    the k in [0, k_max] deciding the most tokens per second; while that is 0, every `probe`-th
+    round drafts one token to keep testing (text turns repetitive, drafts start to agree).
+
+    One-off costs (the first call of a step shape, another process taking the cores) are
+    bounded: a sample counts at most `spike` times the current estimate, and a k's first sample,
+    when dearer than its estimate, moves the estimate by the weight `w` only. The load moves every
+    length alike: a sample's ratio to its estimate moves the other measured lengths by the weight
+    `w_load` (a length not drafted for a while does not keep the load of its last measurement),
+    and a sample cheaper than the estimate of a shorter round moves that one down by `w`.
     """
 
     def __init__(self, k_max: int = 5, rate: float = 0.6, decay: float = 0.7, probe: int = 4,
-                 prior: float = 2.0, spike: float = 2.0):
+                 prior: float = 1.0, pool: float = 2.0, spike: float = 2.0, w: float = 0.3, w_load: float = 0.1):
         if isinstance(k_max, bool) or not isinstance(k_max, int) or not 1 <= k_max <= MAX_DRAFT:
             raise InvalidRequest(f"the draft length must be an integer in [1, {MAX_DRAFT}], got {k_max!r}")
-        self.k_max, self.decay, self.probe, self.spike = k_max, decay, probe, spike
-        self.kept, self.missed = rate * prior, (1.0 - rate) * prior   # decayed counts of tested drafts
+        self.k_max, self.rate0, self.decay, self.probe = k_max, rate, decay, probe
+        self.spike, self.w, self.w_load = spike, w, w_load
+        self.kept = np.zeros(k_max)              # [k_max] decayed counts of kept drafts per depth
+        self.tested = np.zeros(k_max)            # [k_max] decayed counts of tested drafts per depth
+        self.weight = np.full(k_max, float(pool))   # [k_max] each depth's prior, in drafts
+        self.weight[0] = prior                        # (depth 1's decays with its counts)
+        self.cost_s = np.full(k_max + 1, np.nan)  # [k_max + 1] seconds of a round of k drafts (nan: unmeasured)
         self.rounds = 0
-        self.c0: float | None = None   # seconds of a one-row target step
-        self.c1: float | None = None   # seconds each further row adds
-        self.d = 0.0                   # seconds per drafted token
+
+    def acceptance(self) -> np.ndarray:
+        """p [k_max]: P(draft i + 1 kept | drafts 1..i kept), each depth on its shallower neighbour's prior."""
+        p = np.empty(self.k_max)
+        prev = self.rate0
+        for i in range(self.k_max):
+            w = self.weight[i]
+            prev = p[i] = (self.kept[i] + w * prev) / (self.tested[i] + w) if self.tested[i] + w > 0 else prev
+        return p
 
     @property
     def rate(self) -> float:
-        """The running acceptance rate: drafts kept / drafts tested (decayed counts)."""
-        return self.kept / (self.kept + self.missed)
+        """The first draft's acceptance rate (whether the drafter's guesses agree at all)."""
+        return float(self.acceptance()[0])
 
-    @rate.setter
-    def rate(self, a: float) -> None:
-        total = self.kept + self.missed
-        self.kept, self.missed = a * total, (1.0 - a) * total
+    def expected(self) -> np.ndarray:
+        """E [k_max + 1]: tokens a round of k drafts decides, k = 0..k_max."""
+        return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance()))])
+
+    def costs(self) -> np.ndarray:
+        """t [k_max + 1]: seconds of a round of k drafts, measured or priced from the measured ones
+        (relative 1 + k / 4 while nothing is measured); non-decreasing in k."""
+        ks = np.arange(self.k_max + 1, dtype=np.float64)
+        known = np.flatnonzero(~np.isnan(self.cost_s))
+        if not len(known):
+            return 1.0 + ks / 4
+        c = self.cost_s[known]
+        lo, hi = known[0], known[-1]
+        t = np.interp(ks, known, c)                                   # linear between measured lengths
+        slope = (c[-1] - c[-2]) / (hi - known[-2]) if len(known) > 1 else c[0] / (4 + lo)
+        t[hi + 1:] = c[-1] + (ks[hi + 1:] - hi) * max(slope, 0.0)    # beyond: the longest measured slope
+        t[:lo] = c[0] * (4 + ks[:lo]) / (4 + lo)                      # below: the prior's shape
+        return np.maximum.accumulate(t)
 
     @property
     def k(self) -> int:
         """The draft length deciding the most tokens per second (0: drafting does not pay)."""
-        c0 = self.c0 or 1.0
-        c1 = self.c1 if self.c1 is not None else c0 / 4
-        a = min(self.rate, 1.0 - 1e-6)
-        gain = [(1 - a ** (k + 1)) / (1 - a) / (c0 + (c1 + self.d) * k) for k in range(self.k_max + 1)]
-        return int(np.argmax(gain))
+        return int(np.argmax(self.expected() / self.costs()))
 
     def next(self) -> int:
         """Tokens to draft this round (0: a plain step). Call once per round."""
         self.rounds += 1
-        if self.c0 is None and self.rounds == 1:
-            return 0  # a plain step first: it measures c0
+        if self.rounds == 1 and np.isnan(self.cost_s).all():
+            return 0  # a plain step first: it measures what a step costs
         k = self.k
         return k if k or self.rounds % self.probe else 1
 
     def update(self, drafted: int, accepted: int) -> None:
         """A round drafted `drafted` tokens and the target kept `accepted` of them."""
-        if drafted:
-            self.kept = self.decay * self.kept + accepted
-            self.missed = self.decay * self.missed + (accepted < drafted)
+        tested = min(accepted + 1, drafted)               # depths 1..accepted kept, the next one (if any) not
+        self.kept[:tested] *= self.decay
+        self.tested[:tested] *= self.decay
+        self.weight[:min(tested, 1)] *= self.decay
+        self.kept[:accepted] += 1.0
+        self.tested[:tested] += 1.0
 
-    def observe(self, rows: int, step_s: float, drafted: int, draft_s: float, w: float = 0.3) -> None:
-        """A target step of `rows` rows took step_s seconds; drafting its `drafted` tokens draft_s."""
-        if rows == 1:
-            self.c0 = step_s if self.c0 is None else (1 - w) * self.c0 + w * step_s
-        elif self.c0 is not None:
-            if step_s < self.c0:   # no step is cheaper than one row: c0 is stale (the load fell)
-                self.c0 = (1 - w) * self.c0 + w * step_s
-            now = self.c1 if self.c1 is not None else self.c0 / 4
-            per_row = min(max(step_s - self.c0, 0.0) / (rows - 1), self.spike * now)
-            self.c1 = per_row if self.c1 is None else (1 - w) * self.c1 + w * per_row
-        if drafted:
-            per_draft = draft_s / drafted
-            if self.c0 is not None:   # bounded like c1 (a draft model's first call, its prompt)
-                per_draft = min(per_draft, self.spike * max(self.d, self.c0 / 4))
-            self.d = (1 - w) * self.d + w * per_draft
+    def observe(self, rows: int, step_s: float, drafted: int, draft_s: float) -> None:
+        """A round drafted `drafted` tokens in draft_s seconds and its target step of `rows` rows took step_s."""
+        k, sample, w = rows - 1, step_s + draft_s, self.w
+        if not 0 <= k <= self.k_max:
+            return
+        if np.isnan(self.cost_s).all():
+            self.cost_s[k] = sample
+            return
+        est = self.costs()[k] if np.isnan(self.cost_s[k]) else self.cost_s[k]
+        bounded = min(sample, self.spike * est)
+        others = ~np.isnan(self.cost_s)
+        others[k] = False
+        self.cost_s[others] *= 1 + self.w_load * (bounded / est - 1)   # the load moves every length alike
+        if np.isnan(self.cost_s[k]):
+            self.cost_s[k] = min(sample, (1 - w) * est + w * bounded)
+        else:
+            self.cost_s[k] = (1 - w) * est + w * bounded
+        shorter = self.cost_s[:k]
+        dear = shorter > sample                           # nan compares False: unmeasured ones stay so
+        shorter[dear] = (1 - w) * shorter[dear] + w * sample
 
 
 @attrs.define
@@ -466,26 +509,60 @@ class LookupDrafter(Drafter):
     not count; a substitution's run ranks after an exact run of the same length.
     Ties go to the place whose last `window` tokens agree with the history's in most positions
     (the same spot of the source, when a short n-gram occurs several times), then to the latest.
+
+    With `renames`, the substitutions it matched are remembered for the rest of the generation
+    (source token -> output token) once the output went on with the token that followed the
+    source's (a one-for-one replacement, not a rewrite that happened to share 4 tokens before
+    it): a history token that replaced a source token also matches that source token
+    (`revenue +=` matches the source's `total +=`), and a draft copied from the source carries
+    the replacements (a later `total` is drafted as `revenue`). The map is per sequence (`fork`)
+    and starts empty with each generation (`start`).
     """
 
     name = "lookup"
 
-    def __init__(self, ngram_max: int = 4, ngram_min: int = 2, window: int = 16):
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 2, window: int = 16, renames: bool = True):
         if not (isinstance(ngram_min, int) and isinstance(ngram_max, int) and 1 <= ngram_min <= ngram_max):
             raise InvalidRequest(f"lookup needs 1 <= ngram_min <= ngram_max, got {ngram_min!r}, {ngram_max!r}")
         self.ngram_max, self.ngram_min, self.window = ngram_max, ngram_min, max(window, ngram_max + 1)
+        self.use_renames = renames
+        self.renames: dict[int, int] = {}   # source token -> the token the output put in its place
+        self.pending: tuple[int, int, int, int] | None = None   # (position, src, last, src's successor)
+
+    def start(self, model: Any, capacity: int) -> None:
+        self.renames, self.pending = {}, None
+
+    def fork(self) -> LookupDrafter:
+        return LookupDrafter(self.ngram_max, self.ngram_min, self.window, self.use_renames)
 
     def propose(self, history: Sequence[int], k: int, sampler: DraftSampler) -> Draft:
         h = np.asarray(history, dtype=np.int64)
-        j = best_match(h, self.ngram_min, self.ngram_max, self.window, sub_min=self.ngram_max)
-        return Draft() if j is None else Draft(tuple(int(t) for t in h[j + 1:j + 1 + k]))
+        if self.pending is not None and len(h) > self.pending[0]:
+            at, src, last, then = self.pending   # confirmed if the output went on with the source's next token
+            if h[at] == then:
+                self.renames[src] = last
+            self.pending = None
+        alias = None
+        if self.renames:   # h with each replacing token read as the source token it replaced (-1: none)
+            alias = np.full(len(h), -1, dtype=np.int64)
+            for src, new in self.renames.items():
+                alias[h == new] = src
+        j = best_match(h, self.ngram_min, self.ngram_max, self.window, sub_min=self.ngram_max, alias=alias)
+        if j is None:
+            return Draft()
+        src, last = int(h[j]), int(h[-1])
+        if self.use_renames and src != last and (alias is None or alias[-1] != src) :
+            self.pending = (len(h), src, last, int(h[j + 1]))   # a substitution matched: src -> last?
+        return Draft(tuple(self.renames.get(int(t), int(t)) for t in h[j + 1:j + 1 + k]))
 
 
-def best_match(h: np.ndarray, ngram_min: int, ngram_max: int, window: int, sub_min: int | None = None) -> int | None:
+def best_match(h: np.ndarray, ngram_min: int, ngram_max: int, window: int, sub_min: int | None = None,
+               alias: np.ndarray | None = None) -> int | None:
     """The place j < len(h) - 1 whose tokens best match the end of h (LookupDrafter's rule), or None;
-    a substitution counts when its run reaches sub_min (default ngram_min).
+    a substitution counts when its run reaches sub_min (default ngram_min). alias [len(h)] (or
+    None) is a second token each history position matches as (-1: none): a rename's source.
 
-    eq[j, m] = h[j - m] == h[-1 - m] for m < window ([len(h) - 1, window] booleans; positions
+    eq[j, m] = h[j - m] matches h[-1 - m] for m < window ([len(h) - 1, window] booleans; positions
     before the start never match), so the exact run is eq's leading Trues and a substitution's
     run the leading Trues of eq[:, 1:] where eq[:, 0] is False.
     """
@@ -496,6 +573,9 @@ def best_match(h: np.ndarray, ngram_min: int, ngram_max: int, window: int, sub_m
     places = np.lib.stride_tricks.sliding_window_view(pad[:n + window - 1], window)[:, ::-1]   # [n, window]
     tail = pad[-window:][::-1]                                 # h[-1], h[-2], ... ([window])
     eq = (places == tail) & (tail >= 0)
+    if alias is not None:
+        alias_tail = np.concatenate([np.full(window - 1, -1, dtype=np.int64), alias])[-window:][::-1]
+        eq |= (places == alias_tail) & (alias_tail >= 0)
     exact = np.minimum(np.cumprod(eq, axis=1).sum(axis=1), ngram_max)
     sub = np.where(eq[:, 0], 0, np.minimum(np.cumprod(eq[:, 1:], axis=1).sum(axis=1), ngram_max))
     sub[sub < max(sub_min or ngram_min, ngram_min)] = 0
