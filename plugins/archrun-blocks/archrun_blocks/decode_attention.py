@@ -10,14 +10,14 @@ Shapes of the inner loops are what makes this fast (measured, 9 heads x 150 rows
   growing with the depth, and caches of other kv types (archrun_blocks.kv_codec) are decoded one
   block at a time into float32 rows that the same loops read.
 
-Long contexts (more than SPLIT_MIN_ROWS visible rows) go in chunks of CHUNK_ROWS rows
-(`attend_split`): each chunk's online softmax gives per-head partials (max, sum, value
-accumulator), merged in chunk order with the log-sum-exp rule. The chunks are the decode pool's
-task `attend_chunk` (archrun.kernels.pool), so the step's other threads share them: a layer's K/V
-at depth is read from memory at one thread's rate (~5 GB/s measured), the second core doubles
-it. Chunk boundaries and the merge order depend only on the number of visible rows, so the
-result is the same bits on any number of threads and with no pool; up to SPLIT_MIN_ROWS rows the
-one-pass code (attend_biased) runs as before.
+More than SPLIT_MIN_ROWS visible rows go in chunks of CHUNK_ROWS rows (`attend_split`): each
+chunk's online softmax gives per-head partials (max, sum, value accumulator), merged in chunk order
+with the log-sum-exp rule. The chunks are the decode pool's task `attend_chunk`
+(archrun.kernels.pool), so the step's other threads share them: a layer's K/V is read from memory
+at one thread's rate (~5 GB/s measured), the second core doubles it. Chunk boundaries and the
+merge order depend only on the number of visible rows, so the result is the same bits on any
+number of threads and with no pool; up to SPLIT_MIN_ROWS rows the one-pass code (attend_biased)
+runs.
 """
 
 from __future__ import annotations
@@ -42,10 +42,12 @@ _EXP_MIN = _F32(-87.0)             # exp(-87) is still a normal float32
 # keys per block of the online softmax: the scores [group, KEY_BLOCK] and a block of decoded K/V rows
 # ([KEY_BLOCK, KV, hd] float32 each, other kv types) stay in the core's cache
 KEY_BLOCK = 256
-# visible rows above which the keys go in chunks (attend_split), and the rows of a chunk: at 2 threads a
-# 4k context is 8 chunks (fine enough that a busy core costs little; a chunk's partials cost ~1 us to merge)
-SPLIT_MIN_ROWS = 1024
-CHUNK_ROWS = 2 * KEY_BLOCK
+# the rows of a chunk (attend_split), and the visible rows above which the keys go in chunks: a chunk of
+# 128 f32 rows of 3 kv heads of 64 is ~200 KB, ~45 us of streaming from memory on one thread against a few
+# us to hand it to the pool and ~1 us to merge its partials; past one chunk the step's second core helps
+# (a layer's K/V is cold at any depth: the weights streamed since evicted it)
+CHUNK_ROWS = 128
+SPLIT_MIN_ROWS = CHUNK_ROWS
 
 
 @njit(**JIT)
@@ -287,12 +289,22 @@ def attend_biased(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, 
 
 
 @njit(**JIT)
+def chunk_rows(count):
+    """Rows per chunk of a split over `count` rows: CHUNK_ROWS, or the multiple of it that keeps the chunks
+    within the pool's MAX_CHUNKS (past ~32k rows). A function of count alone: the same chunks, so the same
+    bits, on any number of threads."""
+    span = CHUNK_ROWS * pool.MAX_CHUNKS
+    return CHUNK_ROWS * ((count + span - 1) // span)
+
+
+@njit(**JIT)
 def _chunk(args, c, kc, vc):
-    """Chunk c of a split attention (arguments: A_*): the partials of rows[c * CHUNK_ROWS:][:CHUNK_ROWS]."""
+    """Chunk c of a split attention (arguments: A_*): the partials of its chunk_rows(count) rows."""
     count, n_head, vd = args[A_COUNT], args[A_HEADS], args[A_VD]
-    nch = (count + CHUNK_ROWS - 1) // CHUNK_ROWS
-    j0 = c * CHUNK_ROWS
-    n = min(CHUNK_ROWS, count - j0)
+    size = chunk_rows(count)
+    nch = (count + size - 1) // size
+    j0 = c * size
+    n = min(size, count - j0)
     rows = array_at(args[A_ROWS], (count,), np.int64)
     slopes = array_at(args[A_SLOPES], (args[A_NSLOPES],), np.float64)
     dist = array_at(args[A_DIST], (count if args[A_NSLOPES] else 0,), np.float32)
@@ -341,12 +353,13 @@ def _merge(mx, tot, acc, out):
 
 @njit(**JIT)
 def attend_split(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, out, ctrl, task):
-    """attend_biased (same arguments) in chunks of CHUNK_ROWS rows, merged in chunk order; the chunks are
+    """attend_biased (same arguments) in chunks of chunk_rows(count) rows, merged in chunk order; the chunks are
     shared with the running decode pool `ctrl` (archrun.kernels.pool; empty: none) as its task `task` (-1:
     none) unless the pool backs off after a stall (pool.share_task), else computed here in order: the same
     bits either way. q, rows, slopes, dist C-contiguous."""
     hd, vd = q.shape[0] // n_head, out.shape[0] // n_head
-    nch = (count + CHUNK_ROWS - 1) // CHUNK_ROWS
+    size = chunk_rows(count)
+    nch = (count + size - 1) // size
     mx = np.empty((nch, n_head), _F32)
     tot = np.empty((nch, n_head), _F32)
     acc = np.empty((nch, n_head, vd), _F32)

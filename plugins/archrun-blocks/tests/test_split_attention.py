@@ -21,7 +21,14 @@ from archrun.descriptor import AttentionSpec
 from archrun.kernels import block, pool, qmatrix
 from archrun.kernels.parts import NO_TASK
 from archrun_blocks import fast, reference
-from archrun_blocks.decode_attention import CHUNK_ROWS, SPLIT_MIN_ROWS, attend_biased, attend_chunk, attend_split
+from archrun_blocks.decode_attention import (
+    CHUNK_ROWS,
+    SPLIT_MIN_ROWS,
+    attend_biased,
+    attend_chunk,
+    attend_split,
+    chunk_rows,
+)
 
 RNG = np.random.default_rng(11)
 
@@ -39,8 +46,8 @@ F32 = np.float32
 # (pure-Python kernels, NUMBA_DISABLE_JIT: the first only)
 COUNTS = [SPLIT_MIN_ROWS + 1, 3 * CHUNK_ROWS, 3 * CHUNK_ROWS + 1, 4 * CHUNK_ROWS + 77]
 COUNTS = COUNTS[:1] if numba.config.DISABLE_JIT else COUNTS
-# the parts' tests store ~1500 tokens op by op first: minutes in pure Python
-needs_jit = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="1500 cached tokens op by op: minutes without the JIT")
+# the parts' tests store a few hundred tokens op by op first: minutes in pure Python
+needs_jit = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="cached tokens op by op: minutes without the JIT")
 
 
 def _cache(kv_type, cap, n_kv, width):
@@ -98,6 +105,22 @@ def test_split_is_attention_to_float32_rounding(kv_type, count, softcap, alibi):
     attend_biased(q, kc, vc, rows, count, n_head, 0.125, softcap, slopes, dist, one_pass)
     np.testing.assert_allclose(one_pass, want, rtol=0, atol=1e-5 * np.abs(want).max())
     np.testing.assert_allclose(out, one_pass, rtol=0, atol=1e-5 * np.abs(one_pass).max())
+
+
+def test_chunks_grow_past_the_pools_limit():
+    """Past MAX_CHUNKS chunks of CHUNK_ROWS the chunks double (the pool publishes at most MAX_CHUNKS), and
+    the split over such a count is still attention to float32 rounding."""
+    limit = CHUNK_ROWS * pool.MAX_CHUNKS
+    assert [chunk_rows(n) for n in (1, CHUNK_ROWS + 1, limit, limit + 1, 2 * limit + 1)] == [
+        CHUNK_ROWS, CHUNK_ROWS, CHUNK_ROWS, 2 * CHUNK_ROWS, 3 * CHUNK_ROWS]
+    if numba.config.DISABLE_JIT:
+        return  # 32k rows in pure Python: minutes
+    count = limit + 1
+    q, kc, vc, kf, vf, rows, slopes, dist = _inputs("f16", count, n_head=2, n_kv=1, hd=32, vd=16)
+    out = np.full(2 * 16, np.nan, F32)
+    attend_split(q, kc, vc, rows, count, 2, 0.125, 0.0, slopes, dist, out, *NO_TASK)
+    want = _attention64(q, kf, vf, rows, 2, 0.125, 0.0, slopes, dist)
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 def _pool():
