@@ -198,7 +198,7 @@ def test_model_decode_on_the_pool_equals_one_thread(synth_model, two_threads):
 
 @pytest.mark.parametrize("kv_type", ["f32", "q8_0"])
 def test_long_context_attention_on_the_pool_equals_one_thread(synth_model, two_threads, kv_type):
-    """Past 1024 cached tokens the attention part splits its keys into chunks that the pool's worker shares
+    """Past SPLIT_MIN_ROWS cached tokens the attention part splits its keys into chunks that the pool's worker shares
     (a pool task): the logits are the bits of one thread, through one-token steps and a batch of rows."""
     from test_fusion import _model
 
