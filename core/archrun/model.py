@@ -354,6 +354,7 @@ class Interpreter:
 
     caps = Caps()
     op_backend: str | None = None  # None: ops run on the model's backend; "reference": audit them in numpy
+    prefill_chunk = 512  # tokens per pass of a long prompt (_forward); llama.cpp's default micro-batch
 
     def __init__(self, plan: Plan, gguf: GGUFFile, tokenizer_factory: Callable[[], Any] | None = None,
                  chat_template: str | None = None):
@@ -433,7 +434,22 @@ class Interpreter:
         return arr.astype(np.int64)
 
     def _forward(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Run ids through every layer, appending to cache; returns (logits, normed final hidden states)."""
+        """Run ids through every layer, appending to cache; returns (logits, normed final hidden states).
+
+        A prompt longer than `prefill_chunk` goes in chunks of that many tokens, each attending to the cache
+        the previous ones filled: the same math (to float rounding), but every intermediate of a layer
+        ([n, ffn] activations, [n, n_kv] scores) stays a few MB instead of growing with the prompt
+        (a 4096-token prompt of Qwen2.5-0.5B: 5 x 80 MB of fresh activations a layer, 43 s -> 27 s)."""
+        n = self.prefill_chunk
+        if len(ids) <= n:
+            return self._forward_span(ids, cache, all_logits)
+        steps = [self._forward_span(ids[i:i + n], cache, all_logits or i + n >= len(ids))
+                 for i in range(0, len(ids), n)]
+        logits = np.concatenate([s[0] for s in steps]) if all_logits else steps[-1][0]
+        return logits, np.concatenate([s[1] for s in steps])
+
+    def _forward_span(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> tuple[np.ndarray, np.ndarray]:
+        """_forward for one chunk of tokens (all of them in one pass through every layer)."""
         p = self.plan
         start = len(cache)
         x = self.embed(ids, start)
