@@ -51,7 +51,7 @@ test: install-test models
 		tests/test_boundary.py plugins/archrun-blocks
 	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m 'not live' tests/test_kernels.py tests/test_gemm.py \
 		plugins/archrun-blocks/tests/test_decode_attention.py plugins/archrun-blocks/tests/test_kv_codec.py \
-		plugins/archrun-blocks/tests/test_split_attention.py \
+		plugins/archrun-blocks/tests/test_split_attention.py plugins/archrun-blocks/tests/test_prefill_attention.py \
 		plugins/archrun-blocks/tests/test_elementwise.py \
 		tests/test_tiny_hf.py tests/test_model.py families/*/tests/test_*_tiny_hf.py
 	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m 'not live' families -k TestArchrunTinyHf

@@ -29,6 +29,7 @@ from numba import njit, prange
 
 from archrun.kernels._jit import JIT, JIT_PAR
 from archrun_blocks.decode_attention import exp_shifted
+from archrun_blocks.tile_simd import COLS, ROWS, mm4x16, mm4x16_acc
 
 _F32 = np.float32
 QBLK = 32   # queries per tile
@@ -52,9 +53,19 @@ def _scores_row(q, KT, j0, nb, s):
 
 @njit(**JIT)
 def _scores(Q, KT, j0, nb, S):
-    """S[r, :nb] = Q[r] . KT[:, j0:j0 + nb] for every row r: Q [R, hd], KT [hd, T]. Four score rows and four
-    hd steps per pass: each pass loads four KT rows once for sixteen multiply-adds per key."""
+    """S[r, :nb] = Q[r] . KT[:, j0:j0 + nb] for every row r: Q [R, hd], KT [hd, T]. Tiles of 4 rows x 16 keys
+    in registers (tile_simd) where nb is a multiple of 16 (every block but a prompt's last); else four score
+    rows and four hd steps per pass, each loading four KT rows once for sixteen multiply-adds per key."""
     R, hd = Q.shape
+    if nb % COLS == 0:
+        r = 0
+        while r + ROWS <= R:
+            for c in range(0, nb, COLS):
+                mm4x16(Q[r:r + ROWS], KT[:, j0 + c:j0 + c + COLS], S[r:r + ROWS, c:c + COLS])
+            r += ROWS
+        for rr in range(r, R):
+            _scores_row(Q[rr], KT, j0, nb, S[rr])
+        return
     r = 0
     while r + 4 <= R and hd % 4 == 0:
         s0, s1, s2, s3 = S[r], S[r + 1], S[r + 2], S[r + 3]
@@ -139,9 +150,19 @@ def _mix_row(p, V, kv, j0, nb, a):
 
 @njit(**JIT)
 def _mix(P, V, kv, j0, nb, acc):
-    """acc[r] += sum_j P[r, j] * V[j0 + j, kv]. Four accumulator rows and four value rows per pass:
-    each pass loads four value vectors once for sixteen multiply-adds."""
-    R = P.shape[0]
+    """acc[r] += sum_j P[r, j] * V[j0 + j, kv]. Tiles of 4 rows x 16 value columns in registers (tile_simd)
+    where vd is a multiple of 16; else four accumulator rows and four value rows per pass, each loading four
+    value vectors once for sixteen multiply-adds."""
+    R, vd = acc.shape
+    if vd % COLS == 0:
+        r = 0
+        while r + ROWS <= R:
+            for e in range(0, vd, COLS):
+                mm4x16_acc(P[r:r + ROWS, :nb], V[j0:j0 + nb, kv, e:e + COLS], acc[r:r + ROWS, e:e + COLS])
+            r += ROWS
+        for rr in range(r, R):
+            _mix_row(P[rr], V, kv, j0, nb, acc[rr])
+        return
     r = 0
     while r + 4 <= R:
         p0, p1, p2, p3 = P[r], P[r + 1], P[r + 2], P[r + 3]

@@ -92,3 +92,31 @@ def test_zigzag_order_visits_every_tile_once():
     for n_tiles, n_kv in ((1, 1), (4, 3), (7, 2)):
         seen = sorted(prefill_attention._task(t, n_tiles, n_kv) for t in range(n_tiles * n_kv))
         assert seen == [(qt, kv) for qt in range(n_tiles) for kv in range(n_kv)]
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_the_register_tile_is_a_float32_matrix_product_of_strided_views(accumulate):
+    """tile_simd's C[4, 16] (+)= A[4, K] @ B[K, 16] on views inside larger arrays (row strides of their own):
+    float64 products to float32 rounding, and nothing outside the tile written."""
+    from archrun_blocks.tile_simd import mm4x16, mm4x16_acc
+
+    @numba.njit
+    def tile(a, b, c, accumulate):  # an intrinsic runs inside compiled code only
+        if accumulate:
+            mm4x16_acc(a, b, c)
+        else:
+            mm4x16(a, b, c)
+
+    rng = np.random.default_rng(3)
+    for k in (1, 7, 64):
+        a = rng.standard_normal((6, k + 5)).astype(F32)
+        b = rng.standard_normal((k + 3, 40)).astype(F32)
+        c = rng.standard_normal((7, 30)).astype(F32)
+        before = c.copy()
+        tile(a[1:5, 2:2 + k], b[3:3 + k, 9:25], c[2:6, 5:21], accumulate)
+        want = a[1:5, 2:2 + k].astype(np.float64) @ b[3:3 + k, 9:25].astype(np.float64)
+        if accumulate:
+            want += before[2:6, 5:21]
+        np.testing.assert_allclose(c[2:6, 5:21], want, rtol=0, atol=1e-5 * (1 + np.abs(want).max()))
+        c[2:6, 5:21] = before[2:6, 5:21]
+        assert np.array_equal(c, before)
