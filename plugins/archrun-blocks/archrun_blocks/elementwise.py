@@ -17,6 +17,7 @@ from numba import njit, prange, typed
 
 from archrun.errors import ShapeMismatch
 from archrun.kernels._jit import JIT, JIT_PAR
+from archrun.kernels.addresses import address, array_at
 from archrun.kernels.parts import part
 from archrun_blocks import parts
 from archrun_blocks.decode_attention import attend_biased
@@ -111,10 +112,26 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool
 
 @njit(**JIT)
 def _act_rows(fn, p, gate, up, out):
-    fn[0][0](p, gate, out)
-    if up.shape[0]:
-        for i in range(out.shape[0]):
-            out[i] = out[i] * up[i]
+    """out[i] = fn(gate[i]) (* up[i] when up has rows) one row at a time: gate, up float32 [n, m] with
+    contiguous rows at any row stride (column slices of one fused gate/up product, read in place), out C
+    [n, m]. A row at a time keeps the part's scratch (a few floats per element) in the core's cache: over
+    a whole 512 x 4864 prompt chunk it was 5 arrays of 10 MB a layer, memory-bound."""
+    n, m = out.shape
+    for i in range(n):
+        o = out[i]
+        fn[0][0](p, array_at(address(gate) + i * gate.strides[0], (m,), np.float32), o)
+        if up.shape[0]:
+            u = array_at(address(up) + i * up.strides[0], (m,), np.float32)
+            for j in range(m):
+                o[j] *= u[j]
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """a as float32 [n, m] with contiguous rows: itself when it is one already (a column slice of a
+    fused product), else a contiguous copy with a's last axis as rows."""
+    if a.ndim == 2 and a.strides[1] == 4 and a.strides[0] >= 0 and a.shape[1] > 0:
+        return a
+    return np.ascontiguousarray(a).reshape(-1, a.shape[-1] if a.ndim else 1)
 
 
 def activation(fn, params: np.ndarray, gate: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
@@ -126,8 +143,10 @@ def activation(fn, params: np.ndarray, gate: np.ndarray, up: np.ndarray | None =
         _need(isinstance(up, np.ndarray) and up.dtype == np.float32 and up.shape == gate.shape,
               lambda: f"up {getattr(up, 'shape', None)} must be float32 shaped like gate {gate.shape}")
     out = np.empty(gate.shape, np.float32)
-    flat_up = _NONE if up is None else np.ascontiguousarray(up).reshape(-1)
-    _act_rows(fn, params, np.ascontiguousarray(gate).reshape(-1), flat_up, out.reshape(-1))
+    if out.size == 0:
+        return out
+    rows = _rows(gate)
+    _act_rows(fn, params, rows, _NONE.reshape(0, 1) if up is None else _rows(up), out.reshape(rows.shape))
     return out
 
 

@@ -163,8 +163,9 @@ def _activation(fn):
     p = part(fn)
 
     def act(x: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
-        return elementwise.activation(p.handle, p.params, np.ascontiguousarray(x, dtype=F32),
-                                      None if up is None else np.ascontiguousarray(up, dtype=F32))
+        # float32 views pass as they are (column slices of a fused gate/up product: read in place)
+        return elementwise.activation(p.handle, p.params, np.asarray(x, dtype=F32),
+                                      None if up is None else np.asarray(up, dtype=F32))
 
     act.fused = p
     return act

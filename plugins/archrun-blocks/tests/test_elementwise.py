@@ -224,6 +224,26 @@ def test_activations(kind):
         elementwise.activation((getattr(parts, kind),), _P_NONE, gate, up)
 
 
+def test_activation_reads_column_slices_in_place_and_takes_any_shape():
+    """gate/up as column slices of one fused [n, 2m] product (read in place, row by row), a transposed view, a
+    3-D array and a 1-D one: the formula's values each time, and the inputs unchanged."""
+    rng = np.random.default_rng(5)
+    fused = rng.standard_normal((4, 2 * 37), np.float32) * 3
+    kept = fused.copy()
+    gate, up = fused[:, :37], fused[:, 37:]
+    fn = part(parts.silu).handle
+    tol = dict(rtol=1e-5, atol=1e-5)
+    want = FORMULAS["silu"](gate.astype(np.float64)) * up
+    np.testing.assert_allclose(elementwise.activation(fn, _P_NONE, gate, up), want, **tol)
+    np.testing.assert_allclose(elementwise.activation(fn, _P_NONE, gate.T, up.T), want.T, **tol)
+    cube = fused.reshape(2, 2, 74)
+    np.testing.assert_allclose(elementwise.activation(fn, _P_NONE, cube), FORMULAS["silu"](cube.astype(np.float64)),
+                               **tol)
+    np.testing.assert_allclose(elementwise.activation(fn, _P_NONE, fused[1]), FORMULAS["silu"](kept[1].astype(
+        np.float64)), **tol)
+    assert np.array_equal(fused, kept)
+
+
 def test_gelu_differs_from_its_tanh_approximation():
     """Exact GELU and tanh-GELU are different ops: their gap is ~1e-4..1e-3 near |x| ~ 2, far above
     the tolerance their tests use."""
