@@ -33,6 +33,7 @@ from archrun.kernels._jit import JIT
 from archrun.kernels.addresses import address, array_at, get_float, put_float
 from archrun.kernels.parts import SIGNATURES
 from archrun_blocks.kv_codec import load_rows
+from archrun_blocks.tile_simd import COLS, ROWS, mm4x16_acc
 
 _F32 = np.float32
 _LOG2E = _F32(1.4426950408889634)
@@ -123,9 +124,9 @@ def _scores(q2, kc, rows, count, kv, group, sc, p):
 
 
 @njit(**JIT)
-def _cap(p, count, c):
-    """p[g, j] = c * tanh(p[g, j] / c) for the first `count` scores of every row g."""
-    for g in range(p.shape[0]):
+def _cap(p, group, count, c):
+    """p[g, j] = c * tanh(p[g, j] / c) for the first `count` scores of rows g < group."""
+    for g in range(group):
         for j in range(count):
             p[g, j] = c * np.tanh(p[g, j] / c)
 
@@ -152,9 +153,25 @@ def _mix(vc, rows, count, kv, p, acc):
 
 
 @njit(**JIT)
+def _mix_tiles(vc, rows, count, kv, p, acc):
+    """_mix over tiles of 4 heads x 16 value columns held in registers (tile_simd.mm4x16_acc) when the rows are
+    consecutive cache rows (a plain slot, a ring's unwrapped stretch, every decoded block) and the value width
+    is a multiple of 16: acc [G4, vd] and p [G4, >= count] with G4 a multiple of 4 (padding rows of p zero);
+    else _mix itself, four rows per pass."""
+    vd = acc.shape[1]
+    r0 = rows[0]
+    if vd % COLS != 0 or rows[count - 1] - r0 != count - 1:
+        _mix(vc, rows, count, kv, p, acc)
+        return
+    for g in range(0, acc.shape[0], ROWS):
+        for e in range(0, vd, COLS):
+            mm4x16_acc(p[g:g + ROWS, :count], vc[r0:r0 + count, kv, e:e + COLS], acc[g:g + ROWS, e:e + COLS])
+
+
+@njit(**JIT)
 def _bias(p, count, kv, group, slopes, dist):
-    """p[g, j] += slopes[kv * group + g] * dist[j] (ALiBi) for the first `count` scores of every row g."""
-    for g in range(p.shape[0]):
+    """p[g, j] += slopes[kv * group + g] * dist[j] (ALiBi) for the first `count` scores of rows g < group."""
+    for g in range(group):
         m = _F32(slopes[kv * group + g])
         for j in range(count):
             p[g, j] += m * dist[j]
@@ -194,10 +211,10 @@ def _scratch_rows_typed(c, nb):
 
 
 @njit(**JIT)
-def _rescale(acc, l, h, factor):
-    """Scale head h's running softmax sum and value accumulator by factor (a new, larger max)."""
+def _rescale(acc, l, g, h, factor):
+    """Scale head h's running softmax sum l[h] and value accumulator acc[g] by factor (a new, larger max)."""
     l[h] *= factor
-    a = acc[h]
+    a = acc[g]
     for e in range(a.shape[0]):
         a[e] *= factor
 
@@ -222,10 +239,13 @@ def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc
     n_kv, vd = kc.shape[1], acc.shape[1]
     group = n_head // n_kv
     nb = min(count, KEY_BLOCK)
-    p = np.empty((group, nb), np.float32)
+    # the value mix in register tiles of 4 heads (_mix_tiles) from groups of 3 heads on: each kv head's
+    # accumulators padded to a multiple of 4 rows (padding rows of p stay zero); smaller groups as they are
+    gt = (group + ROWS - 1) // ROWS * ROWS if group >= 3 else group
+    p = np.zeros((gt, nb), np.float32)
     bits = np.empty(nb, np.int32)
     tot[:] = 0.0
-    acc[:] = 0.0
+    a_kv = np.zeros((n_kv, gt, vd), np.float32)
     kb = np.empty((scratch_rows(kc, nb), n_kv, hd), np.float32)
     vb = np.empty((scratch_rows(vc, nb), n_kv, vd), np.float32)
     ident = np.arange(nb)
@@ -236,7 +256,7 @@ def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc
         for kv in range(n_kv):
             _scores(q2, km, kr, n, kv, group, _F32(scale), p)
             if softcap > 0:
-                _cap(p, n, _F32(softcap))
+                _cap(p, group, n, _F32(softcap))
             if slopes.shape[0]:
                 _bias(p, n, kv, group, slopes, dist[j0:j0 + n])
             for g in range(group):
@@ -248,10 +268,15 @@ def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc
                 if j0 == 0:
                     mx[h] = m
                 elif m > mx[h]:
-                    _rescale(acc, tot, h, _F32(math.exp(mx[h] - m)))
+                    _rescale(a_kv[kv], tot, g, h, _F32(math.exp(mx[h] - m)))
                     mx[h] = m
                 tot[h] += exp_shifted(pg, mx[h], bits[:n])
-            _mix(vm, vr, n, kv, p, acc[kv * group:(kv + 1) * group])
+            if gt > group:
+                _mix_tiles(vm, vr, n, kv, p, a_kv[kv])
+            else:
+                _mix(vm, vr, n, kv, p, a_kv[kv])
+    for h in range(n_head):
+        acc[h] = a_kv[h // group, h % group]
 
 
 @njit(**JIT)
