@@ -49,6 +49,7 @@ KEY_BLOCK = 256
 # (a layer's K/V is cold at any depth: the weights streamed since evicted it)
 CHUNK_ROWS = 128
 SPLIT_MIN_ROWS = CHUNK_ROWS
+_IDENT = np.arange(KEY_BLOCK)  # the rows of a decoded block (a constant of the compiled code)
 
 
 @njit(**JIT)
@@ -242,13 +243,20 @@ def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc
     # the value mix in register tiles of 4 heads (_mix_tiles) from groups of 3 heads on: each kv head's
     # accumulators padded to a multiple of 4 rows (padding rows of p stay zero); smaller groups as they are
     gt = (group + ROWS - 1) // ROWS * ROWS if group >= 3 else group
-    p = np.zeros((gt, nb), np.float32)
-    bits = np.empty(nb, np.int32)
+    # one allocation a call (a long context's split makes one call per chunk of 128 rows): the scores p [gt, nb],
+    # the accumulators [n_kv, gt, vd], exp's bits [nb] and the decoded K/V blocks (kv types other than f32)
+    nk, nv = scratch_rows(kc, nb), scratch_rows(vc, nb)
+    n_p, n_a = gt * nb, n_kv * gt * vd
+    buf = np.empty(n_p + n_a + nb + (nk * hd + nv * vd) * n_kv, np.float32)
+    buf[:n_p + n_a] = 0.0
+    p = buf[:n_p].reshape((gt, nb))
+    a_kv = buf[n_p:n_p + n_a].reshape((n_kv, gt, vd))
+    o = n_p + n_a + nb
+    bits = buf[n_p + n_a:o].view(np.int32)
+    kb = buf[o:o + nk * n_kv * hd].reshape((nk, n_kv, hd))
+    vb = buf[o + nk * n_kv * hd:].reshape((nv, n_kv, vd))
     tot[:] = 0.0
-    a_kv = np.zeros((n_kv, gt, vd), np.float32)
-    kb = np.empty((scratch_rows(kc, nb), n_kv, hd), np.float32)
-    vb = np.empty((scratch_rows(vc, nb), n_kv, vd), np.float32)
-    ident = np.arange(nb)
+    ident = _IDENT
     for j0 in range(0, count, KEY_BLOCK):
         n = min(KEY_BLOCK, count - j0)
         km, kr = block_rows(kc, rows, j0, n, kb, ident)
