@@ -31,7 +31,10 @@ from typing import Any
 
 from archrun.errors import ArchrunWarning
 
-_WARM_IDS = 8  # prompt tokens the warm-up prefills (then one decode step)
+# prompt tokens the warm-up prefills (then one decode step): enough for the many-query paths of prompt ops
+# (archrun-blocks' attention takes tiles from 64 queries on: ~30 s of compiling on a cold cache that a
+# user's first long prompt would otherwise wait for)
+_WARM_IDS = 72
 
 
 def _stamp(path: str | os.PathLike) -> Path | None:
@@ -179,8 +182,9 @@ def warm(path: str | os.PathLike, hints: dict[str, Any] | None = None) -> None:
     from archrun.api import load as load_model
 
     model = load_model(path, backend="fast", hints=hints)
-    cache = model.init_cache(_WARM_IDS + 2)
-    ids = [i % model.descriptor.n_vocab for i in range(1, _WARM_IDS + 1)]
+    n = min(_WARM_IDS, model.descriptor.n_ctx - 1)
+    cache = model.init_cache(n + 1)
+    ids = [i % model.descriptor.n_vocab for i in range(1, n + 1)]
     logits = model.forward_step(ids, cache)          # the prefill path
     model.forward_step([int(logits.argmax())], cache)  # the fused decode step
     stamp = _stamp(path)
