@@ -33,7 +33,7 @@ from archrun.kernels._jit import JIT
 from archrun.kernels.addresses import address, array_at, get_float, put_float
 from archrun.kernels.parts import SIGNATURES
 from archrun_blocks.kv_codec import load_rows
-from archrun_blocks.tile_simd import COLS, ROWS, mm4x16_acc
+from archrun_blocks.tile_simd import COLS, ROWS, dots4x2, mm4x16_acc
 
 _F32 = np.float32
 _LOG2E = _F32(1.4426950408889634)
@@ -122,6 +122,42 @@ def _scores(q2, kc, rows, count, kv, group, sc, p):
             for e in range(qg.shape[0]):
                 s += qg[e] * kj[e]
             p[g, jj] = s * sc
+
+
+def _scores_direct(q2, kc, rows, count, kv, group, sc, p):
+    """p[g, j] = sc * q2[kv * group + g] . kc[rows[j], kv] straight from the cache rows (float32, or f16 bits
+    widened in registers: no decoded copy), four rows x two heads per dots4x2 (an odd group's last head
+    paired with itself; a short last quad repeats its last row). For head widths that are multiples of 8."""
+    out = np.empty(8, _F32)
+    g0 = kv * group
+    for j in range(0, count, 4):
+        r = (rows[j], rows[min(j + 1, count - 1)], rows[min(j + 2, count - 1)], rows[min(j + 3, count - 1)])
+        for g in range(0, group, 2):
+            g1 = min(g + 1, group - 1)
+            dots4x2(q2[g0 + g], q2[g0 + g1], kc[r[0], kv], kc[r[1], kv], kc[r[2], kv], kc[r[3], kv], out)
+            for i in range(min(4, count - j)):
+                p[g, j + i] = out[i] * sc
+                p[g1, j + i] = out[4 + i] * sc
+
+
+@overload(_scores_direct, jit_options=JIT)
+def _scores_direct_typed(q2, kc, rows, count, kv, group, sc, p):
+    if kc.dtype not in (types.float32, types.uint16):  # q8_0 rows are decoded first (never called)
+        return lambda q2, kc, rows, count, kv, group, sc, p: None
+    return _scores_direct
+
+
+def direct_keys(c, hd) -> bool:
+    """Whether the scores read cache array c's key rows in place (_scores_direct): float32 or f16 rows of a
+    width that is a multiple of 8; q8_0 rows are decoded a block at a time."""
+    return c.dtype in (np.float32, np.uint16) and hd % 8 == 0
+
+
+@overload(direct_keys, jit_options=JIT)
+def _direct_keys_typed(c, hd):
+    if c.dtype in (types.float32, types.uint16):
+        return lambda c, hd: hd % 8 == 0
+    return lambda c, hd: False
 
 
 @njit(**JIT)
@@ -245,7 +281,8 @@ def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc
     gt = (group + ROWS - 1) // ROWS * ROWS if group >= 3 else group
     # one allocation a call (a long context's split makes one call per chunk of 128 rows): the scores p [gt, nb],
     # the accumulators [n_kv, gt, vd], exp's bits [nb] and the decoded K/V blocks (kv types other than f32)
-    nk, nv = scratch_rows(kc, nb), scratch_rows(vc, nb)
+    direct = direct_keys(kc, hd)
+    nk, nv = 0 if direct else scratch_rows(kc, nb), scratch_rows(vc, nb)
     n_p, n_a = gt * nb, n_kv * gt * vd
     buf = np.empty(n_p + n_a + nb + (nk * hd + nv * vd) * n_kv, np.float32)
     buf[:n_p + n_a] = 0.0
@@ -259,10 +296,14 @@ def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc
     ident = _IDENT
     for j0 in range(0, count, KEY_BLOCK):
         n = min(KEY_BLOCK, count - j0)
-        km, kr = block_rows(kc, rows, j0, n, kb, ident)
+        if not direct:
+            km, kr = block_rows(kc, rows, j0, n, kb, ident)
         vm, vr = block_rows(vc, rows, j0, n, vb, ident)
         for kv in range(n_kv):
-            _scores(q2, km, kr, n, kv, group, _F32(scale), p)
+            if direct:
+                _scores_direct(q2, kc, rows[j0:j0 + n], n, kv, group, _F32(scale), p)
+            else:
+                _scores(q2, km, kr, n, kv, group, _F32(scale), p)
             if softcap > 0:
                 _cap(p, group, n, _F32(softcap))
             if slopes.shape[0]:

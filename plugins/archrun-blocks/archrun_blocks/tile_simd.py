@@ -125,3 +125,83 @@ if numba.config.DISABLE_JIT:
         _mm4x16_loops(a, b, c, True)
 else:
     mm4x16, mm4x16_acc = _mm4x16_ir, _mm4x16_acc_ir
+
+
+# -- decode scores: four key rows x two query heads ------------------------------------------------------
+_H = ir.HalfType()
+_I32 = ir.IntType(32)
+
+
+def _lanes(builder, ptr, off, half: bool):
+    """8 float32 values at ptr + off (float32 elements, or float16 bits widened exactly)."""
+    if not half:
+        return builder.load(_vec(builder, builder.gep(ptr, [off])), align=4)
+    v = builder.load(builder.bitcast(builder.gep(ptr, [off]), ir.VectorType(_H, 8).as_pointer()), align=2)
+    return builder.fpext(v, _V8)
+
+
+def _pair_sums(builder, a, b, lo, hi):
+    mask = ir.VectorType(_I32, 8)
+    return builder.fadd(builder.shuffle_vector(a, b, ir.Constant(mask, lo)),
+                        builder.shuffle_vector(a, b, ir.Constant(mask, hi)))
+
+
+def _sums8(builder, a):
+    """<8 x float> of the element sums of the 8 vectors a[0..7], in a fixed tree (no fastmath reordering)."""
+    t = [_pair_sums(builder, a[i], a[i + 1], [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15])
+         for i in (0, 2, 4, 6)]
+    u = [_pair_sums(builder, t[i], t[i + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]) for i in (0, 2)]
+    return _pair_sums(builder, u[0], u[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+
+
+def _dots_codegen(half: bool):
+    def codegen(context, builder, sig, args):
+        ptrs = []
+        for i, (t, v) in enumerate(zip(sig.args, args, strict=True)):
+            data = context.make_array(t)(context, builder, v).data
+            ptrs.append(builder.bitcast(data, (_H if half and 2 <= i < 6 else _F).as_pointer()))
+        hd = builder.extract_value(context.make_array(sig.args[0])(context, builder, args[0]).shape, 0)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8, [_V8, _V8, _V8]), "llvm.fma.v8f32")
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(_V8, [0.0] * 8)) for _ in range(8)]
+        with cgutils.for_range(builder, builder.lshr(hd, ir.Constant(_I64, 3))) as loop:
+            off = builder.shl(loop.index, ir.Constant(_I64, 3))
+            q = [_lanes(builder, ptrs[i], off, False) for i in (0, 1)]
+            k = [_lanes(builder, ptrs[2 + r], off, half) for r in range(4)]
+            for g in range(2):
+                for r in range(4):
+                    slot = acc[4 * g + r]
+                    builder.store(builder.call(fma, [q[g], k[r], builder.load(slot)]), slot)
+        builder.store(_sums8(builder, [builder.load(a) for a in acc]), _vec(builder, ptrs[6]), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def _dots4x2_ir(typingctx, q0, q1, k0, k1, k2, k3, out):
+    """out f32 [8] = (q0.k0, q0.k1, q0.k2, q0.k3, q1.k0, .., q1.k3): q0, q1 float32 [hd], k rows float32 or
+    float16 bits (uint16) [hd], hd a multiple of 8 (the caller's check)."""
+    ks = (k0, k1, k2, k3)
+    if not all(isinstance(x, types.Array) and x.ndim == 1 for x in (q0, q1, *ks, out)):
+        return None
+    if k0.dtype not in (types.float32, types.uint16) or any(k.dtype != k0.dtype for k in ks):
+        return None
+    return types.void(q0, q1, k0, k1, k2, k3, out), _dots_codegen(k0.dtype == types.uint16)
+
+
+@njit(**JIT)
+def _dots4x2_loops(q0, q1, k0, k1, k2, k3, out):
+    """dots4x2 as plain loops (no JIT); float16 bits widened by numpy."""
+    ks = (k0, k1, k2, k3)
+    for g in range(2):
+        q = q0 if g == 0 else q1
+        for r in range(4):
+            k = ks[r]
+            kf = k.view(np.float16).astype(np.float32) if k.dtype == np.uint16 else k
+            s = np.float32(0.0)
+            for e in range(q.shape[0]):
+                s += q[e] * kf[e]
+            out[4 * g + r] = s
+
+
+dots4x2 = _dots4x2_loops if numba.config.DISABLE_JIT else _dots4x2_ir

@@ -48,3 +48,26 @@ def test_visible_rows_plain_window_and_ring():
     kpos = np.array([8, 9, 2, -1, 6, 7], np.int64)  # a ring after a rewind: 9 is stale, 2 too old
     assert list(rows[:visible_rows(kpos, True, 8, 4, rows)]) == [0, 4, 5]
     assert list(rows[:visible_rows(kpos, True, 8, 0, rows)]) == [0, 2, 4, 5]
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16"])
+def test_the_score_kernel_dots_four_rows_with_two_heads(kind):
+    """tile_simd.dots4x2: eight dot products of 2 query heads with 4 key rows read in place (float32, or f16
+    bits widened exactly), against float64 on the same values; widths of 8 and 256 elements."""
+    import numba
+
+    from archrun_blocks.tile_simd import dots4x2
+
+    @numba.njit
+    def run(q, k, out):  # an intrinsic runs inside compiled code only
+        dots4x2(q[0], q[1], k[0], k[1], k[2], k[3], out)
+
+    for hd in (8, 256):
+        q = RNG.standard_normal((2, hd)).astype(np.float32)
+        kf = RNG.standard_normal((4, hd)).astype(np.float32)
+        k = kf.astype(np.float16).view(np.uint16) if kind == "f16" else kf
+        values = k.view(np.float16).astype(np.float64) if kind == "f16" else kf.astype(np.float64)
+        out = np.full(8, np.nan, np.float32)
+        run(q, k, out)
+        want = (q.astype(np.float64) @ values.T).reshape(-1)
+        np.testing.assert_allclose(out, want, rtol=0, atol=2e-6 * np.abs(q).sum(axis=1).max() * np.abs(values).max())
