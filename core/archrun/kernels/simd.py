@@ -456,3 +456,58 @@ def _tile_intrinsic(kind: int, vnni: bool):
 # tile_<kind>_<isa>(U, XQ, OFF, DXT, A, M, MS, t0, acc): see _tile_codegen; gemm.py holds the loop versions
 tile_one_vnni, tile_min_vnni, tile_halves_vnni = (_tile_intrinsic(k, True) for k in (ONE, MIN, HALVES))
 tile_one_avx2, tile_min_avx2, tile_halves_avx2 = (_tile_intrinsic(k, False) for k in (ONE, MIN, HALVES))
+
+
+# -- decode rows: one unpacked block, the integer sums of several rows (kernels.rowdots) -------------------
+# A batch of decode rows (sequences stepping together, a verification span) multiplies each weight block
+# with every row's activation block. kernels.rowdots unpacks the block once into gemm's quads (U uint32
+# [8 * LANES], fields <= 255) and takes every row's exact int32 sums from here (vpdpbusd, the 16 registers
+# of U loaded once for all rows); each row's float32 steps are the per-row decode kernels' own (dots.step_*).
+
+
+def _rows_dot_codegen(halves: bool):
+    """IR of rows_dot_*: U uint32 [8 * LANES], XQ int32 [n, 8], OFF int32 [n, 2] -> S int32 [n, 2, LANES]."""
+    regs = LANES // 16
+    parts = 2 if halves else 1
+
+    def codegen(context, builder, sig, args):
+        U, XQ, OFF, S = _arrays(context, builder, sig, args)
+        n = cgutils.unpack_tuple(builder, XQ.shape)[0]
+        up, xp, op, sp = _ptr(builder, U, _V16I32), _ptr(builder, XQ, _I32), _ptr(builder, OFF, _I32), \
+            _ptr(builder, S, _V16I32)
+        dot = _declare(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [_V16I32] * 3)
+        k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        u = [[builder.load(builder.gep(up, [k(q * regs + r)]), align=4) for r in range(regs)] for q in range(8)]
+        with cgutils.for_range(builder, n) as loop:
+            t = loop.index
+            acc = [[_splat(builder, builder.load(builder.gep(op, [builder.add(builder.mul(t, k(2)), k(h))])), _V16I32)
+                    for _ in range(regs)] for h in range(parts)]
+            for q in range(8):
+                h = q // 4 if halves else 0
+                x = _splat(builder, builder.load(builder.gep(xp, [builder.add(builder.mul(t, k(8)), k(q))])), _V16I32)
+                for r in range(regs):
+                    acc[h][r] = builder.call(dot, [acc[h][r], u[q][r], x])
+            for h in range(parts):
+                for r in range(regs):
+                    at = builder.add(builder.mul(t, k(2 * regs)), k(h * regs + r))
+                    builder.store(acc[h][r], builder.gep(sp, [at]), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _rows_dot_intrinsic(halves: bool):
+    @intrinsic
+    def rows_dot(typingctx, U, XQ, OFF, S):
+        if not all(isinstance(a, types.Array) and a.layout == "C" for a in (U, XQ, OFF, S)):
+            return None
+        return types.void(U, XQ, OFF, S), _rows_dot_codegen(halves)
+
+    return rows_dot
+
+
+# rows_dot_<one|halves>_vnni(U, XQ, OFF, S): for every row t, S[t, h, l] = OFF[t, h] + the sum over the quads q
+# of part h (one: all 8, into h = 0; halves: q < 4 into h = 0, the rest into h = 1) of the 4 unsigned bytes of
+# U[q * LANES + l] times the 4 signed bytes of XQ[t, q]; S[t, 1] is left alone by `one`. kernels.rowdots holds the
+# loop version. AVX-512 VNNI only (VNNI).
+rows_dot_one_vnni, rows_dot_halves_vnni = _rows_dot_intrinsic(False), _rows_dot_intrinsic(True)
