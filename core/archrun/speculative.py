@@ -627,6 +627,18 @@ class ModelDrafter(Drafter):
     def _feed(self, ids: Sequence[int]) -> np.ndarray:
         """Append ids to the draft model's cache; its logits [vocab] after the last.
 
+        More than a round's catch-up is the prompt plus the target's first token: the target prefilled the
+        prompt and computes that token in its first verify step, so the draft does the same (a prompt's
+        rows through the prefill path, the token through a step): a draft model equal to the target then
+        proposes exactly the target's greedy choices (a prefill rounds some rows differently from a step)."""
+        if len(ids) > 2 * MAX_DRAFT:
+            self._append(ids[:-1])
+            ids = ids[-1:]
+        return self._append(ids)
+
+    def _append(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ids to the draft model's cache; its logits [vocab] after the last.
+
         A round's catch-up (the verified tokens the draft has not seen: a few) goes through the
         model's span entry where it has one, as a verify step does (the rows kernel), not through
         forward_step's prefill: right after the target's step that prefill ran 4-8x slower than
