@@ -47,9 +47,9 @@ test: install-test models
 	$(VENV)/bin/ruff check .
 	NUMBA_NUM_THREADS=1 $(VENV)/bin/python -m pytest -n 2 -q --durations=30 $(PYTEST_ARGS)
 	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$$(mktemp -d) $(VENV)/bin/python -m pytest -q -p no:cacheprovider \
-		tests/test_kernels.py tests/test_simd.py tests/test_gemm.py tests/test_fusion.py tests/test_decode_rows.py tests/test_rowdots.py tests/test_moe_kernel.py tests/test_pool.py \
+		tests/test_kernels.py tests/test_simd.py tests/test_gemm.py tests/test_fusion.py tests/test_decode_rows.py tests/test_moe_kernel.py tests/test_pool.py \
 		tests/test_boundary.py plugins/archrun-blocks
-	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m 'not live' tests/test_kernels.py tests/test_gemm.py tests/test_rowdots.py \
+	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m 'not live' tests/test_kernels.py tests/test_gemm.py \
 		plugins/archrun-blocks/tests/test_decode_attention.py plugins/archrun-blocks/tests/test_kv_codec.py \
 		plugins/archrun-blocks/tests/test_split_attention.py plugins/archrun-blocks/tests/test_prefill_attention.py \
 		plugins/archrun-blocks/tests/test_elementwise.py \

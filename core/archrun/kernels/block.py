@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from archrun.kernels import atomics, dots, floatmm, pool, rowdots
+from archrun.kernels import atomics, dots, floatmm, pool
 from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
 from archrun.kernels.qmatrix import BF16, F16, QMatrix
 
@@ -105,38 +105,11 @@ def _dense_rows(W, xf, g0, g1, out):
             out[t, r] = s
 
 
-@njit(**_STEP)
-def _mv_rows(m, X, DX, QH, g0, g1, out):
-    """_mv of several rows through kernels.rowdots (each block unpacked once for all rows; same bits per row)."""
-    k = m[_KIND]
-    if k == 2:
-        rowdots.q4_0(m[_WU16], m[_D], X, DX, QH, g0, g1, out)
-    elif k == 3:
-        rowdots.q4_1(m[_WU16], m[_D], m[_M], X, DX, QH, g0, g1, out)
-    elif k == 6:
-        rowdots.q5_0(m[_WU16], m[_D], X, DX, QH, g0, g1, out)
-    elif k == 7:
-        rowdots.q5_1(m[_WU16], m[_D], m[_M], X, DX, QH, g0, g1, out)
-    elif k == 8:
-        rowdots.q8_0(m[_WI8], m[_D], X, DX, QH, g0, g1, out)
-    elif k == 11:
-        rowdots.q3_k(m[_WU16], m[_D], m[_SCI], X, DX, QH, g0, g1, out)
-    elif k == 12:
-        rowdots.q4_k(m[_WU16], m[_D], m[_M], m[_SCU], m[_MN], X, DX, QH, g0, g1, out)
-    elif k == 13:
-        rowdots.q5_k(m[_WU16], m[_D], m[_M], m[_SCU], m[_MN], X, DX, QH, g0, g1, out)
-    elif k == 14:
-        rowdots.q6_k(m[_WU8], m[_D], m[_SCI], X, DX, QH, g0, g1, out)
-
-
 @njit(**JIT)
 def _mv(m, xf, X, DX, QH, g0, g1, out):
-    """Rows of groups [g0, g1) of out [n, n_out] = x @ m.T (x as float xf [n, n_in] and quantized X/DX/QH).
-    Several rows of the types kernels.rowdots takes go there (on AVX-512 VNNI), the bits of each row unchanged."""
+    """Rows of groups [g0, g1) of out [n, n_out] = x @ m.T (x as float xf [n, n_in] and quantized X/DX/QH)."""
     k = m[_KIND]
-    if rowdots.takes(k, X.shape[0]):
-        _mv_rows(m, X, DX, QH, g0, g1, out)
-    elif k == 0:
+    if k == 0:
         _dense_rows(m[_WF], xf, g0, g1, out)
     elif k == F16 or k == BF16:  # noqa: SIM109 (a tuple test compiles to a slower branch chain in numba)
         floatmm.half(m[_WH], k == BF16, xf, g0, g1, out)

@@ -27,10 +27,6 @@ groups [g0, g1) for all n tokens: X int16 [n, nb, 32], DX f32 [n, nb], QH int16 
 `<type>_run(words, *scales, x, out, chunks)` quantizes x f32 [n, n_in] and splits the groups
 into `chunks` ranges over numba's threads (1: no parallel region).
 
-Each block's float32 arithmetic is one step_<type> function, shared with kernels.rowdots (several rows
-per unpacked block) and compiled with float flags that allow no fma contraction or reordering, so a
-row's result is the same bits through either kernel and inside any caller.
-
 Code-shape notes (measured; the inner lane loops must compile to 16-bit SIMD):
 - lane loops take their trip count from an array shape: a constant count is fully unrolled
   and then loses the int16 narrowing (64-bit lanes, ~4x slower);
@@ -272,85 +268,6 @@ def _store(out, acc, grp):
             out[t, r0 + g] = acc[t, g]
 
 
-# -- per-row float steps: a block's integer sums scaled into one row's accumulators a f32 [LANES] --------
-# Compiled apart from their callers with fast-math flags that neither contract (fma), reassociate nor
-# take reciprocals, and inlined by LLVM (forceinline: numba's own IR inlining would give them the
-# caller's flags): the flags are per instruction and survive inlining, so every caller computes the same
-# IEEE float32 operations in the same order.
-_EXACT = dict(cache=True, nogil=True, error_model="numpy", fastmath={"nnan", "ninf", "nsz"}, forceinline=True)
-# Shared by the kernels below and kernels.rowdots (several rows per unpacked block), so both compute the
-# same float32 operations in the same order: a row's result is the same bits on either path. The sums
-# (s, sa/sb: one per lane, of the whole block or of its two 16-element halves) may be int16 or int32: they
-# are exact integers either way. qh: the activation block's half sums QH[t, b], dx its scale DX[t, b].
-
-
-@njit(**_EXACT)
-def step_scaled(a, s, d, dx):
-    """Q4_0 (s = sum(q x) - 8 Sx) and Q8_0 (s = sum(q x)): a += d * (dx * s)."""
-    for g in range(a.shape[0]):
-        a[g] += d[g] * (dx * _F32(s[g]))
-
-
-@njit(**_EXACT)
-def step_q4_1(a, s, d, m, qh, dx):
-    """Q4_1 from s = sum(q x) - 8 Sx: a += dx * (d * sum(q x) + m * Sx)."""
-    sx = _F32(qh[0]) + _F32(qh[1])
-    for g in range(a.shape[0]):
-        a[g] += dx * (d[g] * (_F32(s[g]) + _F32(8.0) * sx) + m[g] * sx)
-
-
-@njit(**_EXACT)
-def step_q5_0(a, sa, sb, d, dx):
-    """Q5_0 from the halves' sum(q x) - 16 Sx_h."""
-    for g in range(a.shape[0]):
-        a[g] += d[g] * (dx * (_F32(sa[g]) + _F32(sb[g])))
-
-
-@njit(**_EXACT)
-def step_q5_1(a, sa, sb, d, m, qh, dx):
-    """Q5_1 from the halves' sum(q x) - 16 Sx_h."""
-    sx = _F32(qh[0]) + _F32(qh[1])
-    for g in range(a.shape[0]):
-        a[g] += dx * (d[g] * (_F32(sa[g]) + _F32(sb[g]) + _F32(16.0) * sx) + m[g] * sx)
-
-
-@njit(**_EXACT)
-def step_q3_k(a, sa, sb, d, ca, cb, dx):
-    """Q3_K from the halves' sum(q x) - 4 Sx_h, sub-scales ca, cb."""
-    for g in range(a.shape[0]):
-        isum = _F32(ca[g]) * _F32(sa[g]) + _F32(cb[g]) * _F32(sb[g])
-        a[g] += d[g] * (dx * isum)
-
-
-@njit(**_EXACT)
-def step_q4_k(a, s, d, dm, sc, mn, qh, dx):
-    """Q4_K from s = sum(q x) - 8 Sx."""
-    sx = _F32(qh[0]) + _F32(qh[1])
-    for g in range(a.shape[0]):
-        isum = _F32(s[g]) + _F32(8.0) * sx
-        a[g] += dx * (d[g] * _F32(sc[g]) * isum - dm[g] * _F32(mn[g]) * sx)
-
-
-@njit(**_EXACT)
-def step_q5_k(a, sa, sb, d, dm, sc, mn, qh, dx):
-    """Q5_K from the halves' sum(q x) - 16 Sx_h."""
-    sx = _F32(qh[0]) + _F32(qh[1])
-    for g in range(a.shape[0]):
-        isum = _F32(sa[g]) + _F32(sb[g]) + _F32(16.0) * sx
-        a[g] += dx * (d[g] * _F32(sc[g]) * isum - dm[g] * _F32(mn[g]) * sx)
-
-
-@njit(**_EXACT)
-def step_q6_k(a, ia, ib, d, ca, cb, qh, dx):
-    """Q6_K from the halves' raw int32 sums(q x), q in 0..63; the offset 32 Sx_h in float32."""
-    oa = _F32(32.0) * _F32(qh[0])
-    ob = _F32(32.0) * _F32(qh[1])
-    for g in range(a.shape[0]):
-        sa = _F32(ia[g]) - oa  # exact integers in float32 (|sum| < 2^24)
-        sb = _F32(ib[g]) - ob
-        a[g] += d[g] * (dx * (_F32(ca[g]) * sa + _F32(cb[g]) * sb))
-
-
 # -- per-type kernels -------------------------------------------------------------------------
 # Comments give each type's element value; Sx is the integer sum of the activation block.
 
@@ -369,7 +286,10 @@ def q4_0(W, D, X, DX, QH, g0, g1, out):
             d = D[grp, b]
             for t in range(n):
                 _nibbles_dot(w, X[t, b], XP[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
-                step_scaled(acc[t], s, d, DX[t, b])
+                dx = DX[t, b]
+                a = acc[t]
+                for g in range(a.shape[0]):
+                    a[g] += d[g] * (dx * _F32(s[g]))
         _store(out, acc, grp)
 
 
@@ -388,7 +308,11 @@ def q4_1(W, D, M, X, DX, QH, g0, g1, out):
             m = M[grp, b]
             for t in range(n):
                 _nibbles_dot(w, X[t, b], XP[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
-                step_q4_1(acc[t], s, d, m, QH[t, b], DX[t, b])
+                sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
+                dx = DX[t, b]
+                a = acc[t]
+                for g in range(a.shape[0]):
+                    a[g] += dx * (d[g] * (_F32(s[g]) + _F32(8.0) * sx) + m[g] * sx)
         _store(out, acc, grp)
 
 
@@ -407,7 +331,10 @@ def q5_0(W, D, X, DX, QH, g0, g1, out):
             d = D[grp, b]
             for t in range(n):
                 _fives_dot(w, X[t, b], XP[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
-                step_q5_0(acc[t], sa, sb, d, DX[t, b])
+                dx = DX[t, b]
+                a = acc[t]
+                for g in range(a.shape[0]):
+                    a[g] += d[g] * (dx * (_F32(sa[g]) + _F32(sb[g])))
         _store(out, acc, grp)
 
 
@@ -427,7 +354,11 @@ def q5_1(W, D, M, X, DX, QH, g0, g1, out):
             m = M[grp, b]
             for t in range(n):
                 _fives_dot(w, X[t, b], XP[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
-                step_q5_1(acc[t], sa, sb, d, m, QH[t, b], DX[t, b])
+                sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
+                dx = DX[t, b]
+                a = acc[t]
+                for g in range(a.shape[0]):
+                    a[g] += dx * (d[g] * (_F32(sa[g]) + _F32(sb[g]) + _F32(16.0) * sx) + m[g] * sx)
         _store(out, acc, grp)
 
 
@@ -469,7 +400,10 @@ def q8_0(W, D, X, DX, QH, g0, g1, out):
             d = D[grp, b]
             for t in range(n):
                 _quads_dot(w, X8[t, b], isum)
-                step_scaled(acc[t], isum, d, DX[t, b])
+                dx = DX[t, b]
+                a = acc[t]
+                for g in range(a.shape[0]):
+                    a[g] += d[g] * (dx * _F32(isum[g]))
         _store(out, acc, grp)
 
 
@@ -519,7 +453,11 @@ def q3_k(W, D, SC, X, DX, QH, g0, g1, out):
             cb = SC[grp, 2 * b + 1]
             for t in range(n):
                 _nibbles_halves_dot(w, X[t, b], XP[t, b], QH[t, b, 0] * 4, QH[t, b, 1] * 4, sa, sb)
-                step_q3_k(acc[t], sa, sb, d, ca, cb, DX[t, b])
+                dx = DX[t, b]
+                a = acc[t]
+                for g in range(a.shape[0]):
+                    isum = _F32(ca[g]) * _F32(sa[g]) + _F32(cb[g]) * _F32(sb[g])
+                    a[g] += d[g] * (dx * isum)
         _store(out, acc, grp)
 
 
@@ -540,7 +478,12 @@ def q4_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
             mn = MN[grp, b]
             for t in range(n):
                 _nibbles_dot(w, X[t, b], XP[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
-                step_q4_k(acc[t], s, d, dm, sc, mn, QH[t, b], DX[t, b])
+                sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
+                dx = DX[t, b]
+                a = acc[t]
+                for g in range(a.shape[0]):
+                    isum = _F32(s[g]) + _F32(8.0) * sx
+                    a[g] += dx * (d[g] * _F32(sc[g]) * isum - dm[g] * _F32(mn[g]) * sx)
         _store(out, acc, grp)
 
 
@@ -562,7 +505,12 @@ def q5_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
             mn = MN[grp, b]
             for t in range(n):
                 _fives_dot(w, X[t, b], XP[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
-                step_q5_k(acc[t], sa, sb, d, dm, sc, mn, QH[t, b], DX[t, b])
+                sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
+                dx = DX[t, b]
+                a = acc[t]
+                for g in range(a.shape[0]):
+                    isum = _F32(sa[g]) + _F32(sb[g]) + _F32(16.0) * sx
+                    a[g] += dx * (d[g] * _F32(sc[g]) * isum - dm[g] * _F32(mn[g]) * sx)
         _store(out, acc, grp)
 
 
@@ -583,7 +531,14 @@ def q6_k(W, D, SC, X, DX, QH, g0, g1, out):
             cb = SC[grp, 2 * b + 1]
             for t in range(n):
                 _bytes_halves_dot(w, X8[t, b], ia, ib)
-                step_q6_k(acc[t], ia, ib, d, ca, cb, QH[t, b], DX[t, b])
+                oa = _F32(32.0) * _F32(QH[t, b, 0])
+                ob = _F32(32.0) * _F32(QH[t, b, 1])
+                dx = DX[t, b]
+                a = acc[t]
+                for g in range(a.shape[0]):
+                    sa = _F32(ia[g]) - oa  # exact integers in float32 (|sum| < 2^24)
+                    sb = _F32(ib[g]) - ob
+                    a[g] += d[g] * (dx * (_F32(ca[g]) * sa + _F32(cb[g]) * sb))
         _store(out, acc, grp)
 
 
