@@ -59,11 +59,16 @@ test: install-test models
 lint: install-test
 	$(VENV)/bin/ruff check .
 
-# The benchmark's reference: llama-cpp-python in its own venv (compiles llama.cpp: ~10+ minutes once).
+# The benchmark's reference: llama-cpp-python in its own venv (compiles llama.cpp: ~10+ minutes once),
+# the version the conformance kit and bench/llamacpp_tools.py use, built without AMX: ggml's native
+# build emits AMX tile code on CPUs that report it, and that code faults in the VMs archrun is measured on.
 BENCH_VENV ?= .venv-bench
+LLAMA_CPP_PYTHON := $(shell sed -n 's/^LLAMA_CPP_PYTHON = "\(.*\)"/\1/p' core/archrun/conformance/llamacpp.py)
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 $(BENCH_VENV)/.installed:
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip install -q numpy llama-cpp-python
+	CMAKE_ARGS="-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'" \
+		$(BENCH_VENV)/bin/python -m pip install -q numpy 'llama-cpp-python[server]==$(LLAMA_CPP_PYTHON)'
 	touch $@
 
 bench: install models $(BENCH_VENV)/.installed
