@@ -29,6 +29,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
 from fetch_models import MODELS, model_path  # noqa: E402
+from machine import describe  # noqa: E402
 
 import archrun  # noqa: E402
 from archrun import fusion  # noqa: E402
@@ -91,7 +92,7 @@ def main() -> None:
     ap.add_argument("--span", type=int, default=8, help="tokens of the verification span line (0: none)")
     args = ap.parse_args()
     qmatrix.set_threads(args.threads)
-    print(f"threads {args.threads}, load {os.getloadavg()[0]:.2f} (1-min average at start)")
+    print(f"{describe()}; threads {args.threads}, load {os.getloadavg()[0]:.2f} (1-min average at start)")
     for name in args.models:
         path = model_path(name) if name in MODELS else Path(name)
         model = archrun.load(path)

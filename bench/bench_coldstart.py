@@ -22,18 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import describe  # bench/ is the script's folder
+
 ROOT = Path(__file__).resolve().parents[1]
+
 DEFAULT_MODEL = Path.home() / ".cache/archrun/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "What is the capital of France? Answer in one sentence."
-
-
-def cpu_flags() -> str:
-    try:
-        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "unknown"
-    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512bw", "amx_tile")
-    return " ".join(f for f in wanted if f in flags)
 
 
 def run(model: Path, cache: str, tokens: int, extra: list[str]) -> dict[str, float]:
@@ -73,7 +67,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--untiered", action="store_true", help="also time a cold --backend fast run")
     args = ap.parse_args()
-    print(f"model {args.model.name}; CPU flags: {cpu_flags()}; {os.cpu_count()} cores")
+    print(f"model {args.model.name}; {describe()}")
     with tempfile.TemporaryDirectory() as cache:
         cold = run(args.model, cache, args.tokens, [])
         print(f"cold, tiered   : first token {cold['first']:6.1f} s, total {cold['total']:6.1f} s, "

@@ -64,9 +64,9 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
     warnings.simplefilter("ignore")
-    from bench_coldstart import cpu_flags
+    from machine import describe as describe_machine
 
-    print(f"CPU flags: {cpu_flags()}; {args.threads} thread(s); {args.steps} decode steps per fixture")
+    print(f"{describe_machine()}; {args.threads} thread(s); {args.steps} decode steps per fixture")
     rows = []
     for arch, path in sorted(fixtures().items()):
         tok_s, fused = decode_speed(path, args.steps)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
 from fetch_models import MODELS, model_path  # noqa: E402
+from machine import describe, machine  # noqa: E402
 
 LLAMA_SNIPPET = r"""
 import ctypes, json, resource, sys, time
@@ -106,13 +106,14 @@ def main() -> int:
                          "prefill_ratio": ours["prefill_tok_s"] / ref["prefill_tok_s"],
                          "decode_ratio": ours["decode_tok_s"] / ref["decode_tok_s"]})
             print(_row(rows[-1]), flush=True)
-    report = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.processor() or ''}".strip(),
+    report = {"machine": machine(),
               "threads": args.threads, "repeat": args.repeat, "prompt_tokens": args.prompt_tokens,
               "gen_tokens": args.gen_tokens, "kv_type": args.kv_type, "depths": depths,
               "rows": rows}
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(report, indent=2))
     print(_depth_table(rows) if args.depths else _table(rows))
+    print(f"{describe()}; {args.threads} threads each")
     return 0
 
 

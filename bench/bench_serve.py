@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import httpx
+from machine import describe, machine  # bench/ is the script's folder
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
@@ -164,7 +165,8 @@ def main() -> int:
            "--threads", str(args.threads), "--ctx", "1024", "--queue", str(max(levels))]
     if args.prefill_chunk:
         cmd += ["--prefill-chunk", str(args.prefill_chunk)]
-    result = {"model": Path(path).name, "threads": args.threads, "max_tokens": args.max_tokens}
+    print(f"{describe()}; {args.threads} threads", flush=True)
+    result = {"model": Path(path).name, "threads": args.threads, "max_tokens": args.max_tokens, "machine": machine()}
     proc = _serve(cmd, url, env)
     try:
         result["archrun"] = _run_levels("archrun", url, levels, args.max_tokens, no_end)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
 from fetch_models import MODEL_DIR, model_path  # noqa: E402
+from machine import describe, machine  # noqa: E402
 
 import archrun  # noqa: E402
 from archrun import speculative  # noqa: E402
@@ -265,13 +265,14 @@ def main() -> int:
     p.add_argument("--json-out", type=Path, default=HERE / "results" / "speculative.json")
     args = p.parse_args()
     warnings.simplefilter("ignore")
+    print(f"{describe()}; {args.threads} threads", flush=True)
     cases = {"lookup": lookup_cases, "draft": draft_case, "draft-f16": draft_f16_case, "mtp": mtp_case}
     rows = {}
     for case in args.cases:
         rows.update(cases[case](args))
         print(render(rows), flush=True)
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps({"machine": platform.processor() or platform.machine(),
+    args.json_out.write_text(json.dumps({"machine": machine(),
                                          "threads": args.threads, "rows": rows}, indent=2))
     return 0
 

@@ -31,10 +31,12 @@ from typing import Any
 
 from archrun.errors import ArchrunWarning
 
-# prompt tokens the warm-up prefills (then one decode step): enough for the many-query paths of prompt ops
-# (archrun-blocks' attention takes tiles from 64 queries on: ~30 s of compiling on a cold cache that a
-# user's first long prompt would otherwise wait for)
-_WARM_IDS = 72
+# prompts the warm-up prefills (the first then takes one decode step), each on a fresh cache: prompt ops
+# choose their paths by length, and each path a user's first prompt meets uncompiled costs seconds.
+# archrun-blocks' attention takes tiles from 64 queries on (~30 s to compile cold), below that a per-query
+# loop, in parallel over the queries once a prompt's work is large (~3 s: measured on SmolLM2's 40-token
+# first chat turn after a warm-up that prefilled only 72 tokens), else serial
+_WARM_PROMPTS = (72, 48, 8)
 
 
 def _stamp(path: str | os.PathLike) -> Path | None:
@@ -182,11 +184,12 @@ def warm(path: str | os.PathLike, hints: dict[str, Any] | None = None) -> None:
     from archrun.api import load as load_model
 
     model = load_model(path, backend="fast", hints=hints)
-    n = min(_WARM_IDS, model.descriptor.n_ctx - 1)
-    cache = model.init_cache(n + 1)
-    ids = [i % model.descriptor.n_vocab for i in range(1, n + 1)]
-    logits = model.forward_step(ids, cache)          # the prefill path
-    model.forward_step([int(logits.argmax())], cache)  # the fused decode step
+    for k, length in enumerate(_WARM_PROMPTS):
+        n = min(length, model.descriptor.n_ctx - 1)
+        cache = model.init_cache(n + 1)
+        logits = model.forward_step([i % model.descriptor.n_vocab for i in range(1, n + 1)], cache)  # prefill
+        if k == 0:
+            model.forward_step([int(logits.argmax())], cache)  # the fused decode step
     stamp = _stamp(path)
     if stamp is not None:
         stamp.touch()
