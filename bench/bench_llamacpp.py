@@ -85,7 +85,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=64)
-    p.add_argument("--models", nargs="*", default=list(MODELS))
+    p.add_argument("--models", nargs="*", default=list(MODELS), help=f"names ({', '.join(MODELS)}) or .gguf paths")
     p.add_argument("--repeat", type=int, default=3,
                    help="runs per side and model, alternating; each figure is the median (a shared machine is noisy)")
     p.add_argument("--json-out", type=Path, default=HERE / "results" / "latest.json")
@@ -96,7 +96,7 @@ def main() -> int:
     depths = [int(d) for d in args.depths.split(",")] if args.depths else [args.prompt_tokens]
     rows = []
     for name in args.models:
-        path = str(model_path(name))
+        path = str(model_path(name)) if name in MODELS else name
         for depth in depths:
             common = [str(args.threads), str(depth), str(args.gen_tokens), "0", args.kv_type]
             runs = [(_run(sys.executable, ARCHRUN_SNIPPET, [path, *common]),
