@@ -18,8 +18,6 @@ Shapes and dtypes are validated here; the kernels do not bounds-check.
 
 from __future__ import annotations
 
-import threading
-
 import attrs
 import numba
 import numpy as np
@@ -188,26 +186,11 @@ def _decode(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
         dots.KERNELS[w.ggml_type](*w.arrays, x, out, chunks)
 
 
-_scratch = threading.local()
-
-
-def _tile(n_in: int, width: int) -> np.ndarray:
-    """A float32 [n_in, width] tile from this thread's reused buffer (grown as needed).
-
-    A fresh multi-MB array per product is fresh pages: the kernel zero-fills each on first touch, which
-    cost more than the dequantization itself (F16 SmolLM2, 128-token prefill: 0.53 s of its 1.17 s)."""
-    need = n_in * width
-    buf = getattr(_scratch, "tile", None)
-    if buf is None or buf.shape[0] < need:
-        buf = _scratch.tile = np.empty(need, np.float32)
-    return buf[:need].reshape(n_in, width)
-
-
 def _prefill(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
     """Many tokens: dequantize tiles of row groups to float32 and multiply with BLAS."""
     ng = w.arrays[0].shape[0]
     step = max(1, TILE_ELEMENTS // (w.n_in * LANES))
-    tile = _tile(w.n_in, min(step, ng) * LANES)  # W rows of the tile, transposed
+    tile = np.empty((w.n_in, min(step, ng) * LANES), np.float32)  # W rows of the tile, transposed
     for g0 in range(0, ng, step):
         g1 = min(ng, g0 + step)
         r0, r1 = g0 * LANES, min(w.n_out, g1 * LANES)
@@ -215,10 +198,7 @@ def _prefill(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
             dequant.deq_float16(w.arrays[0], w.ggml_type == BF16, g0, g1, tile)
         else:
             dequant.DEQUANT[w.ggml_type](*w.arrays, g0, g1, tile)
-        if r1 - r0 == w.n_out and out.flags.c_contiguous:  # one tile holds the matrix: BLAS writes out itself
-            np.matmul(x, tile[:, :r1 - r0], out=out)
-        else:
-            out[:, r0:r1] = x @ tile[:, :r1 - r0]
+        out[:, r0:r1] = x @ tile[:, :r1 - r0]
 
 
 def matmul(w: QMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
