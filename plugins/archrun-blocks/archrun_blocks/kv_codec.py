@@ -17,12 +17,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
+from archrun.kernels import simd
 from archrun.kernels._jit import JIT
-from archrun.kernels.simd import host_has
 
 _F32 = np.float32
 _EXACT = dict(cache=True, nogil=True)
@@ -73,28 +72,15 @@ def encode_f16(x, out):
         out[i] = np.uint16(sign | h)
 
 
-#: whether kernels convert halves with the CPU's F16C instructions (`vcvtph2ps`): without F16C LLVM would
-#: call a helper numba's linker does not provide
-F16C = host_has("f16c")
-
-
-@intrinsic
-def _half_to_float(typingctx, b):
-    """float32 of the float16 bits b (uint16): LLVM's exact `fpext half`, which loops vectorise to
-    `vcvtph2ps` (8 or 16 halves an instruction) where the bit moves below take ~10 integer ops each."""
-    if b != types.uint16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-
-    return types.float32(types.uint16), codegen
+#: whether kernels convert halves with the CPU's F16C instructions (`vcvtph2ps`, through the core's
+#: `simd.half_to_float`: exact, 8 or 16 halves an instruction where the bit moves below take ~10 integer ops each)
+F16C = simd.F16C
 
 
 @njit(**JIT)
 def _decode_f16_f16c(h, out):
     for i in range(h.shape[0]):
-        out[i] = _half_to_float(h[i])
+        out[i] = simd.half_to_float(h[i])
 
 
 @njit(**JIT)
