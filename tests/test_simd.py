@@ -180,3 +180,19 @@ def test_bytes_halves_dot(kind):
         rows = w.reshape(QB, LANES).T.astype(np.int64)  # element-major -> rows
         x = x8.astype(np.int64)
         assert np.array_equal(got_a, rows[:, :16] @ x[:16]) and np.array_equal(got_b, rows[:, 16:] @ x[16:])
+
+
+@pytest.mark.skipif(not simd.F16C, reason="no F16C here (or the JIT is off)")
+def test_half_to_float_block_equals_the_bit_moves_for_every_half():
+    """dequant's F16C block conversion gives the bit moves' float32 bits for all 65536 halves (subnormals,
+    both zeros and infinities included; NaNs stay NaNs, their payloads aside)."""
+    from archrun.kernels import dequant
+
+    halves = np.arange(1 << 16, dtype=np.uint16)
+    got, ref = np.empty(halves.shape, np.float32), np.empty(halves.shape, np.float32)
+    dequant._f16_block_f16c(halves, got.view(np.uint32), got)
+    dequant._f16_block_bits(halves, ref.view(np.uint32), ref)
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+    assert np.array_equal(ref[~nan], halves.view(np.float16)[~nan].astype(np.float32))  # and both are exact
