@@ -205,7 +205,7 @@ def deq_q6_k(W, D, SC, g0, g1, tile):
 @njit(**JIT)
 def _f16_block_f16c(w, bits, vals):
     """One block's IEEE halves -> float32 vals through the CPU's conversion (the same values as the bit moves
-    below: both exact; ~7x faster a block, measured on AVX-512: the bit moves are ~1.8 cycles a half)."""
+    below: both exact). Converting a 1536 x 576 matrix's blocks on one AVX-512 thread: 195 -> 101 us."""
     for i in range(w.shape[0]):
         vals[i] = simd.half_to_float(w[i])
 
