@@ -24,8 +24,6 @@ from pathlib import Path
 
 from machine import describe  # bench/ is the script's folder
 
-ROOT = Path(__file__).resolve().parents[1]
-
 DEFAULT_MODEL = Path.home() / ".cache/archrun/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "What is the capital of France? Answer in one sentence."
 
