@@ -67,10 +67,10 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
     raise SystemExit("the server did not come up")
 
 
-async def _stream(client: httpx.AsyncClient, body: dict) -> tuple[float, float, float, int]:
-    """One streaming completion: (start, first token, end, tokens)."""
+async def _stream(client: httpx.AsyncClient, body: dict) -> tuple[float, list[float], float, int]:
+    """One streaming completion: (start, each text piece's arrival, end, tokens)."""
     t0 = time.perf_counter()
-    first, n, pieces = None, 0, 0
+    n, arrivals = 0, []
     async with client.stream("POST", "/v1/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -80,10 +80,9 @@ async def _stream(client: httpx.AsyncClient, body: dict) -> tuple[float, float, 
             if chunk.get("usage"):
                 n = chunk["usage"]["completion_tokens"]
             elif chunk["choices"] and chunk["choices"][0].get("text"):
-                first = first or time.perf_counter()
-                pieces += 1
+                arrivals.append(time.perf_counter())
     end = time.perf_counter()
-    return t0, first or end, end, n or pieces  # a server without usage in streams: one piece per token
+    return t0, arrivals or [end], end, n or len(arrivals)  # a server without usage in streams: a piece a token
 
 
 def _body(i: int, max_tokens: int, no_end: dict) -> dict:
@@ -94,12 +93,22 @@ def _body(i: int, max_tokens: int, no_end: dict) -> dict:
 async def _level(url: str, n: int, max_tokens: int, no_end: dict) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         runs = await asyncio.gather(*(_stream(client, _body(i, max_tokens, no_end)) for i in range(n)))
-    ttft = sorted(f - s for s, f, _, _ in runs)
+    ttft = sorted(a[0] - s for s, a, _, _ in runs)
     decoded = sum(max(0, k - 1) for *_, k in runs)
-    span = max(e for _, _, e, _ in runs) - min(f for _, f, _, _ in runs)
+    span = max(e for _, _, e, _ in runs) - min(a[0] for _, a, _, _ in runs)
     p95 = ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))]
-    return {"streams": n, "decode_tok_s": decoded / span if span > 0 else 0.0,
+    return {"streams": n, "decode_tok_s": decoded / span if span > 0 else 0.0, "steady_tok_s": _steady(runs),
             "ttft_p50_s": statistics.median(ttft), "ttft_p95_s": p95, "tokens": sum(k for *_, k in runs)}
+
+
+def _steady(runs: list[tuple[float, list[float], float, int]]) -> float:
+    """Tokens per second while all streams decode together: the pieces arriving after the last stream's
+    first one and up to the first stream's last one, over that window (what llama-batched-bench's S_TG
+    measures: no prompt of another stream inside). One piece a token (the server sends one per token)."""
+    start, end = max(a[0] for _, a, _, _ in runs), min(a[-1] for _, a, _, _ in runs)
+    if end <= start:
+        return 0.0
+    return sum(start < t <= end for _, a, _, _ in runs for t in a) / (end - start)
 
 
 async def _second_turn(url: str, history_words: int) -> dict:
@@ -126,8 +135,10 @@ def _run_levels(name: str, url: str, levels: list[int], max_tokens: int, no_end:
     for n in levels:
         row = asyncio.run(_level(url, n, max_tokens, no_end))
         row["ratio"] = row["decode_tok_s"] / rows[0]["decode_tok_s"] if rows else 1.0
+        row["steady_ratio"] = row["steady_tok_s"] / rows[0]["steady_tok_s"] if rows else 1.0
         rows.append(row)
         print(f"{name:10s} {n:3d} streams  decode {row['decode_tok_s']:7.1f} tok/s  x{row['ratio']:.2f}  "
+              f"all decoding {row['steady_tok_s']:7.1f} tok/s  x{row['steady_ratio']:.2f}  "
               f"TTFT p50 {row['ttft_p50_s']:6.2f} s  p95 {row['ttft_p95_s']:6.2f} s", flush=True)
     return rows
 

@@ -196,3 +196,43 @@ def test_half_to_float_block_equals_the_bit_moves_for_every_half():
     assert np.array_equal(np.isnan(got), nan)
     assert np.array_equal(got[~nan].view(np.uint32), ref[~nan].view(np.uint32))
     assert np.array_equal(ref[~nan], halves.view(np.float16)[~nan].astype(np.float32))  # and both are exact
+
+
+def _half_weights(bf16: bool, n_out: int, n_in: int, rng: np.random.Generator):
+    """(packed lanes, float64 values) of random 16-bit float weights [n_out, n_in]."""
+    from gguf import GGMLQuantizationType
+
+    from archrun import kernels, quant
+
+    t = GGMLQuantizationType.BF16 if bf16 else GGMLQuantizationType.F16
+    f = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    bits = (f.view(np.uint32) >> 16).astype(np.uint16) if bf16 else f.astype(np.float16).view(np.uint16)
+    raw = bits.view(np.uint8)
+    return kernels.prepare(raw, int(t), n_in).arrays[0], quant.dequantize(raw, int(t), (n_out, n_in)).astype(np.float64)
+
+
+@pytest.mark.skipif(not simd.F16C, reason="no F16C here")
+@pytest.mark.parametrize("bf16", [False, True], ids=["f16", "bf16"])
+def test_half_register_tiles_match_the_float64_product_and_each_row_alone(bf16):
+    """floatmm's register tiles: every row of a product of 1..9 rows (tiles of 4, 2 and 1) is the same bits
+    as that row alone, and all are within float32 rounding of the float64 product (an odd n_out: the last
+    group's padding lanes are not written); a strided activation takes the scratch loops, also close."""
+    from archrun.kernels import floatmm
+
+    rng = np.random.default_rng(5)
+    W, dense = _half_weights(bf16, 70, 96, rng)
+    x = rng.standard_normal((9, 96)).astype(np.float32)
+    ref = x.astype(np.float64) @ dense.T
+    for n in range(1, 10):
+        out = np.full((n, 70), np.nan, np.float32)
+        floatmm.half_run(W, bf16, x[:n], out, 1)
+        assert np.abs(out - ref[:n]).max() <= 1e-5 * np.abs(ref).max()
+        for i in range(n):
+            alone = np.empty((1, 70), np.float32)
+            floatmm.half_run(W, bf16, x[i:i + 1], alone, 1)
+            assert np.array_equal(alone[0].view(np.uint32), out[i].view(np.uint32)), (n, i)
+    strided = np.empty((3, 192), np.float32)[:, ::2]
+    strided[:] = x[:3]
+    out = np.empty((3, 70), np.float32)
+    floatmm.half(W, bf16, strided, 0, W.shape[0], out)
+    assert np.abs(out - ref[:3]).max() <= 1e-5 * np.abs(ref).max()

@@ -1,8 +1,12 @@
 """Matrix-vector products of float16 / bfloat16 weights with float32 activations.
 
-Weights keep their 16-bit values in the lane layout (layout.repack_float16): one block of
-32 * LANES values is converted to float32 in an L1 scratch, then dotted with every token's
-activation block, lanes contiguous. float32 weights need no kernel: they go to BLAS.
+Weights keep their 16-bit values in the lane layout (layout.repack_float16). Where the CPU converts
+float16 itself (F16C: every AVX2 host), a row group's elements are converted in registers and multiplied
+into the LANES accumulators of up to simd.HALF_TILE activation rows at once, which stay in registers over
+the whole row (simd.half_rows_*: one fma chain per row, so a row's result is the same bits alone or in a
+tile, for decode steps and verification spans alike). Elsewhere (no F16C, no JIT) one block of
+32 * LANES values is converted to float32 in an L1 scratch, then dotted with every token's activation
+block, lanes contiguous. float32 weights need no kernel: they go to BLAS.
 """
 
 from __future__ import annotations
@@ -10,9 +14,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from archrun.kernels import simd
 from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
 from archrun.kernels.dequant import float16_block
 from archrun.kernels.dots import _store
+
+_REGISTERS = simd.F16C and simd.AVX2  # the register tiles (else the scratch loops)
+_TILE = simd.HALF_TILE
 
 
 @njit(**JIT)
@@ -25,8 +33,50 @@ def _fd8(v, g, x, o):
 
 
 @njit(**JIT)
+def _tile(W, is_bf16, x, t, left, acc):
+    """Rows t.. of x through one register tile (the largest that fits `left` rows); returns its rows."""
+    if _TILE == 4 and left >= 4:
+        if is_bf16:
+            simd.half_rows_4_bf16(W, x, t, acc)
+        else:
+            simd.half_rows_4(W, x, t, acc)
+        return 4
+    if left >= 2:
+        if is_bf16:
+            simd.half_rows_2_bf16(W, x, t, acc)
+        else:
+            simd.half_rows_2(W, x, t, acc)
+        return 2
+    if is_bf16:
+        simd.half_rows_1_bf16(W, x, t, acc)
+    else:
+        simd.half_rows_1(W, x, t, acc)
+    return 1
+
+
+@njit(**JIT)
+def _half_registers(W, is_bf16, x, g0, g1, out):
+    """half() through the register tiles: x f32 [n, >= nb * 32] with unit element stride."""
+    n = x.shape[0]
+    acc = np.empty((_TILE, LANES), np.float32)
+    for grp in range(g0, g1):
+        r0 = grp * LANES
+        m = min(LANES, out.shape[1] - r0)
+        t = 0
+        while t < n:
+            k = _tile(W[grp], is_bf16, x, t, n - t, acc)
+            for r in range(k):
+                for g in range(m):
+                    out[t + r, r0 + g] = acc[r, g]
+            t += k
+
+
+@njit(**JIT)
 def half(W, is_bf16, x, g0, g1, out):
     """out[:, rows of groups g0..g1) = x @ W.T for 16-bit float lanes W [ng, nb, 32 * LANES]."""
+    if _REGISTERS and x.strides[1] == 4:
+        _half_registers(W, is_bf16, x, g0, g1, out)
+        return
     n = x.shape[0]
     nb = W.shape[1]
     bits = np.empty(QB * LANES, np.uint32)

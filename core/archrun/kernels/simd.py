@@ -472,3 +472,70 @@ def _tile_intrinsic(kind: int, vnni: bool):
 # tile_<kind>_<isa>(U, XQ, OFF, DXT, A, M, MS, t0, acc): see _tile_codegen; gemm.py holds the loop versions
 tile_one_vnni, tile_min_vnni, tile_halves_vnni = (_tile_intrinsic(k, True) for k in (ONE, MIN, HALVES))
 tile_one_avx2, tile_min_avx2, tile_halves_avx2 = (_tile_intrinsic(k, False) for k in (ONE, MIN, HALVES))
+
+
+# -- 16-bit float weights: rows of activations in registers (kernels.floatmm) ----------------------------
+# A row group's float16 / bfloat16 lanes (W uint16 [nb, QB * LANES], element e of block b of lane l at
+# (b * QB + e) * LANES + l) times `rows` activation rows: each element vector is converted in registers
+# (vcvtph2ps for float16; bfloat16 is the high half of a float32) and multiplied into every row's LANES
+# accumulators (`llvm.fma`, one rounding each), which stay in registers over all blocks. Every row's
+# accumulator takes the same fma chain in the same order (b, then e) whatever `rows` is, so a row's
+# result is the same bits alone and in a tile of several rows.
+
+AVX512 = AVX2 and host_has("avx512f")
+HALF_TILE = 4 if AVX512 else 2  # rows a tile: 4 x 2 zmm (AVX-512) or 2 x 4 ymm (AVX2) accumulators
+
+
+def _half_rows_codegen(rows: int, bf16: bool):
+    """IR of half_rows_<rows>[_bf16](W, X, t0, acc): acc f32 [rows, LANES] = the products of row group W
+    uint16 [nb, QB * LANES] with rows t0 .. t0 + rows - 1 of X f32 [n, >= nb * QB]."""
+    vf, vh, vi = ir.VectorType(_F32T, LANES), ir.VectorType(ir.HalfType(), LANES), ir.VectorType(_I16, LANES)
+    v32 = ir.VectorType(_I32, LANES)
+
+    def codegen(context, builder, sig, args):
+        W, X, acc = _arrays(context, builder, sig, args)
+        t0 = args[2]
+        nb = cgutils.unpack_tuple(builder, W.shape)[0]
+        x_stride = builder.sdiv(cgutils.unpack_tuple(builder, X.strides)[0], ir.Constant(_I64, 4))
+        wp, xp = _ptr(builder, W, vi), _ptr(builder, X, _F32T)
+        fma = _declare(builder, f"llvm.fma.v{LANES}f32", vf, [vf] * 3)
+        k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        xrow = [builder.mul(builder.add(t0, k(r)), x_stride) for r in range(rows)]
+        facc = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(rows)]
+        with cgutils.for_range(builder, nb) as loop:
+            e0 = builder.mul(loop.index, k(QB))
+            f = [builder.load(a) for a in facc]
+            for e in range(QB):
+                col = builder.add(e0, k(e))
+                v = builder.load(builder.gep(wp, [col]), align=2)
+                if bf16:
+                    w = builder.bitcast(builder.shl(builder.zext(v, v32), ir.Constant(v32, [16] * LANES)), vf)
+                else:
+                    w = builder.fpext(builder.bitcast(v, vh), vf)
+                for r in range(rows):
+                    x = builder.load(builder.gep(xp, [builder.add(xrow[r], col)]), align=4)
+                    f[r] = builder.call(fma, [w, _splat(builder, x, vf), f[r]])
+            for a, val in zip(facc, f, strict=True):
+                builder.store(val, a)
+        out = _ptr(builder, acc, vf)
+        for r in range(rows):
+            builder.store(builder.load(facc[r]), builder.gep(out, [k(r)]), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _half_rows_intrinsic(rows: int, bf16: bool):
+    @intrinsic
+    def half_rows(typingctx, W, X, t0, acc):
+        if not all(isinstance(a, types.Array) for a in (W, X, acc)) or not isinstance(t0, types.Integer):
+            return None
+        return types.void(W, X, types.int64, acc), _half_rows_codegen(rows, bf16)
+
+    half_rows.__doc__ = f"acc f32 [{rows}, LANES] = {'bfloat16' if bf16 else 'float16'} row group W times {rows} rows"
+    return half_rows
+
+
+# half_rows_<rows>[_bf16](W, X, t0, acc): see _half_rows_codegen (float16 needs F16C; floatmm picks them)
+half_rows_1, half_rows_2, half_rows_4 = (_half_rows_intrinsic(r, False) for r in (1, 2, 4))
+half_rows_1_bf16, half_rows_2_bf16, half_rows_4_bf16 = (_half_rows_intrinsic(r, True) for r in (1, 2, 4))
