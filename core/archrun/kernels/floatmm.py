@@ -19,7 +19,8 @@ from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
 from archrun.kernels.dequant import float16_block
 from archrun.kernels.dots import _store
 
-_REGISTERS = simd.F16C and simd.AVX2  # the register tiles (else the scratch loops)
+#: whether 16-bit floats go through the register tiles (else the scratch loops)
+REGISTERS = simd.F16C and simd.AVX2
 _TILE = simd.HALF_TILE
 
 
@@ -74,7 +75,7 @@ def _half_registers(W, is_bf16, x, g0, g1, out):
 @njit(**JIT)
 def half(W, is_bf16, x, g0, g1, out):
     """out[:, rows of groups g0..g1) = x @ W.T for 16-bit float lanes W [ng, nb, 32 * LANES]."""
-    if _REGISTERS and x.strides[1] == 4:
+    if REGISTERS and x.strides[1] == 4:
         _half_registers(W, is_bf16, x, g0, g1, out)
         return
     n = x.shape[0]

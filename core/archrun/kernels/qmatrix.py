@@ -39,6 +39,10 @@ INT_MAX_TOKENS = {t: 24 for t in dots.KERNELS} | {8: 6, 14: 6, F16: 4, BF16: 4}
 # With the GEMM, from 6 tokens on (4 for the byte-sized Q8_0 and Q6_K) it beats the decode kernels
 # (one thread, n = 1..24, 896-1024 x 4864: e.g. Q5_0 at 8 tokens 0.64 vs 1.19 ms, Q6_K at 4: 0.60 vs 0.77)
 INT_MAX_TOKENS |= {t: 3 if t in (8, 14) else 5 for t in gemm.TYPES}
+# 16-bit floats in floatmm's register tiles beat float32 tiles + BLAS at every token count (2 threads,
+# F16 1536 x 576 .. 49152 x 576, n = 16 / 64 / 128: 250-268 GFLOP/s against 26 / 87-114 / 144-171)
+if floatmm.REGISTERS:
+    INT_MAX_TOKENS |= {F16: 1 << 30, BF16: 1 << 30}
 # packed bytes below which one thread beats waking the pool (~5 us per parallel call)
 PARALLEL_MIN_BYTES = 96 * 1024
 # float32 elements per dequantized tile (16 MiB): fewer, larger BLAS calls beat L2-sized tiles
@@ -181,7 +185,9 @@ def _decode(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
     """Few tokens: integer kernels (float kernels for 16-bit floats) over all row groups."""
     chunks = 1 if w.nbytes < PARALLEL_MIN_BYTES else (_threads[0] or _chunks(w.nbytes))
     if w.ggml_type == F16 or w.ggml_type == BF16:
-        floatmm.half_run(w.arrays[0], w.ggml_type == BF16, x, out, chunks)
+        # the register tiles' work grows with the tokens (the weights are read once): split by both
+        chunks = _chunks(w.nbytes * x.shape[0]) if floatmm.REGISTERS else chunks
+        floatmm.half_run(w.arrays[0], w.ggml_type == BF16, x, out, min(chunks, w.arrays[0].shape[0]))
     else:
         dots.KERNELS[w.ggml_type](*w.arrays, x, out, chunks)
 

@@ -25,7 +25,8 @@ def _matmul_paths(ggml_type: int) -> None:
     """Run the decode (integer) and prefill (int8 GEMM, or tile + BLAS) paths of one weight type."""
     raw = np.zeros((LANES, quant.row_bytes(ggml_type, _N_IN)), np.uint8)
     w = qmatrix.prepare(raw, ggml_type, _N_IN)
-    for n in (1, qmatrix.INT_MAX_TOKENS.get(ggml_type, 0) + 1):
+    limit = qmatrix.INT_MAX_TOKENS.get(ggml_type, 0)
+    for n in (1, limit + 1) if limit < 1 << 20 else (1,):  # unbounded: the one path serves every count
         qmatrix.matmul(w, np.zeros((n, _N_IN), np.float32))
 
 
