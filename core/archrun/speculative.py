@@ -595,7 +595,7 @@ class ModelDrafter(Drafter):
 
     def __init__(self, draft_model: Any, target: Any):
         check_vocabulary(draft_model, target)
-        self.model = draft_model
+        self.model, self.target = draft_model, target
         self.cache: PrefixCache | None = None
 
     def start(self, model: Any, capacity: int) -> None:
@@ -605,7 +605,7 @@ class ModelDrafter(Drafter):
 
     def fork(self) -> ModelDrafter:
         twin = ModelDrafter.__new__(ModelDrafter)
-        twin.model, twin.cache = self.model, None   # the same draft model, a cache of its own
+        twin.model, twin.target, twin.cache = self.model, self.target, None   # the same models, a cache of its own
         return twin
 
     def propose(self, history: Sequence[int], k: int, sampler: DraftSampler) -> Draft:
@@ -614,6 +614,7 @@ class ModelDrafter(Drafter):
         if k < 1:
             return Draft()
         hist = [int(t) for t in history]
+        _rest(self.target)  # the target's decode workers spin ~3 ms after its step: the draft needs the cores
         logits = self._feed(self.cache.prepare(hist))
         tokens, probs = [], []
         for i in range(k):
@@ -622,6 +623,7 @@ class ModelDrafter(Drafter):
             probs.append(q)
             if i + 1 < k:
                 logits = self._feed([tok])
+        _rest(self.model)   # and the target's verify step needs them next
         return Draft(tuple(tokens), None if sampler.greedy else np.stack(probs))
 
     def _feed(self, ids: Sequence[int]) -> np.ndarray:
@@ -655,6 +657,13 @@ class ModelDrafter(Drafter):
             raise
         self.cache.fed(ids)
         return logits
+
+
+def _rest(model: Any) -> None:
+    """Send a model's spinning decode workers to sleep (two models share the cores in turn)."""
+    rest = getattr(model, "rest_workers", None)
+    if callable(rest):
+        rest()
 
 
 def check_vocabulary(draft: Any, target: Any) -> None:
