@@ -236,3 +236,40 @@ def test_half_register_tiles_match_the_float64_product_and_each_row_alone(bf16):
     out = np.empty((3, 70), np.float32)
     floatmm.half(W, bf16, strided, 0, W.shape[0], out)
     assert np.abs(out - ref[:3]).max() <= 1e-5 * np.abs(ref).max()
+
+
+def _quantized_weights(t: int, n_out: int, n_in: int, rng: np.random.Generator):
+    """(prepared kernel arrays, float64 values) of random weights [n_out, n_in] quantized to ggml type t."""
+    from gguf import quants
+
+    from archrun import kernels, quant
+
+    raw = quants.quantize(rng.standard_normal((n_out, n_in)).astype(np.float32), t).view(np.uint8)
+    return kernels.prepare(raw, int(t), n_in).arrays, quant.dequantize(raw, int(t), (n_out, n_in)).astype(np.float64)
+
+
+@pytest.mark.skipif(not simd.VNNI, reason="no AVX-512 VNNI here")
+@pytest.mark.parametrize("t", [3, 8], ids=["Q4_1", "Q8_0"])
+def test_row_tiles_give_each_row_its_bits_alone_and_the_quantized_product(t):
+    """dots' VNNI row tiles (Q4_1, Q8_0): in a product of 1..9 rows (tiles of 4, 2 and 1) every row is the
+    same bits as that row alone; every row equals the float64 product of the dequantized weights with the
+    row's 8-bit activation blocks to float32 rounding (the block sums are exact integers), and the lane
+    loops give the same values to that rounding. An odd n_out leaves the last group's padding unwritten."""
+    rng = np.random.default_rng(11)
+    arrays, dense = _quantized_weights(t, 70, 96, rng)
+    x = rng.standard_normal((9, 96)).astype(np.float32)
+    X, DX, QH = dots._quantized(x)
+    xq = X.astype(np.float64) * DX.astype(np.float64)[:, :, None]  # the activation blocks the kernels multiply
+    ref = xq.reshape(9, 96) @ dense.T
+    loops = {3: dots._q4_1_loops, 8: dots._q8_0_loops}[t]
+    for n in range(1, 10):
+        out = np.full((n, 70), np.nan, np.float32)
+        dots.KERNELS[t](*arrays, x[:n], out, 1)
+        assert np.abs(out - ref[:n]).max() <= 1e-5 * np.abs(ref).max(), n
+        for i in range(n):
+            alone = np.empty((1, 70), np.float32)
+            dots.KERNELS[t](*arrays, x[i:i + 1], alone, 1)
+            assert np.array_equal(alone[0].view(np.uint32), out[i].view(np.uint32)), (n, i)
+    lo = np.empty((9, 70), np.float32)
+    loops(*arrays, X, DX, QH, 0, arrays[0].shape[0], lo)
+    assert np.abs(lo - ref).max() <= 1e-5 * np.abs(ref).max()

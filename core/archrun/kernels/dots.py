@@ -294,7 +294,7 @@ def q4_0(W, D, X, DX, QH, g0, g1, out):
 
 
 @njit(**JIT)
-def q4_1(W, D, M, X, DX, QH, g0, g1, out):
+def _q4_1_loops(W, D, M, X, DX, QH, g0, g1, out):
     """Q4_1: d * q + m. Block dot = dx * (d * sum(q x) + m * Sx)."""
     n, nb = DX.shape
     s = np.empty(LANES, np.int16)
@@ -387,7 +387,7 @@ def _bytes(X):
 
 
 @njit(**JIT)
-def q8_0(W, D, X, DX, QH, g0, g1, out):
+def _q8_0_loops(W, D, X, DX, QH, g0, g1, out):
     """Q8_0: d * q, q int8 (quad layout). Block dot = d * dx * isum, isum exact in int32."""
     n, nb = DX.shape
     X8 = _bytes(X)
@@ -405,6 +405,75 @@ def q8_0(W, D, X, DX, QH, g0, g1, out):
                 for g in range(a.shape[0]):
                     a[g] += d[g] * (dx * _F32(isum[g]))
         _store(out, acc, grp)
+
+
+# -- AVX-512 VNNI: each block unpacked once for a tile of up to 4 rows (simd.q4_1_rows_*, q8_0_rows_*) --
+# The same kernel serves one row (a decode step) and many (a batch, a verification span): a row takes the
+# same IEEE operations in the same order in a tile of any size, so batched rows keep their one-token bits.
+
+ROW_TILE = 4  # rows a tile (simd.*_rows_4)
+
+
+@njit(**_INLINE)
+def _tile_rows(n, t0):
+    """Rows of the next tile from row t0 of n: 4, 2 or 1 (the compiled tile sizes)."""
+    r = n - t0
+    return ROW_TILE if r >= ROW_TILE else (2 if r >= 2 else 1)
+
+
+@njit(**_INLINE)
+def _store_tile(out, acc, grp, t0, rows):
+    """out[t0 + r, grp*LANES + g] = acc[r, g] for the tile's rows and the group's valid lanes."""
+    r0 = grp * LANES
+    m = min(LANES, out.shape[1] - r0)
+    for r in range(rows):
+        for g in range(m):
+            out[t0 + r, r0 + g] = acc[r, g]
+
+
+@njit(**JIT)
+def _q4_1_tiles(W, D, M, X, DX, QH, g0, g1, out):
+    """Q4_1 (as _q4_1_loops) in row tiles: acc = fma(m, dx * Sx, fma(d, dx * sum(q x), acc)) per block."""
+    n = DX.shape[0]
+    acc = np.empty((ROW_TILE, LANES), _F32)
+    for grp in range(g0, g1):
+        w, d, m = W[grp], D[grp], M[grp]
+        t0 = 0
+        while t0 < n:
+            rows = _tile_rows(n, t0)
+            if rows == ROW_TILE:
+                simd.q4_1_rows_4(w, d, m, X, DX, QH, t0, acc)
+            elif rows == 2:
+                simd.q4_1_rows_2(w, d, m, X, DX, QH, t0, acc)
+            else:
+                simd.q4_1_rows_1(w, d, m, X, DX, QH, t0, acc)
+            _store_tile(out, acc, grp, t0, rows)
+            t0 += rows
+
+
+@njit(**JIT)
+def _q8_0_tiles(W, D, X, DX, QH, g0, g1, out):
+    """Q8_0 (as _q8_0_loops) in row tiles: acc = fma(d, dx * sum(q x), acc) per block."""
+    n = DX.shape[0]
+    acc = np.empty((ROW_TILE, LANES), _F32)
+    for grp in range(g0, g1):
+        w, d = W[grp], D[grp]
+        t0 = 0
+        while t0 < n:
+            rows = _tile_rows(n, t0)
+            if rows == ROW_TILE:
+                simd.q8_0_rows_4(w, d, X, DX, QH, t0, acc)
+            elif rows == 2:
+                simd.q8_0_rows_2(w, d, X, DX, QH, t0, acc)
+            else:
+                simd.q8_0_rows_1(w, d, X, DX, QH, t0, acc)
+            _store_tile(out, acc, grp, t0, rows)
+            t0 += rows
+
+
+# the decode kernels of these types: tiles where the host has AVX-512 VNNI, else the lane loops
+q4_1 = _q4_1_tiles if simd.VNNI else _q4_1_loops
+q8_0 = _q8_0_tiles if simd.VNNI else _q8_0_loops
 
 
 @njit(**JIT)
@@ -670,9 +739,11 @@ def q6_k_run(W, D, SC, x, out, chunks):
 # ggml type -> the block dot its decode kernel runs (what bench_kernels.py --products reports)
 _SIMD = simd.AVX2
 DOT_PATHS = {
-    2: "simd.nibbles_dot" if _SIMD else "loops", 3: "simd.nibbles_dot" if _SIMD else "loops",
+    2: "simd.nibbles_dot" if _SIMD else "loops",
+    3: "simd.q4_1_rows" if simd.VNNI else "simd.nibbles_dot" if _SIMD else "loops",
     6: "simd.fives_dot" if _SIMD else "loops", 7: "simd.fives_dot" if _SIMD else "loops",
-    8: "simd.q8_quads_dot" if _SIMD else "loops", 10: "simd.crumbs_dot" if _SIMD else "loops",
+    8: "simd.q8_0_rows" if simd.VNNI else "simd.q8_quads_dot" if _SIMD else "loops",
+    10: "simd.crumbs_dot" if _SIMD else "loops",
     11: "simd.nibbles_halves_dot" if _SIMD else "loops", 12: "simd.nibbles_dot" if _SIMD else "loops",
     13: "simd.fives_dot" if _SIMD else "loops", 14: "simd.bytes_halves_dot" if _SIMD and LANES == 32 else "loops",
 }

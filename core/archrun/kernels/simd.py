@@ -539,3 +539,171 @@ def _half_rows_intrinsic(rows: int, bf16: bool):
 # half_rows_<rows>[_bf16](W, X, t0, acc): see _half_rows_codegen (float16 needs F16C; floatmm picks them)
 half_rows_1, half_rows_2, half_rows_4 = (_half_rows_intrinsic(r, False) for r in (1, 2, 4))
 half_rows_1_bf16, half_rows_2_bf16, half_rows_4_bf16 = (_half_rows_intrinsic(r, True) for r in (1, 2, 4))
+
+
+# -- decode rows of Q4_1 on AVX-512 VNNI: the block unpacked once for a tile of rows (kernels.dots) --------
+# A row group's Q4_1 words (W uint16 [nb, 8 * LANES]: word j of lane l at j * LANES + l holds elements
+# 4j..4j+3, 4 bits each) become one int32 per lane and word in registers, one element a byte
+# (s = (v | v << 8) & 0x00FF00FF; (s | s << 4) & 0x0F0F0F0F), and go into `vpdpbusd` with each row's four
+# int8 activations of those elements (the block's int16 activations narrowed in registers): exact int32
+# block sums sum(q x), scaled per block and row as acc = fma(m, dx * sx, fma(d, dx * float(isum), acc))
+# in float32 accumulators that stay in registers over all blocks (sx: the block's integer sum of x). Each
+# row takes the same IEEE operations in the same order whatever the tile's size, so a row gives the same
+# bits alone and beside others.
+
+Q4_ROW_TILE = 4  # rows a tile (their int32 sums and float accumulators: 4 x 2 + 4 x 2 zmm)
+
+
+def _q4_1_rows_codegen(rows: int):
+    """IR of q4_1_rows_<rows>(W, D, M, X, DX, QH, t0, acc): acc f32 [rows, LANES] for rows t0.. of the
+    int16 activations X [n, nb, 32] (values in [-127, 127]), their scales DX f32 [n, nb] and half sums QH
+    int16 [n, nb, 2], against group W uint16 [nb, 8 * LANES] with scales D and minima M f32 [nb, LANES]."""
+    half = LANES // 2
+    v16i, v32i = ir.VectorType(_I16, LANES), ir.VectorType(_I32, LANES)
+    lo, hi = ir.Constant(ir.VectorType(_I32, half), list(range(half))), \
+        ir.Constant(ir.VectorType(_I32, half), list(range(half, LANES)))
+    spread = [ir.Constant(ir.VectorType(_I32, half), [j] * half) for j in range(QB // 4)]
+
+    def codegen(context, builder, sig, args):
+        W, D, M, X, DX, QH, acc = _arrays(context, builder, sig, args)
+        t0 = args[6]
+        nb = cgutils.unpack_tuple(builder, W.shape)[0]
+        wp, dp, mp = _ptr(builder, W, v16i), _ptr(builder, D, _V16F32), _ptr(builder, M, _V16F32)
+        xp, dxp, hp = _ptr(builder, X, ir.VectorType(_I16, QB)), _ptr(builder, DX, _F32T), _ptr(builder, QH, _I16)
+        dot = _declare(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [_V16I32] * 3)
+        fma = _declare(builder, "llvm.fma.v16f32", _V16F32, [_V16F32] * 3)
+        k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        m8, m4, c8, c4 = (ir.Constant(v32i, [c] * LANES) for c in (0x00FF00FF, 0x0F0F0F0F, 8, 4))
+        facc = [[cgutils.alloca_once_value(builder, ir.Constant(_V16F32, None)) for _ in range(2)]
+                for _ in range(rows)]
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            tb = [builder.add(builder.mul(builder.add(t0, k(r)), nb), b) for r in range(rows)]  # (t, b) in [n, nb]
+            xq = [builder.bitcast(builder.trunc(builder.load(builder.gep(xp, [tb[r]]), align=2),
+                                                ir.VectorType(_I8, QB)), _V8I32) for r in range(rows)]
+            ia = [[ir.Constant(_V16I32, None)] * 2 for _ in range(rows)]
+            for j in range(QB // 4):
+                v = builder.zext(builder.load(builder.gep(wp, [builder.add(builder.mul(b, k(8)), k(j))]), align=2),
+                                 v32i)
+                t = builder.and_(builder.or_(v, builder.shl(v, c8)), m8)
+                u = builder.and_(builder.or_(t, builder.shl(t, c4)), m4)
+                uh = [builder.shuffle_vector(u, u, m) for m in (lo, hi)]
+                for r in range(rows):
+                    x = builder.shuffle_vector(xq[r], xq[r], spread[j])
+                    ia[r] = [builder.call(dot, [ia[r][h], uh[h], x]) for h in range(2)]
+            d = [builder.load(builder.gep(dp, [builder.add(builder.mul(b, k(2)), k(h))]), align=4) for h in range(2)]
+            m = [builder.load(builder.gep(mp, [builder.add(builder.mul(b, k(2)), k(h))]), align=4) for h in range(2)]
+            for r in range(rows):
+                dx = builder.load(builder.gep(dxp, [tb[r]]))
+                h0 = builder.sext(builder.load(builder.gep(hp, [builder.mul(tb[r], k(2))])), _I32)
+                h1 = builder.sext(builder.load(builder.gep(hp, [builder.add(builder.mul(tb[r], k(2)), k(1))])), _I32)
+                sx = builder.sitofp(builder.add(h0, h1), _F32T)
+                dsx = _splat(builder, builder.fmul(dx, sx), _V16F32)
+                dxv = _splat(builder, dx, _V16F32)
+                for h in range(2):
+                    f = builder.fmul(builder.sitofp(ia[r][h], _V16F32), dxv)
+                    a = builder.call(fma, [d[h], f, builder.load(facc[r][h])])
+                    builder.store(builder.call(fma, [m[h], dsx, a]), facc[r][h])
+        out = _ptr(builder, acc, _V16F32)
+        for r in range(rows):
+            for h in range(2):
+                builder.store(builder.load(facc[r][h]), builder.gep(out, [k(2 * r + h)]), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _q4_1_rows_intrinsic(rows: int):
+    @intrinsic
+    def q4_1_rows(typingctx, W, D, M, X, DX, QH, t0, acc):
+        if not all(isinstance(a, types.Array) for a in (W, D, M, X, DX, QH, acc)):
+            return None
+        if not isinstance(t0, types.Integer):
+            return None
+        return types.void(W, D, M, X, DX, QH, types.int64, acc), _q4_1_rows_codegen(rows)
+
+    q4_1_rows.__doc__ = f"acc f32 [{rows}, LANES] = Q4_1 row group times {rows} activation rows (VNNI)"
+    return q4_1_rows
+
+
+# q4_1_rows_<rows>(W, D, M, X, DX, QH, t0, acc): see _q4_1_rows_codegen (AVX-512 VNNI hosts; dots picks it)
+q4_1_rows_1, q4_1_rows_2, q4_1_rows_4 = (_q4_1_rows_intrinsic(r) for r in (1, 2, 4))
+
+
+# -- decode rows of Q8_0 on AVX-512 VNNI: the block read once for a tile of rows (kernels.dots) ----------
+# A row group's Q8_0 bytes in quads (W int8 [nb, QB * LANES]: element e of lane l at (e // 4) * 4 * LANES
+# + 4 * l + e % 4, so 64 bytes hold 4 elements of 16 lanes, one int32 each) go into `vpdpbusd` as
+# unsigned bytes w + 128 (w ^ 0x80, once per tile) with each row's four int8 activations of those elements:
+# exact int32 sums sum((w + 128) x), less 128 * sum(x) (the block's half sums), give sum(w x) exactly.
+# Each row's float steps, acc = fma(d, dx * float(isum), acc), are the same whatever the tile's size.
+
+
+def _q8_0_rows_codegen(rows: int):
+    """IR of q8_0_rows_<rows>(W, D, X, DX, QH, t0, acc): acc f32 [rows, LANES] for rows t0.. of the int16
+    activations X [n, nb, 32], scales DX f32 [n, nb] and half sums QH int16 [n, nb, 2], against group W
+    int8 [nb, QB * LANES] (quads) with scales D f32 [nb, LANES]."""
+    half = LANES // 16  # int32 registers a quad of elements: 16 lanes each
+    spread = [ir.Constant(ir.VectorType(_I32, 16), [j] * 16) for j in range(QB // 4)]
+
+    def codegen(context, builder, sig, args):
+        W, D, X, DX, QH, acc = _arrays(context, builder, sig, args)
+        t0 = args[5]
+        nb = cgutils.unpack_tuple(builder, W.shape)[0]
+        wp, dp = _ptr(builder, W, _V16I32), _ptr(builder, D, _V16F32)
+        xp, dxp, hp = _ptr(builder, X, ir.VectorType(_I16, QB)), _ptr(builder, DX, _F32T), _ptr(builder, QH, _I16)
+        dot = _declare(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [_V16I32] * 3)
+        fma = _declare(builder, "llvm.fma.v16f32", _V16F32, [_V16F32] * 3)
+        k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        flip = ir.Constant(_V16I32, [-0x7F7F7F80] * 16)  # 0x80808080: w + 128 as unsigned bytes
+        facc = [[cgutils.alloca_once_value(builder, ir.Constant(_V16F32, None)) for _ in range(half)]
+                for _ in range(rows)]
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            tb = [builder.add(builder.mul(builder.add(t0, k(r)), nb), b) for r in range(rows)]  # (t, b) in [n, nb]
+            xq = [builder.bitcast(builder.trunc(builder.load(builder.gep(xp, [tb[r]]), align=2),
+                                                ir.VectorType(_I8, QB)), _V8I32) for r in range(rows)]
+            # int32 sums start at -128 * sum(x): the offset of w + 128, exact
+            off = []
+            for r in range(rows):
+                h0 = builder.sext(builder.load(builder.gep(hp, [builder.mul(tb[r], k(2))])), _I32)
+                h1 = builder.sext(builder.load(builder.gep(hp, [builder.add(builder.mul(tb[r], k(2)), k(1))])), _I32)
+                off.append(_splat(builder, builder.mul(builder.add(h0, h1), ir.Constant(_I32, -128)), _V16I32))
+            ia = [[off[r]] * half for r in range(rows)]
+            wb = builder.mul(b, k(QB // 4 * half))
+            for j in range(QB // 4):
+                u = [builder.xor(builder.load(builder.gep(wp, [builder.add(wb, k(j * half + h))]), align=1), flip)
+                     for h in range(half)]
+                for r in range(rows):
+                    x = builder.shuffle_vector(xq[r], xq[r], spread[j])
+                    ia[r] = [builder.call(dot, [ia[r][h], u[h], x]) for h in range(half)]
+            d = [builder.load(builder.gep(dp, [builder.add(builder.mul(b, k(half)), k(h))]), align=4)
+                 for h in range(half)]
+            for r in range(rows):
+                dxv = _splat(builder, builder.load(builder.gep(dxp, [tb[r]])), _V16F32)
+                for h in range(half):
+                    f = builder.fmul(dxv, builder.sitofp(ia[r][h], _V16F32))
+                    builder.store(builder.call(fma, [d[h], f, builder.load(facc[r][h])]), facc[r][h])
+        out = _ptr(builder, acc, _V16F32)
+        for r in range(rows):
+            for h in range(half):
+                builder.store(builder.load(facc[r][h]), builder.gep(out, [k(half * r + h)]), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _q8_0_rows_intrinsic(rows: int):
+    @intrinsic
+    def q8_0_rows(typingctx, W, D, X, DX, QH, t0, acc):
+        if not all(isinstance(a, types.Array) for a in (W, D, X, DX, QH, acc)):
+            return None
+        if not isinstance(t0, types.Integer):
+            return None
+        return types.void(W, D, X, DX, QH, types.int64, acc), _q8_0_rows_codegen(rows)
+
+    q8_0_rows.__doc__ = f"acc f32 [{rows}, LANES] = Q8_0 row group times {rows} activation rows (VNNI)"
+    return q8_0_rows
+
+
+# q8_0_rows_<rows>(W, D, X, DX, QH, t0, acc): see _q8_0_rows_codegen (AVX-512 VNNI hosts; dots picks it)
+q8_0_rows_1, q8_0_rows_2, q8_0_rows_4 = (_q8_0_rows_intrinsic(r) for r in (1, 2, 4))
