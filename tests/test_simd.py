@@ -262,14 +262,19 @@ def test_row_tiles_give_each_row_its_bits_alone_and_the_quantized_product(t):
     xq = X.astype(np.float64) * DX.astype(np.float64)[:, :, None]  # the activation blocks the kernels multiply
     ref = xq.reshape(9, 96) @ dense.T
     loops = {3: dots._q4_1_loops, 8: dots._q8_0_loops}[t]
+    tiles = {3: dots._q4_1_tiles, 8: dots._q8_0_tiles}[t]
+
+    def product(rows):
+        Xr, DXr, QHr = dots._quantized(rows)
+        out = np.full((rows.shape[0], 70), np.nan, np.float32)
+        tiles(*arrays, Xr, DXr, QHr, 0, arrays[0].shape[0], out)
+        return out
+
     for n in range(1, 10):
-        out = np.full((n, 70), np.nan, np.float32)
-        dots.KERNELS[t](*arrays, x[:n], out, 1)
+        out = product(x[:n])
         assert np.abs(out - ref[:n]).max() <= 1e-5 * np.abs(ref).max(), n
         for i in range(n):
-            alone = np.empty((1, 70), np.float32)
-            dots.KERNELS[t](*arrays, x[i:i + 1], alone, 1)
-            assert np.array_equal(alone[0].view(np.uint32), out[i].view(np.uint32)), (n, i)
+            assert np.array_equal(product(x[i:i + 1])[0].view(np.uint32), out[i].view(np.uint32)), (n, i)
     lo = np.empty((9, 70), np.float32)
     loops(*arrays, X, DX, QH, 0, arrays[0].shape[0], lo)
     assert np.abs(lo - ref).max() <= 1e-5 * np.abs(ref).max()

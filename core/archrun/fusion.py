@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from numba.core.errors import TypingError
 
-from archrun.errors import ContextOverflow
+from archrun.errors import ContextOverflow, InvalidRequest
 from archrun.kernels import block, layer, pool, qmatrix
 from archrun.kernels.lists import typed_list
 from archrun.kernels.parts import NO_ROPE, Part, compiled_for, slot_part
@@ -99,7 +99,7 @@ class FusedBlock:
         if self._args is None:
             self._args = (typed_list([self.layer_args]), np.int64(0))
         if self._rope >= 0:
-            cos, sin = angles[self._rope]
+            cos, sin = (np.ascontiguousarray(a) for a in angles[self._rope])  # the pool's workers read addresses
         else:
             cos = sin = np.empty((x.shape[0], 0), np.float32)
         chunks = qmatrix.current_threads() if self._parallel and par is pool.NO_POOL else 1
@@ -289,10 +289,18 @@ class DecodeSteps:
             if self._pool is not None:
                 self._pool.rest()
             self._pool = pool.DecodePool([ms for ms, _ in self._groups], max_in * cap, max_out * cap, block.serve,
-                                         tuple(self._tasks))
+                                         tuple(self._tasks), self._shared_layers())
             self._pool_rows = cap
             self._pool.warm_up()  # compile the workers' loop here, not in a worker during a step
         return self._pool
+
+    def _shared_layers(self) -> Any:
+        """The typed list of arguments every dense layer reads (`_share_dense_args`), which the pool's
+        workers then hold for the attention of a batch's sequences; None when the layers keep lists of
+        their own."""
+        dense = [fb for fb in self.blocks or () if fb.dense]
+        lists = {id(fb._args[0]) if fb._args is not None else None for fb in dense}
+        return dense[0]._args[0] if dense and None not in lists and len(lists) == 1 else None
 
     def slot_lists(self, caches: list, blocks: list[FusedBlock]) -> Any:
         """decode_rows' `slots`: a typed list per cache of its layers' (k, v, kpos, ring) arrays as `blocks`
@@ -303,10 +311,12 @@ class DecodeSteps:
             if kept is None or len(kept[0]) != len(cache.slots) or any(
                     a is not b for a, b in zip(kept[0], cache.slots, strict=True)):
                 arrays = [fb._slot_arrays(slot) for fb, slot in zip(blocks, cache.slots, strict=True)]
-                for k, _, _, ring in arrays:
+                for k, v, kpos, ring in arrays:
                     if not ring and k.shape[0] < cache.capacity:  # the kernel does not bounds-check
                         raise ContextOverflow(f"a cache slot holds {k.shape[0]} rows, fewer than the cache's "
                                               f"capacity {cache.capacity}")
+                    if not all(a.flags.c_contiguous for a in (k, v, kpos)):  # the pool's workers read addresses
+                        raise InvalidRequest("a cache slot's arrays must be C-contiguous for the multi-row kernel")
                 kept = (tuple(cache.slots), typed_list([(k, v, kpos, bool(ring)) for k, v, kpos, ring in arrays]))
                 self._slot_lists[cache] = kept
             lists.append(kept[1])

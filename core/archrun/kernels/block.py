@@ -291,10 +291,11 @@ def _pooled_rows(par, gid, ms, xf, y):
 
 
 @njit(**JIT)
-def serve(ctrl, groups, tasks, pxf, xq, dq, hq, py, idle_ticks, idle_spins):
+def serve(ctrl, groups, tasks, layers, pxf, xq, dq, hq, py, idle_ticks, idle_spins):
     """A pool worker: compute claimed chunks of published jobs (groups[gid]: 3 uniform matrices;
-    tasks[id]: a task's function value, called with the pool's args block) until the pool says sleep,
-    or no job came for idle_ticks time-stamp ticks (or idle_spins spins)."""
+    tasks[id]: a task's function value, called with the pool's args block; pool.ROWS_JOB: the attention
+    of a batch's rows of the dense layer layers[i], kernels.layer.attend_run; layers None: no such jobs)
+    until the pool says sleep, or no job came for idle_ticks time-stamp ticks (or idle_spins spins)."""
     par = (ctrl, pxf, xq, dq, hq, py)
     idle = 0
     last = atomics.ticks()
@@ -302,7 +303,11 @@ def serve(ctrl, groups, tasks, pxf, xq, dq, hq, py, idle_ticks, idle_spins):
         c, w = pool.claim(ctrl)
         if c >= 0:
             gid = pool.job_group(w)
-            if gid >= pool.TASK_BIT:
+            if gid == pool.ROWS_JOB:
+                if layers is not None:
+                    layer.attend_run_of(layers, ctrl[pool.ARGS:], c)
+                atomics.add(ctrl, pool.WORKER_TASK_CHUNKS, 1)
+            elif gid >= pool.TASK_BIT:
                 tasks[gid - pool.TASK_BIT][0](ctrl[pool.ARGS:], c)
                 atomics.add(ctrl, pool.WORKER_TASK_CHUNKS, 1)
             else:
@@ -347,3 +352,7 @@ def pooled_product(par, gid, ms, xf, y, chunks):
         _pooled_rows(par, gid, ms, xf, y)
     else:
         product_rows(ms, xf, y, chunks)
+
+
+# kernels.layer builds on this module (its products); serve calls back into it for ROWS_JOB
+from archrun.kernels import layer  # noqa: E402

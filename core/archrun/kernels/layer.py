@@ -40,7 +40,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from archrun.kernels import pool
 from archrun.kernels._jit import JIT
+from archrun.kernels.addresses import address, array_at
 from archrun.kernels.block import product_group, product_group_rows
 
 _F32 = np.float32
@@ -211,6 +213,111 @@ def _row_slot(slots, li, s, pos):
     return kc, vc, kpos, ring, pos % kc.shape[0] if ring else pos
 
 
+# -- the attention of a batch's sequences on the decode pool (pool.ROWS_JOB) ---------------------------
+# Rows of different sequences attend independently, so with the pool running, decode_rows publishes a
+# layer's attention as one job whose chunks are the batch's runs of rows of one sequence (a span's rows
+# stay in order within its chunk); the step's thread and the workers claim them as a product's chunks.
+# A chunk calls every row's attention part exactly as the serial loop does, with no pool of its own (a
+# long row's split attention then runs its chunks in order: the same bits, kernels.parts), so a row's
+# result does not depend on the thread that ran it. The job's arguments (int64, R_*) are addresses of
+# the step's arrays (kernels.addresses) and a table of each run's cache slot (T_*).
+
+R_LAYER, R_N, R_Y, R_YW, R_ATT, R_AW, R_COS, R_SIN, R_ROT, R_POS, R_RUNS, R_TABLE, R_ARGS = range(13)
+T_KC, T_VC, T_KPOS, T_CAP, T_KW, T_VW, T_NPOS, T_RING, T_FIELDS = range(9)
+
+
+@njit(**JIT)
+def attend_run(vecs, geo, fns, params, args, c):
+    """Chunk c of a ROWS_JOB with the layer's vecs/geo/fns/params: the attention of run c's rows."""
+    n, rot = args[R_N], args[R_ROT]
+    Y = array_at(args[R_Y], (n, args[R_YW]), _F32)
+    ATT = array_at(args[R_ATT], (n, args[R_AW]), _F32)
+    cos, sin = array_at(args[R_COS], (n, rot), _F32), array_at(args[R_SIN], (n, rot), _F32)
+    pos = array_at(args[R_POS], (n,), np.int64)
+    bounds = array_at(args[R_RUNS], (n + 1,), np.int64)
+    t = array_at(args[R_TABLE], (n, T_FIELDS), np.int64)[c]
+    kv, cap = geo[G_KV], t[T_CAP]
+    kc = array_at(t[T_KC], (cap, kv, t[T_KW]), _F32)
+    vc = array_at(t[T_VC], (cap, kv, t[T_VW]), _F32)
+    kpos = array_at(t[T_KPOS], (t[T_NPOS],), np.int64)
+    ring = t[T_RING] != 0
+    no_pool = np.empty(0, np.int64)
+    for j in range(bounds[c], bounds[c + 1]):
+        row = pos[j] % cap if ring else pos[j]
+        _attend_row(Y[j], vecs, geo, fns, params, kc, vc, kpos, ring, row, pos[j], cos[j], sin[j], ATT[j], no_pool)
+
+
+@njit(**JIT)
+def attend_run_of(layers, args, c):
+    """attend_run for a pool worker: the layer's arguments from the dense layers' list."""
+    qkv, o_mat, gate_up, down, vecs, geo, fns, params = layers[args[R_LAYER]]
+    attend_run(vecs, geo, fns, params, args, c)
+
+
+@njit(**_STEP)
+def _runs(seq):
+    """Row bounds int64 [runs + 1] of seq's runs of equal sequence ids."""
+    n = seq.shape[0]
+    cuts = 1
+    for j in range(1, n):
+        cuts += seq[j] != seq[j - 1]
+    bounds = np.empty(cuts + 1, np.int64)
+    r = 0
+    bounds[0] = 0
+    for j in range(1, n):
+        if seq[j] != seq[j - 1]:
+            r += 1
+            bounds[r] = j
+    bounds[cuts] = n
+    return bounds
+
+
+@njit(**_STEP)
+def _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq, geo):
+    """The ROWS_JOB's arguments for dense layer i (list index) = trunk layer li, and its slot table."""
+    runs = bounds.shape[0] - 1
+    table = np.zeros((Y.shape[0], T_FIELDS), np.int64)
+    for r in range(runs):
+        kc, vc, kpos, ring = slots[seq[bounds[r]]][li]
+        table[r, T_KC], table[r, T_VC], table[r, T_KPOS] = address(kc), address(vc), address(kpos)
+        table[r, T_CAP], table[r, T_KW], table[r, T_VW] = kc.shape[0], kc.shape[2], vc.shape[2]
+        table[r, T_NPOS], table[r, T_RING] = kpos.shape[0], ring
+    args = np.zeros(R_ARGS, np.int64)
+    args[R_LAYER], args[R_N], args[R_ROT] = i, Y.shape[0], cos.shape[1]
+    args[R_Y], args[R_YW], args[R_ATT], args[R_AW] = address(Y), Y.shape[1], address(ATT), ATT.shape[1]
+    args[R_COS], args[R_SIN], args[R_POS] = address(cos), address(sin), address(pos)
+    args[R_RUNS], args[R_TABLE] = address(bounds), address(table)
+    return args, table
+
+
+@njit(**_STEP)
+def _attend_rows(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, par):
+    """Every row's attention (Y's q|k|v -> ATT): a ROWS_JOB when the running pool takes it and the rows
+    belong to several sequences, else in order on this thread."""
+    ctrl = par[0]
+    bounds = _runs(seq)
+    runs = bounds.shape[0] - 1
+    if runs > 1 and runs <= pool.MAX_CHUNKS and pool.shares_rows(ctrl):
+        args, table = _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq, geo)
+        shared = pool.publish_rows(ctrl, args, runs)
+        while True:
+            c, w = pool.claim(ctrl)
+            if c == -1:
+                break
+            if c >= 0:
+                attend_run(vecs, geo, fns, params, shared, c)
+                pool.done(ctrl)
+        pool.wait_done(ctrl, runs)
+        # never true: a use of Y, bounds and table after the wait (numba frees an array after its last use,
+        # and the chunks read and write them by address)
+        if bounds[0] != 0 or table[0, T_CAP] < 0 or Y.shape[0] < 0:
+            ATT[0, 0] = 0.0
+        return
+    for j in range(Y.shape[0]):  # in order: a span's later rows see the K/V its earlier rows stored
+        kc, vc, kpos, ring, row = _row_slot(slots, li, seq[j], pos[j])
+        _attend_row(Y[j], vecs, geo, fns, params, kc, vc, kpos, ring, row, pos[j], cos[j], sin[j], ATT[j], ctrl)
+
+
 @njit(**JIT)
 def decode_rows(X, layers, i, slots, li, seq, pos, cos, sin, chunks, par):
     """decode_layer on every row of X f32 [N, d] (updated in place): one token of each of several
@@ -218,8 +325,10 @@ def decode_rows(X, layers, i, slots, li, seq, pos, cos, sin, chunks, par):
 
     Row j is the token of sequence seq[j] at position pos[j]; its K/V go to that sequence's cache:
     slots[seq[j]][li] = (kc, vc, kpos, ring) of layer li (a typed list per sequence, see
-    archrun.fusion.DecodeSteps.slot_lists). cos/sin f32 [N, n_rot / 2]: row j's rotary angles.
-    Rows run their attention in order, so a span's row j sees its rows before j.
+    archrun.fusion.DecodeSteps.slot_lists; C-contiguous arrays, as pos and cos/sin). cos/sin f32
+    [N, n_rot / 2]: row j's rotary angles. A span's rows run their attention in order, so its row j
+    sees its rows before j; the runs of rows of different sequences share the running pool when it
+    holds `layers` (pool.ROWS_JOB).
 
     Every per-row part is the one-token step's own (the same parts, called the same way), and each
     product reads every weight block once for all N rows while computing each row exactly as the
@@ -234,9 +343,7 @@ def decode_rows(X, layers, i, slots, li, seq, pos, cos, sin, chunks, par):
     Y = np.empty((n, _qkv_width(geo)), _F32)
     product_group_rows(par, geo[G_QKV], qkv, H, Y, chunks)
     ATT = np.empty((n, geo[G_HEADS] * geo[G_VD]), _F32)
-    for j in range(n):  # in order: a span's later rows see the K/V its earlier rows stored
-        kc, vc, kpos, ring, row = _row_slot(slots, li, seq[j], pos[j])
-        _attend_row(Y[j], vecs, geo, fns, params, kc, vc, kpos, ring, row, pos[j], cos[j], sin[j], ATT[j], par[0])
+    _attend_rows(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, par)
     A = np.empty((n, d), _F32)
     product_group_rows(par, geo[G_O], o_mat, ATT, A, chunks)
     G = np.empty((n, d), _F32)

@@ -37,8 +37,13 @@ worker's read and its claim).
 ctrl fields sit on separate cache lines (8 int64 apart): JOB, DONE (chunks finished), SLEEP
 (1: return to Python), N and N_IN (the job's activation shape), THREADS (threads in the step),
 WORKER_CHUNKS (chunks the workers computed, a statistic; WORKER_TASK_CHUNKS: of tasks), BACKOFF
-(tasks not to share after a stall, see `share_task`); then the args block of a task (ARG_SLOTS int64
-from ARGS).
+(tasks not to share after a stall, see `share_task`), ROWS (1: the workers hold the model's dense
+layers and take ROWS_JOB, the attention of a batch's sequences); then the args block of a task
+(ARG_SLOTS int64 from ARGS).
+
+A third kind of job, ROWS_JOB, shares the attention of a multi-row step (kernels.layer.decode_rows):
+rows of different sequences attend independently, so each chunk is one sequence's run of rows. The
+workers then need the dense layers' typed list (`layers`, given when the pool is built).
 
 A task's chunks are long (~0.1-0.2 ms of streaming, a product's ~1-2 us), so on an overloaded host
 a worker is often descheduled while it holds one, and the publisher waits until it runs again
@@ -53,6 +58,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numba
 import numpy as np
@@ -63,15 +69,19 @@ from archrun.kernels._jit import JIT, QB
 from archrun.kernels.lists import typed_list
 from archrun.kernels.parts import SIGNATURES
 
-JOB, DONE, SLEEP, N, N_IN, THREADS, WORKER_CHUNKS, WORKER_TASK_CHUNKS, BACKOFF = 0, 8, 16, 24, 32, 40, 48, 56, 64
-ARGS, ARG_SLOTS = 72, 64  # a task's arguments: ctrl[ARGS:ARGS + ARG_SLOTS]
+JOB, DONE, SLEEP, N, N_IN, THREADS, WORKER_CHUNKS, WORKER_TASK_CHUNKS, BACKOFF, ROWS = (0, 8, 16, 24, 32, 40, 48, 56,
+                                                                                   64, 72)
+ARGS, ARG_SLOTS = 80, 64  # a task's arguments: ctrl[ARGS:ARGS + ARG_SLOTS]
 CTRL_SIZE = ARGS + ARG_SLOTS
 _GEN_SHIFT, _GID_SHIFT = 40, 16
 _GEN_MASK = (1 << 23) - 1
 MAX_CHUNKS = 255
 TASK_BIT = 1 << 23  # a job's group field: a task id when this bit is set, else a product group id
 MAX_GROUPS = TASK_BIT
-MAX_TASKS = TASK_BIT
+MAX_TASKS = TASK_BIT - 1
+# a job's group field for the attention of a batch's rows (kernels.layer.attend_rows): one chunk per
+# sequence's run of rows, the layer and the rows' arrays in the args block
+ROWS_JOB = 2 * TASK_BIT - 1
 # how long a worker with no job keeps spinning before it sleeps: time-stamp ticks (x86, ~3 ms
 # at 2.5 GHz) and, where there is no time-stamp counter, spins
 IDLE_TICKS = 8_000_000
@@ -154,6 +164,22 @@ def publish_task(ctrl, task, args, n_chunks):
 
 
 @njit(**_STEP)
+def shares_rows(ctrl) -> bool:
+    """Whether the running pool ctrl takes ROWS_JOB (its workers hold the model's dense layers)."""
+    return active(ctrl) and ctrl[ROWS] != 0
+
+
+@njit(**_STEP)
+def publish_rows(ctrl, args, n_chunks):
+    """Make the attention of a batch's rows (args int64 [<= ARG_SLOTS], n_chunks runs) the current job;
+    returns the pool's copy of args."""
+    shared = ctrl[ARGS:ARGS + args.shape[0]]
+    shared[:] = args
+    publish(ctrl, ROWS_JOB, n_chunks, 0, 0)
+    return shared
+
+
+@njit(**_STEP)
 def share_task(ctrl) -> bool:
     """Whether to share the next task with the running pool ctrl: it runs, and no stall backoff is on
     (each refusal counts one task of the backoff down). Called by the thread running the step only."""
@@ -223,21 +249,26 @@ class DecodePool:
 
     groups: every product group (3 uniform matrices, kernels.block.uniform) a step may publish,
     indexed by group id. max_in / max_out bound one token's activation width and a group's
-    output width. serve: the workers' jitted loop, serve(ctrl, groups, tasks, xf, xq, dq, hq, y,
-    idle_ticks, idle_spins) (kernels.block.serve). tasks: functions compiled for
-    SIGNATURES["task"] a step may publish, indexed by task id.
+    output width. serve: the workers' jitted loop, serve(ctrl, groups, tasks, layers, xf, xq, dq, hq,
+    y, idle_ticks, idle_spins) (kernels.block.serve). tasks: functions compiled for
+    SIGNATURES["task"] a step may publish, indexed by task id. layers: the model's dense layers' typed
+    list (kernels.layer's arguments, one list shared by every dense layer), with which the workers also
+    take the attention of a batch's sequences (ROWS_JOB); None: they do not.
     """
 
-    def __init__(self, groups: list[tuple], max_in: int, max_out: int, serve: Callable, tasks: tuple = ()):
+    def __init__(self, groups: list[tuple], max_in: int, max_out: int, serve: Callable, tasks: tuple = (),
+                 layers: Any = None):
         if not groups or len(groups) >= MAX_GROUPS:
             raise ValueError(f"a pool takes 1..{MAX_GROUPS - 1} product groups")
         if len(tasks) >= MAX_TASKS:
             raise ValueError(f"a pool takes at most {MAX_TASKS - 1} tasks")
         self.groups = typed_list(groups)
         self.tasks = typed_list([(fn,) for fn in tasks] or [(no_task,)])  # never empty: one numba type
+        self.layers = layers  # the dense layers' typed list (kernels.layer), or None: no ROWS_JOB
         nb = -(-max_in // QB)
         self.ctrl = np.zeros(CTRL_SIZE, np.int64)
         self.ctrl[SLEEP] = 1
+        self.ctrl[ROWS] = int(layers is not None)
         self._buffers = (np.zeros(max_in, np.float32), np.zeros(nb * QB, np.int16), np.zeros(nb, np.float32),
                          np.zeros(nb * 2, np.int16), np.zeros(max_out, np.float32))
         self._serve = serve
@@ -264,7 +295,7 @@ class DecodePool:
 
     def _start_worker(self) -> None:
         wake = threading.Event()
-        args = (self.ctrl, self.groups, self.tasks, *self._buffers, IDLE_TICKS, IDLE_SPINS)
+        args = (self.ctrl, self.groups, self.tasks, self.layers, *self._buffers, IDLE_TICKS, IDLE_SPINS)
         t = threading.Thread(target=_worker_loop, args=(wake, self._quit, self._serve, args),
                              name=f"archrun-decode-{len(self._workers) + 1}", daemon=True)
         t.start()
@@ -273,7 +304,7 @@ class DecodePool:
 
     def warm_up(self) -> None:
         """Compile (or load) the workers' loop: it returns at once while the pool sleeps."""
-        self._serve(self.ctrl, self.groups, self.tasks, *self._buffers, 1, 1)
+        self._serve(self.ctrl, self.groups, self.tasks, self.layers, *self._buffers, 1, 1)
 
     def wake(self, workers: int) -> None:
         """Start the first `workers` workers spinning (they sleep again after IDLE_TICKS without a job)."""
