@@ -20,7 +20,7 @@ from gguf.constants import GGMLQuantizationType as T
 from gguf_fixtures import random_quant_tensor
 from pool_check import assert_pool_matches_one_thread
 
-from archrun.kernels import atomics, block, dots, pool, qmatrix
+from archrun.kernels import atomics, block, dots, layer, pool, qmatrix
 
 pytestmark = pytest.mark.skipif(not pool.enabled(), reason="the pool needs the JIT (its atomics are intrinsics)")
 
@@ -81,7 +81,7 @@ def _reference(group, x, n_out):
 def test_pooled_product_is_bit_identical(types, n_outs, n_in, bias):
     rng = np.random.default_rng(sum(n_outs) + n_in)
     groups = [_group(rng, types, n_outs, n_in, bias), _group(rng, [T.Q4_0], [64], 64)]
-    p = pool.DecodePool(groups, max_in=n_in, max_out=sum(n_outs), serve=block.serve)
+    p = pool.DecodePool(groups, max_in=n_in, max_out=sum(n_outs), serve=layer.serve)
     p.warm_up()
     x = rng.standard_normal((1, n_in)).astype(np.float32)
     ref = _reference(groups[0], x, sum(n_outs))
@@ -99,7 +99,7 @@ def test_a_job_left_to_the_worker(types, n_outs, n_in, bias):
     """Published and not claimed by the caller: the worker computes every chunk, exactly."""
     rng = np.random.default_rng(7)
     group = _group(rng, types, n_outs, n_in, bias)
-    p = pool.DecodePool([group], max_in=n_in, max_out=sum(n_outs), serve=block.serve)
+    p = pool.DecodePool([group], max_in=n_in, max_out=sum(n_outs), serve=layer.serve)
     p.warm_up()
     x = rng.standard_normal((1, n_in)).astype(np.float32)
     ref, n_chunks = _reference(group, x, sum(n_outs)), 5
@@ -121,7 +121,7 @@ def test_a_job_left_to_the_worker(types, n_outs, n_in, bias):
 def test_small_or_unknown_products_stay_on_the_calling_thread():
     rng = np.random.default_rng(1)
     groups = [_group(rng, [T.Q4_0], [64], 64)]  # 2 KB of weights: below POOL_MIN_GROUP_BYTES
-    p = pool.DecodePool(groups, 64, 64, block.serve)
+    p = pool.DecodePool(groups, 64, 64, layer.serve)
     x = rng.standard_normal((1, 64)).astype(np.float32)
     ref, got = np.empty((1, 64), np.float32), np.empty((1, 64), np.float32)
     block.pooled_product(pool.NO_POOL, 0, groups[0], x, ref, 1)
@@ -134,7 +134,7 @@ def test_small_or_unknown_products_stay_on_the_calling_thread():
 
 def test_a_busy_pool_is_not_shared():
     rng = np.random.default_rng(2)
-    p = pool.DecodePool([_group(rng, [T.Q8_0], [256], 256)], 256, 256, block.serve)
+    p = pool.DecodePool([_group(rng, [T.Q8_0], [256], 256)], 256, 256, layer.serve)
     with p.running(2) as outer:
         with p.running(2) as inner:  # e.g. a second thread stepping the same model
             assert inner is pool.NO_POOL
@@ -145,7 +145,7 @@ def test_a_busy_pool_is_not_shared():
 
 def test_workers_stop_when_the_pool_is_collected():
     rng = np.random.default_rng(3)
-    p = pool.DecodePool([_group(rng, [T.Q8_0], [256], 256)], 256, 256, block.serve)
+    p = pool.DecodePool([_group(rng, [T.Q8_0], [256], 256)], 256, 256, layer.serve)
     with p.running(3):
         pass
     threads = list(p.threads)

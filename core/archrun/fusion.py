@@ -288,7 +288,7 @@ class DecodeSteps:
             max_out = max(sum(int(m[block._NOUT]) for m in ms) for ms, _ in self._groups)
             if self._pool is not None:
                 self._pool.rest()
-            self._pool = pool.DecodePool([ms for ms, _ in self._groups], max_in * cap, max_out * cap, block.serve,
+            self._pool = pool.DecodePool([ms for ms, _ in self._groups], max_in * cap, max_out * cap, layer.serve,
                                          tuple(self._tasks), self._shared_layers())
             self._pool_rows = cap
             self._pool.warm_up()  # compile the workers' loop here, not in a worker during a step

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from archrun.kernels import atomics, dots, floatmm, pool
+from archrun.kernels import dots, floatmm, pool
 from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
 from archrun.kernels.qmatrix import BF16, F16, QMatrix
 
@@ -290,42 +290,6 @@ def _pooled_rows(par, gid, ms, xf, y):
     _add_biases(ms, y)
 
 
-@njit(**JIT)
-def serve(ctrl, groups, tasks, layers, pxf, xq, dq, hq, py, idle_ticks, idle_spins):
-    """A pool worker: compute claimed chunks of published jobs (groups[gid]: 3 uniform matrices;
-    tasks[id]: a task's function value, called with the pool's args block; pool.ROWS_JOB: the attention
-    of a batch's rows of the dense layer layers[i], kernels.layer.attend_run; layers None: no such jobs)
-    until the pool says sleep, or no job came for idle_ticks time-stamp ticks (or idle_spins spins)."""
-    par = (ctrl, pxf, xq, dq, hq, py)
-    idle = 0
-    last = atomics.ticks()
-    while idle < idle_spins and atomics.ticks() - last <= idle_ticks:
-        c, w = pool.claim(ctrl)
-        if c >= 0:
-            gid = pool.job_group(w)
-            if gid == pool.ROWS_JOB:
-                if layers is not None:
-                    layer.attend_run_of(layers, ctrl[pool.ARGS:], c)
-                atomics.add(ctrl, pool.WORKER_TASK_CHUNKS, 1)
-            elif gid >= pool.TASK_BIT:
-                tasks[gid - pool.TASK_BIT][0](ctrl[pool.ARGS:], c)
-                atomics.add(ctrl, pool.WORKER_TASK_CHUNKS, 1)
-            else:
-                ms = groups[gid]
-                n_total = ms[0][_NOUT] + ms[1][_NOUT] + ms[2][_NOUT]
-                xs, X, DX, QH, ys = _pool_views(par, atomics.load(ctrl, pool.N), atomics.load(ctrl, pool.N_IN),
-                                                n_total)
-                _group_chunk(ms, c, pool.job_chunks(w), xs, X, DX, QH, ys)
-            pool.worker_done(ctrl)
-            idle = 0
-            last = atomics.ticks()
-        elif c == -1:
-            if pool.should_sleep(ctrl):
-                return
-            atomics.pause()
-            idle += 1
-
-
 @njit(**_STEP)
 def product_group_rows(par, gid, ms, xf, y, chunks):
     """y[t] = [m @ xf[t] for m in ms] for rows xf f32 [n, n_in] (see product_rows); group `gid` of the
@@ -352,7 +316,3 @@ def pooled_product(par, gid, ms, xf, y, chunks):
         _pooled_rows(par, gid, ms, xf, y)
     else:
         product_rows(ms, xf, y, chunks)
-
-
-# kernels.layer builds on this module (its products); serve calls back into it for ROWS_JOB
-from archrun.kernels import layer  # noqa: E402

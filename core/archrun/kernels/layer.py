@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from archrun.kernels import pool
+from archrun.kernels import atomics, block, pool
 from archrun.kernels._jit import JIT
 from archrun.kernels.addresses import address, array_at
 from archrun.kernels.block import product_group, product_group_rows
@@ -360,3 +360,42 @@ def decode_rows(X, layers, i, slots, li, seq, pos, cos, sin, chunks, par):
     product_group_rows(par, geo[G_DOWN], down, ACT, F, chunks)
     for j in range(n):
         join(X[j], A[j], F[j], vecs, fns, params)
+
+
+# -- the decode pool's workers ---------------------------------------------------------------------
+
+
+@njit(**JIT)
+def serve(ctrl, groups, tasks, layers, pxf, xq, dq, hq, py, idle_ticks, idle_spins):
+    """A pool worker: compute claimed chunks of published jobs (groups[gid]: 3 uniform matrices;
+    tasks[id]: a task's function value, called with the pool's args block; pool.ROWS_JOB: the attention
+    of a batch's rows of the dense layer layers[i], attend_run; layers None: no such jobs)
+    until the pool says sleep, or no job came for idle_ticks time-stamp ticks (or idle_spins spins)."""
+    par = (ctrl, pxf, xq, dq, hq, py)
+    idle = 0
+    last = atomics.ticks()
+    while idle < idle_spins and atomics.ticks() - last <= idle_ticks:
+        c, w = pool.claim(ctrl)
+        if c >= 0:
+            gid = pool.job_group(w)
+            if gid == pool.ROWS_JOB:
+                if layers is not None:
+                    attend_run_of(layers, ctrl[pool.ARGS:], c)
+                atomics.add(ctrl, pool.WORKER_TASK_CHUNKS, 1)
+            elif gid >= pool.TASK_BIT:
+                tasks[gid - pool.TASK_BIT][0](ctrl[pool.ARGS:], c)
+                atomics.add(ctrl, pool.WORKER_TASK_CHUNKS, 1)
+            else:
+                ms = groups[gid]
+                n_total = ms[0][block._NOUT] + ms[1][block._NOUT] + ms[2][block._NOUT]
+                xs, X, DX, QH, ys = block._pool_views(par, atomics.load(ctrl, pool.N), atomics.load(ctrl, pool.N_IN),
+                                                n_total)
+                block._group_chunk(ms, c, pool.job_chunks(w), xs, X, DX, QH, ys)
+            pool.worker_done(ctrl)
+            idle = 0
+            last = atomics.ticks()
+        elif c == -1:
+            if pool.should_sleep(ctrl):
+                return
+            atomics.pause()
+            idle += 1

@@ -6,7 +6,7 @@ descheduled), so such products ran on one thread and a second core did nothing. 
 replaces regions with a job word in shared memory:
 
 - while a step runs (`DecodePool.running`), each worker thread sits in a jitted spin loop
-  (kernels.block.serve, GIL released) watching the job word;
+  (kernels.layer.serve, GIL released) watching the job word;
 - the thread that runs the step publishes each product as a job (which product group, in
   how many chunks), then claims chunks itself like any worker; a worker claims the rest. A
   claim is a compare-and-swap of the whole job word, so a claim succeeds only for the job
@@ -250,7 +250,7 @@ class DecodePool:
     groups: every product group (3 uniform matrices, kernels.block.uniform) a step may publish,
     indexed by group id. max_in / max_out bound one token's activation width and a group's
     output width. serve: the workers' jitted loop, serve(ctrl, groups, tasks, layers, xf, xq, dq, hq,
-    y, idle_ticks, idle_spins) (kernels.block.serve). tasks: functions compiled for
+    y, idle_ticks, idle_spins) (kernels.layer.serve). tasks: functions compiled for
     SIGNATURES["task"] a step may publish, indexed by task id. layers: the model's dense layers' typed
     list (kernels.layer's arguments, one list shared by every dense layer), with which the workers also
     take the attention of a batch's sequences (ROWS_JOB); None: they do not.

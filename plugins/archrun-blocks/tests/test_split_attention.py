@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from archrun.descriptor import AttentionSpec
-from archrun.kernels import block, pool, qmatrix
+from archrun.kernels import block, layer, pool, qmatrix
 from archrun.kernels.parts import NO_TASK
 from archrun_blocks import fast, reference
 from archrun_blocks.decode_attention import (
@@ -127,7 +127,7 @@ def _pool():
     """A decode pool with the split attention's task (id 0) and one small product group."""
     w = np.ascontiguousarray(RNG.standard_normal((32, 32)).astype(F32).view(np.uint8))
     group = (block.uniform(qmatrix.prepare(w, 0, 32)), block.absent_matrix(), block.absent_matrix())
-    p = pool.DecodePool([group], 32, 32, block.serve, (attend_chunk,))
+    p = pool.DecodePool([group], 32, 32, layer.serve, (attend_chunk,))
     p.warm_up()
     return p
 
