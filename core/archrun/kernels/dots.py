@@ -471,11 +471,8 @@ def _q8_0_tiles(W, D, X, DX, QH, g0, g1, out):
             t0 += rows
 
 
-# the decode kernels of these types: tiles where the host has AVX-512 VNNI, else the lane loops. Q4_1's
-# tiles are not selected yet: with them, SmolLM2 drafting for itself (tests/test_batch_rows.py) accepted
-# 90% of its drafts instead of all, so some path's row no longer matches its one-token step bit for bit
-# (tests/test_simd.py and tests/test_decode_rows.py pass: the mismatch is elsewhere, not yet found)
-q4_1 = _q4_1_loops
+# the decode kernels of these types: tiles where the host has AVX-512 VNNI, else the lane loops
+q4_1 = _q4_1_tiles if simd.VNNI else _q4_1_loops
 q8_0 = _q8_0_tiles if simd.VNNI else _q8_0_loops
 
 
@@ -743,7 +740,7 @@ def q6_k_run(W, D, SC, x, out, chunks):
 _SIMD = simd.AVX2
 DOT_PATHS = {
     2: "simd.nibbles_dot" if _SIMD else "loops",
-    3: "simd.nibbles_dot" if _SIMD else "loops",
+    3: "simd.q4_1_rows" if simd.VNNI else "simd.nibbles_dot" if _SIMD else "loops",
     6: "simd.fives_dot" if _SIMD else "loops", 7: "simd.fives_dot" if _SIMD else "loops",
     8: "simd.q8_0_rows" if simd.VNNI else "simd.q8_quads_dot" if _SIMD else "loops",
     10: "simd.crumbs_dot" if _SIMD else "loops",

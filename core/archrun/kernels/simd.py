@@ -541,6 +541,13 @@ half_rows_1, half_rows_2, half_rows_4 = (_half_rows_intrinsic(r, False) for r in
 half_rows_1_bf16, half_rows_2_bf16, half_rows_4_bf16 = (_half_rows_intrinsic(r, True) for r in (1, 2, 4))
 
 
+# numba's fastmath pass gives every float multiply without flags LLVM's `fast` flags, which let LLVM
+# reassociate it with its neighbours differently in each function the kernel is inlined into (a one-token
+# step, a multi-row step): a row's bits would then depend on its caller. A multiply flagged only `nnan`
+# (no reassociation, no contraction) is left as written.
+_EXACT = ("nnan",)
+
+
 # -- decode rows of Q4_1 on AVX-512 VNNI: the block unpacked once for a tile of rows (kernels.dots) --------
 # A row group's Q4_1 words (W uint16 [nb, 8 * LANES]: word j of lane l at j * LANES + l holds elements
 # 4j..4j+3, 4 bits each) become one int32 per lane and word in registers, one element a byte
@@ -598,10 +605,10 @@ def _q4_1_rows_codegen(rows: int):
                 h0 = builder.sext(builder.load(builder.gep(hp, [builder.mul(tb[r], k(2))])), _I32)
                 h1 = builder.sext(builder.load(builder.gep(hp, [builder.add(builder.mul(tb[r], k(2)), k(1))])), _I32)
                 sx = builder.sitofp(builder.add(h0, h1), _F32T)
-                dsx = _splat(builder, builder.fmul(dx, sx), _V16F32)
+                dsx = _splat(builder, builder.fmul(dx, sx, flags=_EXACT), _V16F32)
                 dxv = _splat(builder, dx, _V16F32)
                 for h in range(2):
-                    f = builder.fmul(builder.sitofp(ia[r][h], _V16F32), dxv)
+                    f = builder.fmul(builder.sitofp(ia[r][h], _V16F32), dxv, flags=_EXACT)
                     a = builder.call(fma, [d[h], f, builder.load(facc[r][h])])
                     builder.store(builder.call(fma, [m[h], dsx, a]), facc[r][h])
         out = _ptr(builder, acc, _V16F32)
@@ -681,7 +688,7 @@ def _q8_0_rows_codegen(rows: int):
             for r in range(rows):
                 dxv = _splat(builder, builder.load(builder.gep(dxp, [tb[r]])), _V16F32)
                 for h in range(half):
-                    f = builder.fmul(dxv, builder.sitofp(ia[r][h], _V16F32))
+                    f = builder.fmul(dxv, builder.sitofp(ia[r][h], _V16F32), flags=_EXACT)
                     builder.store(builder.call(fma, [d[h], f, builder.load(facc[r][h])]), facc[r][h])
         out = _ptr(builder, acc, _V16F32)
         for r in range(rows):
