@@ -597,16 +597,26 @@ class ModelDrafter(Drafter):
         check_vocabulary(draft_model, target)
         self.model, self.target = draft_model, target
         self.cache: PrefixCache | None = None
+        self._prefilled: int | None = None  # where the target's prompt step ended (None: not seen)
 
     def start(self, model: Any, capacity: int) -> None:
         cap = min(capacity + 1, self.model.descriptor.n_ctx)
         if self.cache is None or self.cache.capacity < cap:
             self.cache = PrefixCache(self.model.init_cache(cap, max_rewind=max(64, 2 * MAX_DRAFT + 2)))
+        self._prefilled = None
 
     def fork(self) -> ModelDrafter:
         twin = ModelDrafter.__new__(ModelDrafter)
         twin.model, twin.target, twin.cache = self.model, self.target, None   # the same models, a cache of its own
+        twin._prefilled = None
         return twin
+
+    def step(self, model: Any, cache: Any, ids: np.ndarray, all_logits: bool) -> np.ndarray:
+        """The target step (Drafter.step), noting where its prompt step ends: the draft then prefills the
+        same rows and computes the later ones as the target's steps did (`_feed`)."""
+        if not all_logits:
+            self._prefilled = len(cache) + len(ids)
+        return super().step(model, cache, ids, all_logits)
 
     def propose(self, history: Sequence[int], k: int, sampler: DraftSampler) -> Draft:
         assert self.cache is not None, "start() first"
@@ -629,17 +639,27 @@ class ModelDrafter(Drafter):
     def _feed(self, ids: Sequence[int]) -> np.ndarray:
         """Append ids to the draft model's cache; its logits [vocab] after the last.
 
-        More than a round's catch-up is the prompt plus the target's first token: the target prefilled the
-        prompt and computes that token in its first verify step, so the draft does the same (a prompt's
-        rows through the prefill path, the token through a step): a draft model equal to the target then
-        proposes exactly the target's greedy choices (a prefill rounds some rows differently from a step)."""
-        if len(ids) > 2 * MAX_DRAFT:
-            self._append(ids[:-1])
-            ids = ids[-1:]
-        return self._append(ids)
+        The draft computes each row as the target did: the rows of the target's prompt step through the
+        prefill path, later ones (tokens the target computed in one-token or verify steps) through steps or
+        the span entry, which compute every row as a one-token step does. A draft model equal to the
+        target then proposes exactly the target's greedy choices (a prefill rounds some rows differently
+        from a step), also when the first rounds drafted nothing and the history holds several generated
+        tokens. Without the target's prompt step seen (the server prefills prompts in chunks itself), more
+        than a round's catch-up is taken as the prompt plus one generated token."""
+        if self._prefilled is not None:  # rows [start, prefilled) came from the target's prompt step
+            cut = min(max(self._prefilled - len(self.cache.cache), 0), len(ids))
+        else:
+            cut = len(ids) - 1 if len(ids) > 2 * MAX_DRAFT else 0
+        logits = self._append(ids[:cut], prefill=True) if cut else None
+        ids = ids[cut:]
+        while len(ids) > 2 * MAX_DRAFT:  # the span entry takes a round's catch-up at a time
+            self._append(ids[:2 * MAX_DRAFT])
+            ids = ids[2 * MAX_DRAFT:]
+        return self._append(ids) if len(ids) else logits
 
-    def _append(self, ids: Sequence[int]) -> np.ndarray:
-        """Append ids to the draft model's cache; its logits [vocab] after the last.
+    def _append(self, ids: Sequence[int], prefill: bool = False) -> np.ndarray:
+        """Append ids to the draft model's cache; its logits [vocab] after the last (prefill: through
+        forward_step's path, as the target's prompt step).
 
         A round's catch-up (the verified tokens the draft has not seen: a few) goes through the
         model's span entry where it has one, as a verify step does (the rows kernel), not through
@@ -648,7 +668,7 @@ class ModelDrafter(Drafter):
         span entry 21-28 ms), and 0.2-2 s on a loaded host, which kept the draft length at 0."""
         ids = np.asarray(ids, dtype=np.int64)
         try:
-            if 1 < len(ids) <= 2 * MAX_DRAFT and self.model.caps.batch:
+            if not prefill and 1 < len(ids) <= 2 * MAX_DRAFT and self.model.caps.batch:
                 logits = self.model.forward_step_batch_spans([ids], [self.cache.cache], all_logits=True)[0][-1]
             else:
                 logits = self.model.forward_step(ids, self.cache.cache)
