@@ -206,16 +206,11 @@ def decode_layer(x, layers, i, kc, vc, kpos, ring, row, pos, cos, sin, chunks, p
 
 
 @njit(**_STEP)
-def _cache_row(pos, cap, ring):
-    """The cache row of the token at `pos`: a ring stores position p at row p % cap, a plain slot at row p."""
-    return pos % cap if ring else pos
-
-
-@njit(**_STEP)
 def _row_slot(slots, li, s, pos):
-    """(kc, vc, kpos, ring, row) of layer li in sequence s's cache for the token at `pos`."""
+    """(kc, vc, kpos, ring, row) of layer li in sequence s's cache for the token at `pos`: a ring stores
+    position p at row p % cap, a plain slot at row p."""
     kc, vc, kpos, ring = slots[s][li]
-    return kc, vc, kpos, ring, _cache_row(pos, kc.shape[0], ring)
+    return kc, vc, kpos, ring, pos % kc.shape[0] if ring else pos
 
 
 # -- the attention of a batch's sequences on the decode pool (pool.ROWS_JOB) ---------------------------
@@ -248,7 +243,7 @@ def attend_run(vecs, geo, fns, params, args, c):
     ring = t[T_RING] != 0
     no_pool = np.empty(0, np.int64)
     for j in range(bounds[c], bounds[c + 1]):
-        row = _cache_row(pos[j], cap, ring)
+        row = pos[j] % cap if ring else pos[j]
         _attend_row(Y[j], vecs, geo, fns, params, kc, vc, kpos, ring, row, pos[j], cos[j], sin[j], ATT[j], no_pool)
 
 
@@ -278,7 +273,7 @@ def _runs(seq):
 
 
 @njit(**_STEP)
-def _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq):
+def _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq, geo):
     """The ROWS_JOB's arguments for dense layer i (list index) = trunk layer li, and its slot table."""
     runs = bounds.shape[0] - 1
     table = np.zeros((Y.shape[0], T_FIELDS), np.int64)
@@ -300,10 +295,10 @@ def _attend_rows(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, si
     """Every row's attention (Y's q|k|v -> ATT): a ROWS_JOB when the running pool takes it and the rows
     belong to several sequences, else in order on this thread."""
     ctrl = par[0]
-    bounds = _runs(seq) if pool.shares_rows(ctrl) else np.zeros(2, np.int64)  # one run: none to share
+    bounds = _runs(seq)
     runs = bounds.shape[0] - 1
-    if runs > 1 and runs <= pool.MAX_CHUNKS:
-        args, table = _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq)
+    if runs > 1 and runs <= pool.MAX_CHUNKS and pool.shares_rows(ctrl):
+        args, table = _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq, geo)
         shared = pool.publish_rows(ctrl, args, runs)
         while True:
             c, w = pool.claim(ctrl)

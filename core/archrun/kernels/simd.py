@@ -548,34 +548,6 @@ half_rows_1_bf16, half_rows_2_bf16, half_rows_4_bf16 = (_half_rows_intrinsic(r, 
 _EXACT = ("nnan",)
 
 
-def _tile_blocks(builder, xp, t0, nb, b, rows):
-    """Per row r of a tile from t0: (its block index (t0 + r) * nb + b into X / DX / QH [n, nb, ...], its
-    block's 32 int8 activations as <8 x i32>, four to an int32) for decode-row tiles of X int16 [n, nb, 32]."""
-    k = lambda v: ir.Constant(_I64, v)  # noqa: E731
-    tb = [builder.add(builder.mul(builder.add(t0, k(r)), nb), b) for r in range(rows)]
-    xq = [builder.bitcast(builder.trunc(builder.load(builder.gep(xp, [t]), align=2), ir.VectorType(_I8, QB)), _V8I32)
-          for t in tb]
-    return tb, xq
-
-
-def _block_sum(builder, hp, tb):
-    """int32 sum of a block's activations from its two int16 half sums QH[t, b] (hp: QH's data)."""
-    k = lambda v: ir.Constant(_I64, v)  # noqa: E731
-    two = builder.mul(tb, k(2))
-    h0 = builder.sext(builder.load(builder.gep(hp, [two])), _I32)
-    h1 = builder.sext(builder.load(builder.gep(hp, [builder.add(two, k(1))])), _I32)
-    return builder.add(h0, h1)
-
-
-def _store_tile_accs(builder, acc, facc):
-    """acc f32 [rows, LANES] = the tile's float accumulators facc[r][h] (<16 x float> each)."""
-    out = _ptr(builder, acc, _V16F32)
-    regs = len(facc[0])
-    for r, row in enumerate(facc):
-        for h, a in enumerate(row):
-            builder.store(builder.load(a), builder.gep(out, [ir.Constant(_I64, regs * r + h)]), align=4)
-
-
 # -- decode rows of Q4_1 on AVX-512 VNNI: the block unpacked once for a tile of rows (kernels.dots) --------
 # A row group's Q4_1 words (W uint16 [nb, 8 * LANES]: word j of lane l at j * LANES + l holds elements
 # 4j..4j+3, 4 bits each) become one int32 per lane and word in registers, one element a byte
@@ -585,6 +557,9 @@ def _store_tile_accs(builder, acc, facc):
 # in float32 accumulators that stay in registers over all blocks (sx: the block's integer sum of x). Each
 # row takes the same IEEE operations in the same order whatever the tile's size, so a row gives the same
 # bits alone and beside others.
+
+Q4_ROW_TILE = 4  # rows a tile (their int32 sums and float accumulators: 4 x 2 + 4 x 2 zmm)
+
 
 def _q4_1_rows_codegen(rows: int):
     """IR of q4_1_rows_<rows>(W, D, M, X, DX, QH, t0, acc): acc f32 [rows, LANES] for rows t0.. of the
@@ -610,7 +585,9 @@ def _q4_1_rows_codegen(rows: int):
                 for _ in range(rows)]
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
-            tb, xq = _tile_blocks(builder, xp, t0, nb, b, rows)
+            tb = [builder.add(builder.mul(builder.add(t0, k(r)), nb), b) for r in range(rows)]  # (t, b) in [n, nb]
+            xq = [builder.bitcast(builder.trunc(builder.load(builder.gep(xp, [tb[r]]), align=2),
+                                                ir.VectorType(_I8, QB)), _V8I32) for r in range(rows)]
             ia = [[ir.Constant(_V16I32, None)] * 2 for _ in range(rows)]
             for j in range(QB // 4):
                 v = builder.zext(builder.load(builder.gep(wp, [builder.add(builder.mul(b, k(8)), k(j))]), align=2),
@@ -625,14 +602,19 @@ def _q4_1_rows_codegen(rows: int):
             m = [builder.load(builder.gep(mp, [builder.add(builder.mul(b, k(2)), k(h))]), align=4) for h in range(2)]
             for r in range(rows):
                 dx = builder.load(builder.gep(dxp, [tb[r]]))
-                sx = builder.sitofp(_block_sum(builder, hp, tb[r]), _F32T)
+                h0 = builder.sext(builder.load(builder.gep(hp, [builder.mul(tb[r], k(2))])), _I32)
+                h1 = builder.sext(builder.load(builder.gep(hp, [builder.add(builder.mul(tb[r], k(2)), k(1))])), _I32)
+                sx = builder.sitofp(builder.add(h0, h1), _F32T)
                 dsx = _splat(builder, builder.fmul(dx, sx, flags=_EXACT), _V16F32)
                 dxv = _splat(builder, dx, _V16F32)
                 for h in range(2):
                     f = builder.fmul(builder.sitofp(ia[r][h], _V16F32), dxv, flags=_EXACT)
                     a = builder.call(fma, [d[h], f, builder.load(facc[r][h])])
                     builder.store(builder.call(fma, [m[h], dsx, a]), facc[r][h])
-        _store_tile_accs(builder, acc, facc)
+        out = _ptr(builder, acc, _V16F32)
+        for r in range(rows):
+            for h in range(2):
+                builder.store(builder.load(facc[r][h]), builder.gep(out, [k(2 * r + h)]), align=4)
         return context.get_dummy_value()
 
     return codegen
@@ -684,10 +666,16 @@ def _q8_0_rows_codegen(rows: int):
                 for _ in range(rows)]
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
-            tb, xq = _tile_blocks(builder, xp, t0, nb, b, rows)
+            tb = [builder.add(builder.mul(builder.add(t0, k(r)), nb), b) for r in range(rows)]  # (t, b) in [n, nb]
+            xq = [builder.bitcast(builder.trunc(builder.load(builder.gep(xp, [tb[r]]), align=2),
+                                                ir.VectorType(_I8, QB)), _V8I32) for r in range(rows)]
             # int32 sums start at -128 * sum(x): the offset of w + 128, exact
-            ia = [[_splat(builder, builder.mul(_block_sum(builder, hp, t), ir.Constant(_I32, -128)), _V16I32)] * half
-                  for t in tb]
+            off = []
+            for r in range(rows):
+                h0 = builder.sext(builder.load(builder.gep(hp, [builder.mul(tb[r], k(2))])), _I32)
+                h1 = builder.sext(builder.load(builder.gep(hp, [builder.add(builder.mul(tb[r], k(2)), k(1))])), _I32)
+                off.append(_splat(builder, builder.mul(builder.add(h0, h1), ir.Constant(_I32, -128)), _V16I32))
+            ia = [[off[r]] * half for r in range(rows)]
             wb = builder.mul(b, k(QB // 4 * half))
             for j in range(QB // 4):
                 u = [builder.xor(builder.load(builder.gep(wp, [builder.add(wb, k(j * half + h))]), align=1), flip)
@@ -702,7 +690,10 @@ def _q8_0_rows_codegen(rows: int):
                 for h in range(half):
                     f = builder.fmul(dxv, builder.sitofp(ia[r][h], _V16F32), flags=_EXACT)
                     builder.store(builder.call(fma, [d[h], f, builder.load(facc[r][h])]), facc[r][h])
-        _store_tile_accs(builder, acc, facc)
+        out = _ptr(builder, acc, _V16F32)
+        for r in range(rows):
+            for h in range(half):
+                builder.store(builder.load(facc[r][h]), builder.gep(out, [k(half * r + h)]), align=4)
         return context.get_dummy_value()
 
     return codegen
