@@ -1,4 +1,4 @@
-"""Atomic operations on int64 array elements and a spin-wait hint, for numba kernels.
+"""Atomic operations on int64 array elements, a spin-wait hint and a prefetch hint, for numba kernels.
 
 numba has no CPU atomics; these intrinsics emit LLVM's sequentially consistent atomic
 load/store/add/compare-and-swap on `a[i]` (a: a C-contiguous int64 array; i is not bounds-
@@ -110,3 +110,24 @@ def ticks(typingctx):
         return builder.call(fn, [])
 
     return types.int64(), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, i):
+    """Ask the CPU to bring the cache line holding element i of arr (flat index, C order; not bounds-
+    checked) towards the core (LLVM's prefetch: read, all cache levels). A hint only: no effect on results,
+    and no fault for any address."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = builder.gep(a.data, [args[1]])
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, ir.IntType(32), ir.IntType(32), ir.IntType(32)]),
+            "llvm.prefetch.p0")
+        i32 = lambda v: ir.Constant(ir.IntType(32), v)  # noqa: E731
+        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp), codegen

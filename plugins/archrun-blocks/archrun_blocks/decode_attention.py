@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from archrun.kernels import pool
+from archrun.kernels import atomics, pool
 from archrun.kernels._jit import JIT
 from archrun.kernels.addresses import address, array_at, get_float, put_float
 from archrun.kernels.parts import SIGNATURES
@@ -248,6 +248,18 @@ def _scratch_rows_typed(c, nb):
 
 
 @njit(**JIT)
+def _prefetch_rows(c, rows, n):
+    """Start loading cache rows rows[:n] of c [cap, KV, w] (every kv head) into the core's caches at once:
+    the scores and the value mix then find them there instead of waiting on memory for each row in turn."""
+    width = c.shape[1] * c.shape[2]
+    step = 64 // c.itemsize
+    for j in range(n):
+        base = rows[j] * width
+        for e in range(0, width, step):
+            atomics.prefetch(c, base + e)
+
+
+@njit(**JIT)
 def _rescale(acc, l, g, h, factor):
     """Scale head h's running softmax sum l[h] and value accumulator acc[g] by factor (a new, larger max)."""
     l[h] *= factor
@@ -296,6 +308,8 @@ def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc
     ident = _IDENT
     for j0 in range(0, count, KEY_BLOCK):
         n = min(KEY_BLOCK, count - j0)
+        _prefetch_rows(kc, rows[j0:], n)
+        _prefetch_rows(vc, rows[j0:], n)
         if not direct:
             km, kr = block_rows(kc, rows, j0, n, kb, ident)
         vm, vr = block_rows(vc, rows, j0, n, vb, ident)
