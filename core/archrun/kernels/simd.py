@@ -541,6 +541,18 @@ half_rows_1, half_rows_2, half_rows_4 = (_half_rows_intrinsic(r, False) for r in
 half_rows_1_bf16, half_rows_2_bf16, half_rows_4_bf16 = (_half_rows_intrinsic(r, True) for r in (1, 2, 4))
 
 
+def _prefetch_next(builder, p, at, stride, count):
+    """Prefetch the `count` 64-byte vectors of p from element at + stride: a row tile asks for the next
+    row group's lines of the block it is at (stride: a group's vectors), so memory streams the next group
+    while this one computes (measured: one-token decode of SmolLM2 +10-20 %, whose weights otherwise
+    arrive as the loads miss). A prefetch never faults, so the last group may point past its matrix."""
+    fn = _declare(builder, "llvm.prefetch.p0", ir.VoidType(), [p.type, _I32, _I32, _I32])
+    base = builder.add(at, stride)
+    for i in range(count):
+        q = builder.gep(p, [builder.add(base, ir.Constant(_I64, i))])
+        builder.call(fn, [q, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])  # read, all levels
+
+
 # numba's fastmath pass gives every float multiply without flags LLVM's `fast` flags, which let LLVM
 # reassociate it with its neighbours differently in each function the kernel is inlined into (a one-token
 # step, a multi-row step): a row's bits would then depend on its caller. A multiply flagged only `nnan`
@@ -589,6 +601,7 @@ def _q4_1_rows_codegen(rows: int):
             xq = [builder.bitcast(builder.trunc(builder.load(builder.gep(xp, [tb[r]]), align=2),
                                                 ir.VectorType(_I8, QB)), _V8I32) for r in range(rows)]
             ia = [[ir.Constant(_V16I32, None)] * 2 for _ in range(rows)]
+            _prefetch_next(builder, wp, builder.mul(b, k(8)), builder.mul(nb, k(8)), 8)  # 8 words of 64 bytes
             for j in range(QB // 4):
                 v = builder.zext(builder.load(builder.gep(wp, [builder.add(builder.mul(b, k(8)), k(j))]), align=2),
                                  v32i)
@@ -677,6 +690,7 @@ def _q8_0_rows_codegen(rows: int):
                 off.append(_splat(builder, builder.mul(builder.add(h0, h1), ir.Constant(_I32, -128)), _V16I32))
             ia = [[off[r]] * half for r in range(rows)]
             wb = builder.mul(b, k(QB // 4 * half))
+            _prefetch_next(builder, wp, wb, builder.mul(nb, k(QB // 4 * half)), QB // 4 * half)
             for j in range(QB // 4):
                 u = [builder.xor(builder.load(builder.gep(wp, [builder.add(wb, k(j * half + h))]), align=1), flip)
                      for h in range(half)]
