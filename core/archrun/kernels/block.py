@@ -17,8 +17,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from archrun.kernels import dots, floatmm, pool
+from archrun.kernels import atomics, dots, floatmm, pool
 from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
+from archrun.kernels.addresses import address, array_at
 from archrun.kernels.qmatrix import BF16, F16, QMatrix
 
 _F32 = np.float32
@@ -233,6 +234,8 @@ def product_rows(ms, xf, y, chunks):
 
 
 # -- products shared with the decode worker pool (kernels.pool) ---------------------------------
+# A product group's job carries the addresses of its activation and output in the pool's args block.
+_A_X, _A_Y = 0, 1
 # Weight bytes from which a one-token product goes to the pool, and per chunk of it: a hand-off
 # costs ~0.1 us, a chunk of 16 KiB ~1-2 us of one thread's streaming.
 POOL_MIN_GROUP_BYTES = 48 << 10
@@ -252,11 +255,19 @@ def _pool_chunks(ms, threads):
 
 @njit(**_STEP)
 def _pool_views(par, n, n_in, n_total):
-    """The pool's shared buffers as this job's activation xf [n, n_in], its quantized blocks and
-    output y [n, n_total]."""
+    """This job's activation xf [n, n_in] and output y [n, n_total] (at the addresses its publisher put in
+    the pool's args block: the caller's own arrays, or the pool's staging buffers) and its quantized blocks
+    (the pool's buffers)."""
     ctrl, pxf, xq, dq, hq, py = par
     X, DX, QH = pool.quantized_views(xq, dq, hq, n, n_in)
-    return pxf[:n * n_in].reshape((n, n_in)), X, DX, QH, py[:n * n_total].reshape((n, n_total))
+    xf = array_at(atomics.load(ctrl, pool.ARGS + _A_X), (n, n_in), _F32)
+    return xf, X, DX, QH, array_at(atomics.load(ctrl, pool.ARGS + _A_Y), (n, n_total), _F32)
+
+
+@njit(**_STEP)
+def _rows_contiguous(a):
+    """Whether 2-d a is C-contiguous (its rows back to back), so workers can read or write it by address."""
+    return a.strides[1] == a.itemsize and (a.shape[0] <= 1 or a.strides[0] == a.shape[1] * a.itemsize)
 
 
 @njit(**_STEP)
@@ -268,16 +279,31 @@ def _pool_fits(par, gid, ms, xf, y):
 
 
 @njit(**_STEP)
+def publish_product(ctrl, gid, n_chunks, xf, y):
+    """Make product group gid of activation xf [n, n_in] (quantized into the pool's buffers already) into
+    y [n, n_total] (both C-contiguous, read and written by address) the pool's job of n_chunks chunks."""
+    ctrl[pool.ARGS + _A_X], ctrl[pool.ARGS + _A_Y] = address(xf), address(y)
+    pool.publish(ctrl, gid, n_chunks, xf.shape[0], xf.shape[1])  # atomic: the addresses are seen before it
+
+
+@njit(**_STEP)
 def _pooled_rows(par, gid, ms, xf, y):
     """product_rows of group `gid` (= ms) with its chunks shared with the pool's workers."""
-    ctrl = par[0]
+    ctrl, pxf, xq, dq, hq, py = par
     n, n_in = xf.shape
     nch = _pool_chunks(ms, ctrl[pool.THREADS])
-    xs, X, DX, QH, ys = _pool_views(par, n, n_in, y.shape[1])
-    xs[:] = xf
+    X, DX, QH = pool.quantized_views(xq, dq, hq, n, n_in)
+    # the chunks read xf and write y in place where they are C-contiguous (no copies on this thread while the
+    # workers wait), else through the pool's staging buffers
+    x_in = _rows_contiguous(xf)
+    xs = xf if x_in else pxf[:n * n_in].reshape((n, n_in))
+    if not x_in:
+        xs[:] = xf
+    y_in = _rows_contiguous(y)
+    ys = y if y_in else py[:y.size].reshape(y.shape)
     if X.shape[1]:
         dots.quantize_act(xs, X, DX, QH)
-    pool.publish(ctrl, gid, nch, n, n_in)
+    publish_product(ctrl, gid, nch, xs, ys)
     while True:
         c, w = pool.claim(ctrl)
         if c == -1:
@@ -286,7 +312,12 @@ def _pooled_rows(par, gid, ms, xf, y):
             _group_chunk(ms, c, nch, xs, X, DX, QH, ys)
             pool.done(ctrl)
     pool.wait_done(ctrl, nch)
-    y[:] = ys
+    if not y_in:
+        y[:] = ys
+    # never true: a use of xs and ys after the wait (numba frees an array after its last use; the workers
+    # read and write them by address)
+    if xs.shape[0] < 0 or ys.shape[0] < 0:
+        y[0, 0] = 0.0
     _add_biases(ms, y)
 
 

@@ -22,8 +22,10 @@ replaces regions with a job word in shared memory:
   at once (before a prefill, whose BLAS threads need the cores).
 
 Two kinds of job: a *product group* (kernels.block: 3 matrices of one input, the group id
-indexes the pool's groups) and a *task*: a plugin's jitted function value compiled for
-kernels.parts.SIGNATURES["task"], fn(args int64[ARG_SLOTS], chunk), registered with the pool
+indexes the pool's groups; its publisher puts the addresses of the activation and the output in the
+args block, so the chunks read and write the caller's arrays in place) and a *task*: a plugin's
+jitted function value compiled for kernels.parts.SIGNATURES["task"], fn(args int64[ARG_SLOTS], chunk),
+registered with the pool
 when it is built (`tasks`; once per model, never per token). A task's publisher writes its
 arguments into the pool's args block (ctrl[ARGS:]: array addresses from kernels.addresses,
 integers, float bits) and publishes it with `publish_task`; whoever claims chunk c calls
