@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from archrun.kernels import simd
+from archrun.kernels import atomics, simd
 from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
 
 _F32 = np.float32
@@ -258,6 +258,17 @@ def _bytes_halves_loops(w, x8, sa, sb):
 _bytes_halves_dot = simd.bytes_halves_dot if simd.AVX2 and LANES == 32 else _bytes_halves_loops
 
 
+@njit(**_INLINE)
+def _prefetch_block(W, grp, b):
+    """Prefetch block b of row group grp of W [groups, nb, words] (C-contiguous): the loops ask for the next
+    group's block as they reach this one's, so memory streams it while they compute (a prefetch never
+    faults: past the last group it asks for nothing useful)."""
+    words = W.shape[2]
+    base = (grp * W.shape[1] + b) * words
+    for e in range(0, words, 64 // W.itemsize):
+        atomics.prefetch(W, base + e)
+
+
 @njit(**JIT)
 def _store(out, acc, grp):
     """Write the valid rows of group grp: out[:, grp*LANES + g] = acc[:, g]."""
@@ -283,6 +294,7 @@ def q4_0(W, D, X, DX, QH, g0, g1, out):
         acc[:] = 0
         for b in range(nb):
             w = W[grp, b]
+            _prefetch_block(W, grp + 1, b)
             d = D[grp, b]
             for t in range(n):
                 _nibbles_dot(w, X[t, b], XP[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
@@ -304,6 +316,7 @@ def _q4_1_loops(W, D, M, X, DX, QH, g0, g1, out):
         acc[:] = 0
         for b in range(nb):
             w = W[grp, b]
+            _prefetch_block(W, grp + 1, b)
             d = D[grp, b]
             m = M[grp, b]
             for t in range(n):
@@ -328,6 +341,7 @@ def q5_0(W, D, X, DX, QH, g0, g1, out):
         acc[:] = 0
         for b in range(nb):
             w = W[grp, b]
+            _prefetch_block(W, grp + 1, b)
             d = D[grp, b]
             for t in range(n):
                 _fives_dot(w, X[t, b], XP[t, b], QH[t, b, 0] * 16, QH[t, b, 1] * 16, sa, sb)
@@ -350,6 +364,7 @@ def q5_1(W, D, M, X, DX, QH, g0, g1, out):
         acc[:] = 0
         for b in range(nb):
             w = W[grp, b]
+            _prefetch_block(W, grp + 1, b)
             d = D[grp, b]
             m = M[grp, b]
             for t in range(n):
@@ -397,6 +412,7 @@ def _q8_0_loops(W, D, X, DX, QH, g0, g1, out):
         acc[:] = 0
         for b in range(nb):
             w = W[grp, b]
+            _prefetch_block(W, grp + 1, b)
             d = D[grp, b]
             for t in range(n):
                 _quads_dot(w, X8[t, b], isum)
@@ -488,6 +504,7 @@ def q2_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
         acc[:] = 0
         for b in range(nb):
             w = W[grp, b]
+            _prefetch_block(W, grp + 1, b)
             d = D[grp, b >> 3]
             dm = DM[grp, b >> 3]
             ca, cb = SC[grp, 2 * b], SC[grp, 2 * b + 1]
@@ -517,6 +534,7 @@ def q3_k(W, D, SC, X, DX, QH, g0, g1, out):
         acc[:] = 0
         for b in range(nb):
             w = W[grp, b]
+            _prefetch_block(W, grp + 1, b)
             d = D[grp, b >> 3]
             ca = SC[grp, 2 * b]
             cb = SC[grp, 2 * b + 1]
@@ -541,6 +559,7 @@ def q4_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
         acc[:] = 0
         for b in range(nb):
             w = W[grp, b]
+            _prefetch_block(W, grp + 1, b)
             d = D[grp, b >> 3]
             dm = DM[grp, b >> 3]
             sc = SC[grp, b]
@@ -568,6 +587,7 @@ def q5_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
         acc[:] = 0
         for b in range(nb):
             w = W[grp, b]
+            _prefetch_block(W, grp + 1, b)
             d = D[grp, b >> 3]
             dm = DM[grp, b >> 3]
             sc = SC[grp, b]
@@ -595,6 +615,7 @@ def q6_k(W, D, SC, X, DX, QH, g0, g1, out):
         acc[:] = 0
         for b in range(nb):
             w = W[grp, b]
+            _prefetch_block(W, grp + 1, b)
             d = D[grp, b >> 3]
             ca = SC[grp, 2 * b]
             cb = SC[grp, 2 * b + 1]
