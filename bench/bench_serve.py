@@ -156,7 +156,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help=f"a .gguf path or one of {', '.join(MODELS)}")
     ap.add_argument("--levels", default="1,4,8,16")
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=160,
+                    help="tokens a stream (a short run makes the one-stream level a fraction of a second: noisy)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--prefill-chunk", type=int, default=None)
     ap.add_argument("--llama-python", default=None, help="interpreter with llama-cpp-python[server]")
