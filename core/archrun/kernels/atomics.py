@@ -6,8 +6,8 @@ checked, callers pass constant field indices of arrays they allocated). Being se
 also a compiler barrier: ordinary loads and stores are not moved across it, so data written
 before an atomic store is visible to a thread that sees the store.
 
-They compile only under the JIT (NUMBA_DISABLE_JIT leaves them uncallable); archrun uses them
-only in the decode worker pool (pool.py), which is off without the JIT.
+The atomics compile only under the JIT (NUMBA_DISABLE_JIT leaves them uncallable); archrun uses them
+only in the decode worker pool (pool.py), which is off without the JIT. `prefetch` is a no-op there.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import platform
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
@@ -113,10 +113,7 @@ def ticks(typingctx):
 
 
 @intrinsic
-def prefetch(typingctx, arr, i):
-    """Ask the CPU to bring the cache line holding element i of arr (flat index, C order; not bounds-
-    checked) towards the core (LLVM's prefetch: read, all cache levels). A hint only: no effect on results,
-    and no fault for any address."""
+def _prefetch(typingctx, arr, i):
     if not isinstance(arr, types.Array):
         return None
 
@@ -127,7 +124,20 @@ def prefetch(typingctx, arr, i):
             builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, ir.IntType(32), ir.IntType(32), ir.IntType(32)]),
             "llvm.prefetch.p0")
         i32 = lambda v: ir.Constant(ir.IntType(32), v)  # noqa: E731
-        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])  # read, all cache levels, data
         return context.get_dummy_value()
 
     return types.void(arr, types.intp), codegen
+
+
+def prefetch(arr, i):
+    """Ask the CPU to bring the cache line holding element i of arr (flat index, C order; not bounds-
+    checked) towards the core (LLVM's prefetch: read, all cache levels). A hint only: no effect on results,
+    and no fault for any address. Without the JIT (NUMBA_DISABLE_JIT) it does nothing."""
+
+
+@overload(prefetch, jit_options={"nogil": True})
+def _prefetch_jit(arr, i):
+    if isinstance(arr, types.Array):
+        return lambda arr, i: _prefetch(arr, i)
+    return None
