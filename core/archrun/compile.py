@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import numpy as np
 from attrs import frozen
 from gguf.constants import Keys
@@ -514,14 +515,20 @@ class _Geometry:
                      for i in range(self.n_block))
 
     def rope_tables(self) -> tuple[RopeSpec, ...]:
-        """Table 0: global layers; 1: sliding layers (when any); last: NO_ROPE (when any NoPE layer)."""
+        """Table 0: global layers; 1: sliding layers (when any); last: NO_ROPE (when any NoPE layer).
+
+        The sliding layers' table is the global one with the base `rope.freq_base_swa` (llama.cpp:
+        the global base by default), scaling included, unless the family states that its sliding
+        layers rotate plain (`FamilyHints.swa_rope`): then the base alone."""
         meta, pairing = self.meta, self.pairing
         glob = RopeSpec(pairing=pairing, n_rot=self.n_rot if pairing != NO_ROPE else 0,
                         freq_base=meta.get("rope.freq_base", float, 10000.0), **self._scaling())
         tables = [glob]
         if any(self.sliding):
-            tables.append(RopeSpec(pairing=pairing, n_rot=glob.n_rot,  # llama.cpp: the global base by default
-                                   freq_base=meta.get("rope.freq_base_swa", float, glob.freq_base)))
+            base = meta.get("rope.freq_base_swa", float, glob.freq_base)
+            plain = self.fam.swa_rope == "plain"
+            tables.append(RopeSpec(pairing=pairing, n_rot=glob.n_rot, freq_base=base) if plain
+                          else attrs.evolve(glob, freq_base=base))
         if any(self.nope) and pairing != NO_ROPE:
             tables.append(RopeSpec(pairing=NO_ROPE, n_rot=0, freq_base=glob.freq_base))
         return tuple(tables)
@@ -554,6 +561,7 @@ class _Geometry:
             attn_scale=meta.get("rope.scaling.attn_factor", float, 1.0) or 1.0,
             long_factors="rope_factors_long" if longrope else None,
             short_factors="rope_factors_short" if longrope else None,
+            truncate=self.fam.yarn_truncate or scaling != "yarn",
         )
 
     def _rope_table(self, i: int) -> int:

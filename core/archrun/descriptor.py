@@ -118,7 +118,8 @@ class RopeSpec:
     scaled (archrun_blocks.rope_scaling, HF transformers' semantics): "linear" divides by
     scaling_factor; "yarn" mixes interpolated and extrapolated frequencies between the
     beta_fast/beta_slow correction dims (ext_factor 0: plain interpolation) and scales cos/sin
-    by its magnitude (attn_factor replaces the default 0.1 ln(factor) + 1); "longrope" divides
+    by its magnitude (attn_factor replaces the default 0.1 ln(factor) + 1), its correction dims
+    rounded to whole dims unless `truncate` is False (HF's `truncate`); "longrope" divides
     by the long_factors tensor when `context` exceeds original_context, else short_factors.
     freq_factors (a tensor of per-frequency divisors, how llama3 scaling ships) applies to any
     kind; attn_scale multiplies the cos/sin magnitude of any kind.
@@ -139,6 +140,7 @@ class RopeSpec:
     attn_scale: float = field(default=1.0, converter=float, validator=_pos_float)
     long_factors: str | None = field(default=None)   # tensor role (longrope)
     short_factors: str | None = field(default=None)  # tensor role (longrope)
+    truncate: bool = field(default=True, validator=v.instance_of(bool))  # yarn: floor/ceil the correction dims
 
     @n_rot.validator
     def _even(self, _attr, value: int) -> None:

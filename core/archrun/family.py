@@ -45,6 +45,8 @@ CONVENTIONS: Mapping[str, tuple[str, str | None]] = MappingProxyType({
                  "attention"),
 })
 LOGIT_SCALE_USES = ("multiply", "divide")
+# How the rope of sliding-window layers relates to the global layers' (FamilyHints.swa_rope).
+SWA_ROPES = ("global", "plain")
 
 # What files say by key (GGUF's own numbering and key names) -> the vocabulary it means.
 NORM_BY_EPSILON_KEY: Mapping[str, str] = MappingProxyType({
@@ -98,7 +100,13 @@ class FamilyHints:
     `qk_norm_after_rope`: per-head Q/K norms apply to the rotated Q/K (HunYuan), not before rope.
     `nope_global`: when a model has sliding-window layers, its full-attention layers use no
     rotary embedding (cohere2, exaone4). `pre_norms` False: blocks have no attn/ffn pre-norms
-    (post-norms only); `norm_weights` False: norms have no learned weights (no norm weight
+    (post-norms only); `swa_rope`: the rope of the sliding-window layers: "global" (the default,
+    llama.cpp's rule for every architecture that states nothing else) rotates them as the global
+    layers (the file's scaling, factor, YaRN attention factor and frequency factors) with the base
+    `rope.freq_base_swa` when the file has one; "plain" rotates them with that base alone, no
+    scaling of any kind (Gemma 3's local layers, OLMo 3's sliding layers). `yarn_truncate` False:
+    YaRN's correction dims are not rounded to whole dims (HF's `truncate: false`, gpt-oss; llama.cpp
+    always rounds them). `norm_weights` False: norms have no learned weights (no norm weight
     tensors); `ignored_tensors`: globs of tensors the architecture's files carry and no plan uses
     (loading warns; any other unused tensor fails the load). `logit_scale_key`: how a file's
     `logit_scale` key applies ("multiply", or "divide" as granite's does). `recurrent`: the op
@@ -134,6 +142,8 @@ class FamilyHints:
     swa_period: int = 0
     nope_period: int = 0
     nope_global: bool = False
+    swa_rope: str = field(default="global", validator=v.in_(SWA_ROPES))
+    yarn_truncate: bool = True
     qk_norm_after_rope: bool = False
     ignored_tensors: tuple[str, ...] = field(default=(), converter=tuple)  # more IGNORED_TENSORS globs
     block_style: str = DEFAULT_BLOCK_STYLE
@@ -163,7 +173,8 @@ def _hint_value(name: str, value: Any) -> Any:
     """A hint from a command line arrives as a string: convert the non-string fields."""
     if not isinstance(value, str):
         return value
-    if name in ("moe_weights_norm", "pre_norms", "norm_weights", "nope_global", "qk_norm_after_rope"):
+    if name in ("moe_weights_norm", "pre_norms", "norm_weights", "nope_global", "qk_norm_after_rope",
+                "yarn_truncate"):
         return value.lower() in ("1", "true", "yes")
     if name == "ignored_tensors":  # comma-separated globs
         return tuple(p.strip() for p in value.split(",") if p.strip())

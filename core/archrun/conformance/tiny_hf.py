@@ -25,6 +25,11 @@ The battery (each test parametrized over the fixtures, and the backends where it
   (or fails the load): a fixture that cannot see a convention cannot prove it;
 - ``test_fixture_sees_edit``: the same for structure the file states: every bias zeroed, and the
   rotary width halved (``rope.dimension_count``), each must move the logits far beyond the tolerance;
+- ``test_fixture_sees_rope_scaling`` (per layer kind, sliding and global): the rope scaling of that
+  kind's layers flipped (a scaled rope made plain, a plain one given the other kind's scaling,
+  ``archrun.conformance.trace.flip_rope_scaling``) must move the logits far beyond the tolerance:
+  a fixture whose positions or weights cannot see a layer kind's scaling cannot prove which rope
+  each kind runs (skipped where no rope of the model scales);
 - ``test_memory_*`` (fixtures whose model keeps a stateful slot, ``archrun.conformance.memory``):
   chunked prefill, decode-rewind-decode, the rewind reach, checkpoints, a chat's prefix reuse
   (``PrefixCache.recomputed``), speculative decoding with rejected drafts = greedy, a batch of
@@ -114,6 +119,39 @@ def check_sees_edit(gguf_path: Path, edit: str, tmp_path: Path) -> None:
         f"{gguf_path.name}: {edit} moves the logits by only {err:.1e} of max |logit|: the fixture cannot see it")
 
 
+def check_sees_rope_scaling(gguf_path: Path, kind: str) -> None:
+    """Flip the rope scaling of the fixture's ``kind`` layers ("sliding" or "global"); assert the
+    flipped model is far from HF: beyond ``SENSITIVITY`` times the tolerance, and as many times
+    farther than the model as stated (a flip that comes closer to HF means the stated rope is the
+    wrong one). A flipped model that fails with a typed archrun error counts as seen. Skips when
+    nothing flips (no such layers, no rope on them, no rope of the model scales)."""
+    import archrun
+    from archrun.conformance.trace import build, flip_rope_scaling
+    from archrun.errors import ArchrunError
+
+    golden = hf.load_golden(gguf_path.with_suffix(".npz"))
+    ids = golden["ids"].astype(np.int64)
+    stated = archrun.load(gguf_path, backend="reference")
+    flipped = flip_rope_scaling(stated.descriptor, kind)
+    if isinstance(flipped, str):
+        pytest.skip(f"{gguf_path.stem}: {flipped}")
+    what, descriptor = flipped
+    try:
+        model = build(gguf_path, descriptor)
+    except ArchrunError:
+        return
+    err = hf.rel_err(model.logits(ids), golden["logits"])
+    base = hf.rel_err(stated.logits(ids), golden["logits"])
+    if base <= hf.TOLERANCE:
+        why = f"the fixture cannot tell which rope its {kind} layers run"
+    elif err < base:
+        why = f"the flipped rope comes closer to HF: the rope of the {kind} layers is stated wrongly"
+    else:
+        why = "archrun as stated is itself that far from HF: the flip is not told apart from what else differs"
+    assert err > SENSITIVITY * max(hf.TOLERANCE, base), (
+        f"{gguf_path.name}: with {what} archrun is {err:.1e} of max |logit| from HF, as stated {base:.1e}: {why}")
+
+
 class TinyHfBattery:
     """Subclass in a family package's tests (set ``entry_point``); see the module docstring."""
 
@@ -135,6 +173,10 @@ class TinyHfBattery:
             metafunc.parametrize("convention", sorted(_FLIPS))
         if "edit" in metafunc.fixturenames:
             metafunc.parametrize("edit", sorted(EDITS))
+        if "layer_kind" in metafunc.fixturenames:
+            from archrun.conformance.trace import LAYER_KINDS
+
+            metafunc.parametrize("layer_kind", LAYER_KINDS)
         if "stateful" in metafunc.fixturenames:
             names = stateful_fixtures(self._folder(metafunc))
             metafunc.parametrize("stateful", names, ids=names)
@@ -177,6 +219,9 @@ class TinyHfBattery:
 
     def test_fixture_sees_edit(self, goldens, fixture, edit, tmp_path) -> None:
         check_sees_edit(goldens / f"{fixture.name}.gguf", edit, tmp_path)
+
+    def test_fixture_sees_rope_scaling(self, goldens, fixture, layer_kind) -> None:
+        check_sees_rope_scaling(goldens / f"{fixture.name}.gguf", layer_kind)
 
     # -- the memory battery (models with stateful slots; the plugin leaves it out when none has one) --
 

@@ -9,9 +9,12 @@ op, position and element.
 
 ``diagnose(path, ids, want, ...)`` explains logits that do not match an independent reference:
 the first position and element where they differ, and, when one change of the descriptor (one
-vocabulary entry swapped for another installed one, the MoE weight renormalisation flipped, the
-final softcap removed or added, the embedding scale) makes archrun match the reference, the op
-the model states wrongly and where the two runs first diverge (layer, op, position, element).
+vocabulary entry swapped for another installed one the slot can take, the rope scaling of one
+layer kind — sliding or global — turned off or copied from the other kind, the MoE weight
+renormalisation flipped, the final softcap removed or added, the embedding scale) makes archrun
+match the reference, the op the model states wrongly and where the two runs first diverge (layer,
+op, position, element). A change the model cannot take (an op that needs what the layer does not
+carry, e.g. a token mixer's parameters in a transformer's attention slot) is skipped and named.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from typing import Any
 import attrs
 import numpy as np
 
-from archrun.descriptor import NO_ROPE, Descriptor, MoeSpec
+from archrun.descriptor import NO_ROPE, Descriptor, MoeSpec, RopeSpec
+
+#: The layer kinds whose rope the diagnosis and the fixtures' sensitivity check flip separately.
+LAYER_KINDS = ("sliding", "global")
 
 
 @attrs.frozen
@@ -208,9 +214,115 @@ def build(path: str | Path, descriptor: Descriptor, plugins: Any = None, backend
     return style(plan, gguf, None, None)
 
 
+# ------------------------------------------------------------------- rope scaling per layer kind
+
+
+def rope_scaled(table: RopeSpec) -> bool:
+    """Whether ``table`` scales its rotation in any way (a scaling kind, frequency factors, a magnitude)."""
+    return (table.scaling != "none" or table.freq_factors is not None or table.attn_scale != 1.0
+            or table.attn_factor is not None)
+
+
+def _plain(table: RopeSpec) -> RopeSpec:
+    return RopeSpec(pairing=table.pairing, n_rot=table.n_rot, freq_base=table.freq_base)
+
+
+def _scaling_text(table: RopeSpec) -> str:
+    if not rope_scaled(table):
+        return "no scaling"
+    parts = [table.scaling if table.scaling in ("none", "longrope") else f"{table.scaling} x{table.scaling_factor:g}"]
+    if table.scaling == "yarn":
+        parts.append(f"original context {table.original_context}")
+        if table.attn_factor is not None:
+            parts.append(f"attention factor {table.attn_factor:g}")
+    if table.freq_factors is not None:
+        parts.append(f"frequency factors {table.freq_factors!r}")
+    if table.attn_scale != 1.0:
+        parts.append(f"magnitude x{table.attn_scale:g}")
+    return ", ".join(p for p in parts if p != "none")
+
+
+def _kind_tables(d: Descriptor, kind: str) -> list[int]:
+    """The rotating rope tables the layers of ``kind`` ("sliding": a window; "global") use."""
+    out = []
+    for layer in d.layers:
+        a = layer.attention
+        if (a.window > 0) != (kind == "sliding") or a.rope >= len(d.rope_tables):
+            continue
+        table = d.rope_tables[a.rope]
+        if table.pairing != NO_ROPE and table.n_rot and a.rope not in out:
+            out.append(a.rope)
+    return out
+
+
+def flip_rope_scaling(d: Descriptor, kind: str) -> tuple[str, Descriptor] | str:
+    """The rope of the layers of ``kind`` (LAYER_KINDS) with its scaling flipped: a scaled table
+    rotates plain (its base alone), a plain one takes the scaling of the other kind's table (its
+    own pairing, width and base). Returns (what changed, descriptor), or why nothing flips."""
+    if kind not in LAYER_KINDS:
+        raise ValueError(f"layer kind must be one of {LAYER_KINDS}, got {kind!r}")
+    mine = _kind_tables(d, kind)
+    if not mine:
+        has = any((lay.attention.window > 0) == (kind == "sliding") for lay in d.layers)
+        return f"its {kind} layers have no rotary embedding" if has else f"the model has no {kind} layers"
+    other_kind = LAYER_KINDS[1 - LAYER_KINDS.index(kind)]
+    other = next((d.rope_tables[i] for i in _kind_tables(d, other_kind) if rope_scaled(d.rope_tables[i])), None)
+    tables, remap, whats = list(d.rope_tables), {}, []
+    for i in mine:
+        table = d.rope_tables[i]
+        if rope_scaled(table):
+            new = _plain(table)
+            whats.append(f"the rope of the {kind} layers without scaling (stated: {_scaling_text(table)})")
+        elif other is not None:
+            new = attrs.evolve(other, pairing=table.pairing, n_rot=table.n_rot, freq_base=table.freq_base)
+            whats.append(f"the rope of the {kind} layers scaled as the {other_kind} layers' "
+                         f"({_scaling_text(other)}; stated: no scaling)")
+        else:
+            continue
+        remap[i] = len(tables)
+        tables.append(new)
+    if not remap:
+        return f"no rope scaling to flip: neither the {kind} layers' rope nor the {other_kind} layers' scales"
+    layers = [attrs.evolve(lay, attention=attrs.evolve(lay.attention, rope=remap[lay.attention.rope]))
+              if (lay.attention.window > 0) == (kind == "sliding") and lay.attention.rope in remap else lay
+              for lay in d.layers]
+    return "; ".join(dict.fromkeys(whats)), attrs.evolve(d, rope_tables=tuple(tables), layers=layers)
+
+
+@attrs.frozen
+class Skipped:
+    """A change the diagnosis does not try: the slot cannot take it (``why``)."""
+
+    what: str
+    why: str
+
+
+def _layout_name(vocab: Any, slot: str, name: str) -> str | None:
+    """The own projection layout (its class name) of an attention op, or None for the standard one."""
+    from archrun.errors import UnknownVocabulary
+
+    try:
+        layout = vocab.entry(slot, name).op.layout
+    except UnknownVocabulary:
+        return None
+    return None if layout is None else type(layout).__name__
+
+
 def alternatives(d: Descriptor, vocab: Any, logits: np.ndarray | None = None,
                  want: np.ndarray | None = None) -> Iterator[tuple[str, Descriptor]]:
-    """(what changed, descriptor) for every single change the diagnosis tries."""
+    """(what changed, descriptor) for every single change the diagnosis tries (``changes`` also
+    names the ones it skips)."""
+    for what, alt in changes(d, vocab, logits, want):
+        if not isinstance(alt, Skipped):
+            yield what, alt
+
+
+def changes(d: Descriptor, vocab: Any, logits: np.ndarray | None = None,
+            want: np.ndarray | None = None) -> Iterator[tuple[str, Descriptor | Skipped]]:
+    """(what changed, descriptor or ``Skipped``) for every single change of ``d`` the diagnosis
+    considers. An attention op swaps in only where the layer's projections are the ones it reads:
+    an op with its own projection layout (e.g. MLA, a token mixer) needs parameters and tensors a
+    layer described for another op does not carry, so those swaps are ``Skipped``."""
     names = {}
     for entry in vocab:
         names.setdefault(entry.op.slot, []).append(entry.op.name)
@@ -226,12 +338,24 @@ def alternatives(d: Descriptor, vocab: Any, logits: np.ndarray | None = None,
                 tables = list(d.rope_tables)
                 tables[i] = attrs.evolve(table, pairing=alt)
                 yield f"rope={alt} (stated: rope={table.pairing})", attrs.evolve(d, rope_tables=tables)
+    for kind in LAYER_KINDS:
+        flipped = flip_rope_scaling(d, kind)
+        if not isinstance(flipped, str):
+            yield flipped
 
     def per_layer(slot: str, get: Callable[[Any], str], put: Callable[[Any, str], Any]) -> Iterator[tuple[str, Any]]:
         for value in dict.fromkeys(get(layer) for layer in d.layers if get(layer) is not None):
             for alt in others(slot, value):
+                what = f"{slot}={alt} (stated: {slot}={value})"
+                if slot == "attention":
+                    have, need = _layout_name(vocab, slot, value), _layout_name(vocab, slot, alt)
+                    if have != need:
+                        yield what, Skipped(what, f"attention={alt} reads its own projections "
+                                                  f"({need or 'the standard ones'}), the layers were described "
+                                                  f"for {have or 'the standard ones'}")
+                        continue
                 layers = [put(layer, alt) if get(layer) == value else layer for layer in d.layers]
-                yield f"{slot}={alt} (stated: {slot}={value})", attrs.evolve(d, layers=layers)
+                yield what, attrs.evolve(d, layers=layers)
 
     yield from per_layer("activation", lambda ly: ly.ffn.activation,
                          lambda ly, a: attrs.evolve(ly, ffn=attrs.evolve(ly.ffn, activation=a)))
@@ -300,11 +424,17 @@ def diagnose(path: str | Path, ids: Sequence[int], want: np.ndarray, tolerance: 
              f"archrun {got[element]:.6g}, {reference_name} {want[element]:.6g})"]
     vocab = build_vocabulary(pm)
     pre_cap = next((r.out for r in reversed(stated) if r.op == "output"), None)
-    for what, d in alternatives(model.descriptor, vocab, pre_cap, want):
+    skipped: list[Skipped] = []
+    for what, d in changes(model.descriptor, vocab, pre_cap, want):
+        if isinstance(d, Skipped):
+            skipped.append(d)
+            continue
         try:
             alt = build(path, d, pm)
             alt_logits, alt_trace = trace(alt, ids)
-        except (ArchrunError, ValueError, TypeError):
+        except (ArchrunError, ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+            # the op cannot run the layer as described (a parameter or tensor it needs is not there)
+            skipped.append(Skipped(what, f"{type(e).__name__}: {e}"))
             continue
         if first_diff(alt_logits, want, tolerance) is None:
             div = first_divergence(stated, alt_trace, tolerance)
@@ -318,4 +448,8 @@ def diagnose(path: str | Path, ids: Sequence[int], want: np.ndarray, tolerance: 
     else:
         lines.append("no single convention change makes archrun match it (the math of an op, a weight "
                      "layout or a key may be wrong): compare per-op activations with archrun.conformance.trace")
+        if skipped:
+            lines.append(f"changes not tried ({len(skipped)}; the model cannot take them): "
+                         + "; ".join(f"{s.what}: {s.why}" for s in skipped[:6])
+                         + ("; ..." if len(skipped) > 6 else ""))
     return "\n".join(lines)

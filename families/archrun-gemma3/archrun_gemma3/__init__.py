@@ -1,7 +1,8 @@
 """archrun family plugin for Gemma 3 (descriptions only, no math).
 
 What gemma3 files do not say (llama.cpp src/models/gemma3.cpp, HF modeling_gemma3.py):
-- rope pairing NEOX; sliding layers use rope.freq_base_swa (default 10000) and no scaling;
+- rope pairing NEOX; sliding (local) layers rotate plain: rope.freq_base_swa (default 10000) and
+  no scaling (`swa_rope="plain"`; llama.cpp: freq_scale_swa 1; HF: the local layers' default rope);
 - unless attention.sliding_window_pattern is present, layer i is sliding iff i % 6 < 5;
 - token embeddings are scaled by sqrt(n_embd); the FFN is GeGLU with tanh-GELU;
 - sandwich norms (post_attention_norm, post_ffw_norm) are found by tensor presence, and the
@@ -35,6 +36,7 @@ HINTS = {
         activation="gelu_tanh",
         embed_scale="sqrt_n_embd",
         swa_period=6,
+        swa_rope="plain",
         defaults={"rope.freq_base_swa": 10000.0},
         chat_template=CHAT_TEMPLATE,
         **TRANSFORMER,

@@ -1,7 +1,10 @@
 """archrun family plugin for gpt-oss (descriptions only, no math).
 
 What gpt-oss files do not say (llama.cpp src/models/openai-moe.cpp, HF modeling_gpt_oss.py): rope
-NEOX pairing; layers alternate sliding (even) and full attention (period 2); the norm before the
+NEOX pairing; layers alternate sliding (even) and full attention (period 2), every layer with the
+same rope (the file's YaRN and its attention factor: HF's one rotary embedding, llama.cpp's
+default for sliding layers); YaRN's correction dims are not rounded (HF's `truncate: false`, the
+released checkpoints' setting; llama.cpp rounds them); the norm before the
 MoE is stored as `post_attention_norm`; experts use the clamped SwiGLU ("swiglu_oai": alpha
 1.702, limit 7, up + 1); routing is top-k on the router logits then a softmax over the selected
 ones, which equals softmax gating with the selected weights renormalised. Attention sinks, the
@@ -15,6 +18,7 @@ from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
 HINTS = {
     "gpt-oss": FamilyHints(name="gpt-oss", rope_pairing="neox", activation="swiglu_oai", embed_scale=1.0,
                            gating="softmax", moe_weights_norm=True, swa_period=2,
+                           yarn_truncate=False,
                            tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight", "post_attn_norm": None},
                            **TRANSFORMER),
 }

@@ -71,7 +71,7 @@ class Rope:
                 original_context=spec.original_context, context=spec.context, beta_fast=spec.beta_fast,
                 beta_slow=spec.beta_slow, ext_factor=spec.ext_factor, attn_factor=spec.attn_factor,
                 attn_scale=spec.attn_scale, short_factors=short_factors, long_factors=long_factors,
-                freq_factors=freq_factors)
+                freq_factors=freq_factors, truncate=spec.truncate)
         except ValueError as e:
             raise MetadataError(f"rope table: {e}") from None
         self.n_rot = spec.n_rot
