@@ -19,11 +19,22 @@ try:
 except ImportError:  # no advisory locks (Windows): unused cache folders are pruned by age alone
     fcntl = None
 
-# Every kernel: cached per CPU model, fast float math, releases the GIL. error_model="numpy": a
-# float division by zero gives Inf/NaN as IEEE says instead of raising ZeroDivisionError, so
-# activations that overflow (finite weights near float32's limit) end in NaN logits, which the
-# sampler reports (NumericalError), exactly as on the reference backend.
-JIT = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
+# The float flags of every kernel: a kernel's bits must depend on its inputs only. LLVM may assume
+# its float operands are neither NaN nor infinite (nnan, ninf): the folds those allow are exact for
+# finite values (x - x -> 0, comparisons without NaN cases, vectorised min/max). It may NOT
+# reassociate sums (reassoc), fuse a * b + c into one rounding (contract), turn divisions into
+# reciprocals (arcp), approximate functions (afn) or drop the sign of zero (nsz): each of those is
+# applied or not depending on how a caller inlined the kernel and on the compile itself, so a
+# product computed for one token, a batch row, a verification span or in another process would
+# round differently. Reductions state their order in code (lane accumulators, explicit trees) and
+# fused multiply-adds are explicit (llvm.fma in the SIMD intrinsics). docs/determinism.md lists the
+# kernels and their flags.
+EXACT_MATH = frozenset({"nnan", "ninf"})
+# Every kernel: cached per CPU model, the exact float flags above, releases the GIL.
+# error_model="numpy": a float division by zero gives Inf/NaN as IEEE says instead of raising
+# ZeroDivisionError, so activations that overflow (finite weights near float32's limit) end in NaN
+# logits, which the sampler reports (NumericalError), exactly as on the reference backend.
+JIT = dict(cache=True, fastmath=set(EXACT_MATH), nogil=True, error_model="numpy")
 # Kernels that split output rows over numba's thread pool.
 JIT_PAR = dict(JIT, parallel=True)
 
