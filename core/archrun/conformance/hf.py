@@ -373,6 +373,7 @@ def _common_metadata(hp: Mapping[str, Any], block_count: int, file_type) -> dict
     }
     if "sliding_attention" in rope:
         meta["add_rope_freq_base_swa"] = rope["sliding_attention"]["rope_theta"]
+    meta.update(_rope_scaling_metadata(rope.get("full_attention", rope)))
     meta["add_layer_norm_rms_eps"] = hp["rms_norm_eps"]
     n_expert = hp.get("num_local_experts") or hp.get("n_routed_experts")
     if n_expert is not None:
@@ -386,6 +387,23 @@ def _common_metadata(hp: Mapping[str, Any], block_count: int, file_type) -> dict
         meta["add_key_length"] = hp["head_dim"]
         meta["add_value_length"] = hp["head_dim"]
     meta["add_file_type"] = file_type
+    return meta
+
+
+def _rope_scaling_metadata(rope: Mapping[str, Any]) -> dict[str, Any]:
+    """``TextModel.set_gguf_parameters``'s rope scaling keys (linear and yarn; of the full-attention
+    layers' rope when the config has one per layer type)."""
+    kind, factor = rope.get("rope_type"), rope.get("factor")
+    if factor is None or kind not in ("linear", "yarn"):
+        return {}
+    meta = {"add_rope_scaling_type": gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN,
+            "add_rope_scaling_factor": factor}
+    if kind == "yarn":
+        meta["add_rope_scaling_orig_ctx_len"] = rope["original_max_position_embeddings"]
+        for field, method in (("beta_fast", "add_rope_scaling_yarn_beta_fast"),
+                              ("beta_slow", "add_rope_scaling_yarn_beta_slow")):
+            if rope.get(field) is not None:
+                meta[method] = rope[field]
     return meta
 
 

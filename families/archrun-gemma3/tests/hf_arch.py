@@ -19,8 +19,10 @@ _S, _F = "sliding_attention", "full_attention"
 
 def _rope_parameters(kw):
     theta, local = kw.pop("rope_theta"), kw.pop("rope_local_base_freq")
+    factor = kw.pop("rope_linear_factor", None)  # Gemma 3 4B/12B/27B: linear x8 on the global layers only
+    full = {"rope_type": "linear", "factor": factor} if factor else {"rope_type": "default"}
     return {
-        "full_attention": {"rope_type": "default", "rope_theta": theta},
+        "full_attention": {**full, "rope_theta": theta},
         "sliding_attention": {"rope_type": "default", "rope_theta": local},
     }
 
@@ -53,6 +55,9 @@ FIXTURES = (
                 {"num_hidden_layers": 8, "sliding_window": 4, "layer_types": [_S, _S, _F, _S, _S, _F, _S, _F],
                  "final_logit_softcapping": 3.0, "tie_word_embeddings": False, "num_key_value_heads": 1,
                  "rope_theta": 20000.0, "rope_local_base_freq": 1000.0}),
+    # the released 4B-27B rope: linear x8 on the global layers, the local layers plain (base 10000)
+    TinyFixture("gemma3_linear8_global", "gemma3", 4, {"rope_linear_factor": 8.0, "num_hidden_layers": 6,
+                                                       "sliding_window": 4}),
     # every bias transformers offers (attention_bias: q/k/v and o): HF is the only reference
     TinyFixture("gemma3_attention_bias", "gemma3", 3, {"attention_bias": True},
                 llama_cpp="llama.cpp's gemma3 loader takes no attention biases (wrong tensor count)"),
