@@ -99,3 +99,19 @@ def test_available_memory_reads_the_os_figure():
     available = tiered.available_memory()
     if Path("/proc/meminfo").exists():
         assert available is not None and available > 0
+
+
+def test_one_warm_up_per_model_and_kernel_cache(fresh):
+    """A second start while the first one's warm-up runs compiles nothing itself: it waits for that stamp."""
+    first = tiered.load(fresh)
+    second = tiered.load(fresh)
+    try:
+        assert first._proc is not None
+        assert second._proc is None and second.backend == "reference"  # no second compile of the same kernels
+        cache = second.init_cache(8)
+        assert second.forward_step(_ids(second, 3), cache).shape == (second.descriptor.n_vocab,)
+        assert second.wait_fast(timeout=900) and tiered.is_warm(fresh)
+        assert second._proc is None
+    finally:
+        first.close()
+        second.close()

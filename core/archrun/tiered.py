@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -64,33 +65,68 @@ def is_warm(path: str | os.PathLike) -> bool:
     return stamp is None or stamp.exists()
 
 
+def _claim_warm_up(path: str | os.PathLike) -> tuple[Any, bool]:
+    """(an open file holding the exclusive lock of this model's warm-up, or None; whether another process
+    holds it: a warm-up of the same file into the same kernel cache is running). Without a usable cache
+    or advisory locks: (None, False), and every start runs its own warm-up."""
+    from archrun.kernels import _jit
+
+    stamp = _stamp(path)
+    if stamp is None or _jit.fcntl is None:
+        return None, False
+    lock = open(stamp.with_name(stamp.name + ".compiling"), "a+b")  # noqa: SIM115 (held by the warm-up)
+    try:
+        _jit.fcntl.flock(lock, _jit.fcntl.LOCK_EX | _jit.fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return None, True
+    return lock, False
+
+
 class TieredModel:
     """A Decoder on the reference backend until the fast model is ready, then on the fast one.
 
     Every attribute is the active model's (descriptor, tokenizer, caps, init_cache,
     forward_step, ...); reading one first switches to the fast model when its warm-up has
     finished, so a generation switches at a token boundary. `backend` says which one runs.
+    One warm-up runs per model file and kernel cache: a start that finds another process's warm-up
+    of the same file running waits for its stamp instead of compiling the same kernels again.
     """
 
     def __init__(self, path: str | os.PathLike, load_kwargs: dict[str, Any]):
         from archrun.api import load
 
-        self._path, self._kwargs, self._failed = str(path), load_kwargs, False
+        self._path, self._kwargs, self._failed, self._elsewhere = str(path), load_kwargs, False, False
         self._proc: subprocess.Popen | None = None
         self._active = load(self._path, backend="reference", **load_kwargs)
-        hints = json.dumps(dict(load_kwargs.get("hints") or {}))
+        self._start_warm_up()
+
+    def _start_warm_up(self) -> None:
+        """Start this model's warm-up process, unless another process's is running (then wait for its stamp)."""
+        lock, self._elsewhere = _claim_warm_up(self._path)
+        if self._elsewhere:
+            return
+        hints = json.dumps(dict(self._kwargs.get("hints") or {}))
         # the warm-up outlives this process if it must (the next start is then fast); its messages
-        # go to a file, not a pipe nobody may read
+        # go to a file, not a pipe nobody may read; it inherits the lock and holds it until it exits
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (kept open while the warm-up runs)
-        self._proc = subprocess.Popen([sys.executable, "-m", "archrun.tiered", self._path, hints],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log)
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-m", "archrun.tiered", self._path, hints],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
+                                          pass_fds=(lock.fileno(),) if lock is not None else ())
+        finally:
+            if lock is not None:
+                lock.close()  # the child's copy keeps the lock
 
     @property
     def backend(self) -> str:
         """"reference" while the fast kernels compile, then "fast"."""
-        return "reference" if self._proc is not None or self._failed else "fast"
+        return "reference" if self._proc is not None or self._elsewhere or self._failed else "fast"
 
     def _switch(self) -> None:
+        if self._elsewhere:
+            self._after_other_warm_up()
+            return
         if self._proc is None or self._proc.poll() is None:
             return
         proc, self._proc = self._proc, None
@@ -106,6 +142,20 @@ class TieredModel:
         from archrun.api import load
 
         self._active = load(self._path, backend="fast", **self._kwargs)
+
+    def _after_other_warm_up(self) -> None:
+        """Another process's warm-up: go fast once its stamp is there; if it ended without one, warm up here."""
+        if is_warm(self._path):
+            from archrun.api import load
+
+            self._elsewhere = False
+            self._active = load(self._path, backend="fast", **self._kwargs)
+            return
+        lock, running = _claim_warm_up(self._path)
+        if lock is not None:
+            lock.close()
+        if not running:  # it ended (killed, failed) before its stamp
+            self._start_warm_up()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # this wrapper's own state (absent only while constructing)
@@ -125,9 +175,15 @@ class TieredModel:
 
     def wait_fast(self, timeout: float | None = None) -> bool:
         """Wait for the warm-up (at most `timeout` s) and switch; whether the fast model now runs."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._elsewhere and (deadline is None or time.monotonic() < deadline):
+            self._switch()
+            if self._elsewhere:
+                time.sleep(0.05)
         if self._proc is not None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout)
+                self._proc.wait(left)
         self._switch()
         return self.backend == "fast"
 
