@@ -219,6 +219,73 @@ def test_template_builders_are_refused_before_they_allocate(expr) -> None:
     assert time.monotonic() - t0 < 1.0  # refused up front, not after building a gigabyte
 
 
+# templates that allocate before their bounds: values cheap to hold (one string shared by a million list
+# items) that flattening, joining or multiplying turns into terabytes; refused from their estimates
+ALLOCATING_TEMPLATES = [
+    "{% set a = ['x' * 1000000] * 1000000 %}{{ a|join|length }}",
+    "{% set a = 'x' * 1000000 %}{% set b = [a, a, a, a, a, a, a, a] %}{% set c = [b, b, b, b, b, b, b, b] %}"
+    "{{ c|join|length }}{{ c|tojson|length }}{{ c }}",
+    "{% set a = 'x' * 1000000 %}{% set b = [a, a, a, a, a, a, a, a] %}{{ b ~ b }}",
+    "{% set a = 'x' * 1000000 %}{% set b = [a, a, a, a, a, a, a, a] %}{{ '%s' % (b,) }}",
+    "{% set a = 'x' * 1000000 %}{% set b = [a, a, a, a, a, a, a, a] %}{{ '{}'.format(b) }}",
+    "{% set a = ['x' * 1000000] * 1000000 %}{{ a|string|length }}",
+    "{% set a = ['x' * 1000000] * 1000000 %}{{ a|unique|list|length }}",
+    "{% set a = [[1]] * 1000000 %}{{ a|sum(start=[])|length }}",
+    "{{ range(100000)|join('x' * 1000000) }}", "{{ range(100000)|map('string')|join('x' * 1000000) }}",
+    "{{ ''.join(range(100000)|map('string')|list) }}{{ ('x' * 1000000).join(range(100000)|map('string')) }}",
+    "{{ (('a\n' * 500000)|indent(1000000))|length }}", "{{ ('\t' * 1000000).expandtabs(1000000)|length }}",
+    "{{ ('a' * 1000000)|replace('a', 'b' * 1000000)|length }}", "{{ ('a' * 1000000).replace('a', 'b' * 1000000) }}",
+    "{{ ('a' * 1000000).translate({97: 'b' * 1000000})|length }}",
+    "{{ dict.fromkeys(range(100000), 'x' * 1000000)|tojson|length }}",
+    "{{ ('ab\n' * 300000)|wordwrap(2, wrapstring='x' * 1000000)|length }}",
+    "{{ ('%999999s' * 100000) % ((1,) * 100000) }}", "{{ ('{:999999}' * 100000).format(*range(100000)) }}",
+    "{{ ('{:>{}}' * 100000).format(*([1, 1000000] * 100000)) }}",
+    "{% set ns = namespace(x=[]) %}{% for i in range(40) %}{% set ns.x = ns.x + ns.x + ['y' * 1000] %}"
+    "{% endfor %}{{ ns.x|length }}",
+    "{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = [ns.s, ns.s] %}{% endfor %}"
+    "{{ ns|string|length }}",
+    "{{ messages|tojson(indent=1000000) }}", "{{ range(10)|batch(1000000, 'x' * 1000000)|list|length }}",
+    "{{ (['x' * 100000] * 10)|map('center', 1000000)|join|length }}",
+]
+
+
+def test_templates_that_allocate_are_refused_under_a_2_gib_address_space() -> None:
+    """Each construct ends in ChatTemplateError naming the budget, refused from an estimate before it allocates:
+    no MemoryError in a process limited to 2 GiB of address space, and each within a second."""
+    out = _python(f"""
+        import json, resource, time
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+        from archrun.chat_template import render_chat
+        from archrun.errors import ArchrunError
+        results = []
+        for t in {json.dumps(ALLOCATING_TEMPLATES)}:
+            t0 = time.monotonic()
+            try:
+                render_chat(t, [{{"role": "user", "content": "hi"}}])
+                got = "rendered"
+            except ArchrunError as e:
+                got = type(e).__name__ + ": " + str(e)
+            except BaseException as e:
+                got = "untyped " + type(e).__name__ + ": " + str(e)
+            results.append([got[:300], time.monotonic() - t0])
+        print(json.dumps(results))
+    """, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    for template, (got, seconds) in zip(ALLOCATING_TEMPLATES, results, strict=True):
+        assert got.startswith("ChatTemplateError: chat template exceeded its budget"), (template, got)
+        assert "MemoryError" not in got and seconds < 1.5, (template, got, seconds)
+
+
+def test_templates_real_and_small_still_render() -> None:
+    """The budgets count what is built, not what is held: a large conversation's tools and contents pass."""
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(50)]
+    text = render_chat("{{ tools|tojson(indent=2) }}{% for m in messages %}{{ m.content|trim }}{% endfor %}"
+                       "{{ messages|map(attribute='role')|join(', ') }}{{ range(1000)|sum }}"
+                       "{{ [[1], [2]]|sum(start=[]) }}", [{"role": "user", "content": "x" * 200_000}] * 3, tools=tools)
+    assert len(text) > 600_000 and text.endswith("user, user, user499500[1, 2]")
+
+
 # ---- 3. the BPE engine's Rust panics ---------------------------------------------------------------
 
 def test_merge_whose_result_is_no_token_is_a_tokenizer_error() -> None:

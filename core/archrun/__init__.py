@@ -17,6 +17,7 @@ from archrun.errors import (
     MetadataError,
     MissingTensor,
     ModelLoadError,
+    ModelMismatch,
     NumericalError,
     PluginError,
     ShapeMismatch,
@@ -32,8 +33,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArchrunError", "ArchrunWarning", "ChatTemplateError", "ContextOverflow", "InvalidRequest",
-    "MetadataError", "MissingTensor", "ModelLoadError", "NumericalError", "PluginError", "ShapeMismatch",
-    "TokenizerError",
+    "MetadataError", "MissingTensor", "ModelLoadError", "ModelMismatch", "NumericalError", "PluginError",
+    "ShapeMismatch", "TokenizerError",
     "UnknownVocabulary", "UnsupportedArchitecture", "UnsupportedQuantType", "VocabularyMismatch", "WrongBlockStyle",
     "load", "Descriptor", "Tokenizer", "generate", "chat",
 ]

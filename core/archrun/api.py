@@ -6,6 +6,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import pluggy
+
 from archrun.compile import compile_gguf
 from archrun.errors import InvalidRequest, shown
 from archrun.ggufio import open_gguf
@@ -33,12 +35,18 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     threads: compute threads for the fast kernels (default: numba's default).
     progress: called as progress(stage, done, total) during slow steps (the CLI shows a bar).
     """
-    backend = backend or "fast"
-    if backend not in BACKENDS:
+    backend = "fast" if backend is None or (isinstance(backend, str) and not backend) else backend
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise InvalidRequest(f"backend must be one of {', '.join(BACKENDS)}, got {shown(backend)}")
+    if progress is not None and not callable(progress):
+        raise InvalidRequest(f"progress must be a callable (stage, done, total) or None, got {shown(progress)}")
+    progress = _reporting(progress)
+    if plugins is not None and not isinstance(plugins, pluggy.PluginManager):
+        raise InvalidRequest(f"plugins must be a pluggy PluginManager (archrun.plugins.make_plugin_manager), got "
+                             f"{type(plugins).__name__}")
     if threads is not None:
         _set_threads(threads)
-    pm = plugins or default_plugin_manager()
+    pm = plugins if plugins is not None else default_plugin_manager()
     vocab = build_vocabulary(pm)
     if block_style is not None and (not isinstance(block_style, str) or ("block_style", block_style) not in vocab):
         styles = ", ".join(sorted(e.op.name for e in vocab if e.op.slot == "block_style"))
@@ -60,6 +68,20 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
         gguf.close()
         raise
     return model
+
+
+def _reporting(progress: Callable[[str, int, int], None] | None) -> Callable[[str, int, int], None] | None:
+    """The caller's progress callback; one that fails (e.g. takes other arguments) is InvalidRequest."""
+    if progress is None:
+        return None
+
+    def report(stage: str, done: int, total: int) -> None:
+        try:
+            progress(stage, done, total)
+        except Exception as exc:  # noqa: BLE001 - the caller's code, reported as what it is
+            raise InvalidRequest(f"the progress callback failed: {type(exc).__name__}: {exc}"[:300]) from exc
+
+    return report
 
 
 def _throwaway_steps(model: Interpreter) -> None:

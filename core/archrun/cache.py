@@ -22,10 +22,14 @@ a prefix with them (the next chat turn, a shared system prompt) only computes wh
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
-from archrun.errors import ContextOverflow, InvalidRequest, KvTypeUnsupported, shown
+import attrs
+import numpy as np
+
+from archrun.errors import ContextOverflow, InvalidRequest, KvTypeUnsupported, ModelMismatch, check_count, shown
 
 KV_TYPES = ("f32", "f16", "q8_0")  # K/V row formats init_cache knows by name (each op says which it stores)
 
@@ -38,16 +42,108 @@ def kv_options(kv_type: Any) -> dict[str, str]:
     return {} if kv_type == "f32" else {"kv_type": kv_type}
 
 
-class KvCache:
-    """Per-layer slots (layout declared by each layer's block op) plus the cached length."""
+@attrs.frozen
+class CacheOwner:
+    """The identity and geometry of the model that made a cache (`Decoder.cache_owner`).
 
-    def __init__(self, slots: Sequence[Any], capacity: int, kv_type: str = "f32"):
+    `key` names the model: its file (device, inode, size, modification time) and its descriptor
+    (block style aside), so the same file loaded again, on either backend, makes caches the other
+    accepts (the tiered start switches backends mid-generation); `geometry` is what shapes its slots:
+    the layer count and each layer's (attention kind, KV heads, key width, value width, window).
+    """
+
+    name: str                  # the model file's name, for messages
+    key: str
+    geometry: tuple
+
+    def describe(self) -> str:
+        """'NAME (L layers, KV heads x key/value widths ...)' for error messages."""
+        kinds = dict.fromkeys(f"{kv}x{hd}/{vd}{f' window {w}' if w else ''}" for _, kv, hd, vd, w in self.geometry)
+        return f"{self.name!r} ({len(self.geometry)} layers, KV heads x key/value widths {', '.join(kinds)})"
+
+
+def _held(entry: tuple) -> Any:
+    """The array a seal entry's holder holds now under its name."""
+    return entry[1].get(entry[2])
+
+
+def _signature(a: np.ndarray) -> tuple:
+    """What a kernel relies on in an array besides its identity: shape, strides, dtype, writable."""
+    return a.shape, a.strides, a.dtype, a.flags.writeable
+
+
+def _seal(slots: Sequence[Any]) -> tuple:
+    """What a cache's slots hold when made: (layer, holder, name, array, signature) of
+    every numpy array a slot keeps as an attribute, in a dict attribute (a recurrent state's arrays) or in a
+    slot it holds (PairSlot). `KvCache.verify` compares them: the kernels read and write these arrays by
+    address and do not bounds-check, so an array replaced, resized or made non-contiguous is refused."""
+    out = []
+
+    def walk(layer: int, obj: Any, depth: int) -> None:
+        held = getattr(obj, "__dict__", None)
+        if not isinstance(held, dict):
+            return
+        for name, value in held.items():
+            if isinstance(value, np.ndarray):
+                out.append((layer, held, name, value, _signature(value)))
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    if isinstance(item, np.ndarray):
+                        out.append((layer, value, key, item, _signature(item)))
+            elif depth < 2 and not isinstance(value, type) and hasattr(value, "__dict__") and hasattr(value, "nbytes"):
+                walk(layer, value, depth + 1)  # a slot held by a slot (PairSlot's attention and mixer)
+
+    for i, slot in enumerate(slots):
+        walk(i, slot, 0)
+    return tuple(out)
+
+
+class KvCache:
+    """Per-layer slots (layout declared by each layer's block op) plus the cached length.
+
+    `owner` (a CacheOwner) is the model that made it (init_cache); every step of a model first
+    checks it (`verify`): the same model (its file and geometry), the very slots and slot arrays
+    made then, with their shapes, dtypes and strides. Checked once per step, a few comparisons a layer.
+    """
+
+    def __init__(self, slots: Sequence[Any], capacity: int, kv_type: str = "f32", owner: CacheOwner | None = None):
         self.slots = list(slots)
         self.capacity = capacity
         self.kv_type = kv_type  # how the slots store K/V rows (init_cache's kv_type)
+        self.owner = owner
         self._n = 0
         self._peak = 0  # the longest length reached since the last clear (ring slots lose rows past it)
         self._stateful = [s for s in self.slots if callable(getattr(s, "can_restore", None))]
+        self._made = (tuple(self.slots), capacity, kv_type, owner, _seal(self.slots))
+        self._arrays = ([a for *_, a, _ in self._made[4]], [sig for *_, sig in self._made[4]])
+
+    def verify(self, owner: CacheOwner | None = None) -> None:
+        """Raise ModelMismatch unless this cache was made by `owner`'s model (when given) and still holds
+        the slots and slot arrays it was made with (the same objects, shapes, dtypes and strides)."""
+        slots, capacity, kv_type, made_by, seal = self._made
+        if owner is not None and made_by is not owner and made_by != owner:
+            if made_by is None:
+                raise ModelMismatch(f"this cache was not made by a model's init_cache; model {owner.describe()} "
+                                    "runs only on caches it made")
+            if made_by.geometry != owner.geometry:
+                raise ModelMismatch(f"this cache was made by model {made_by.describe()}, whose layers differ from "
+                                    f"model {owner.describe()}'s: make one with this model's init_cache()")
+            raise ModelMismatch(f"this cache was made by model {made_by.describe()}, not by {owner.describe()} "
+                                "(same geometry, other weights): make one with this model's init_cache()")
+        if (self.owner is not made_by or self.capacity != capacity or self.kv_type != kv_type
+                or type(self._n) is not int or not 0 <= self._n <= capacity or len(self.slots) != len(slots)
+                or any(a is not b for a, b in zip(self.slots, slots, strict=True))):
+            raise ModelMismatch("this cache's slots, capacity, kv type or length were replaced after it was made "
+                                "(make a new one with init_cache())")
+        arrays, signatures = self._arrays
+        if (any(map(operator.is_not, map(_held, seal), arrays))
+                or list(map(_signature, arrays)) != signatures):  # one pass each: ~0.5 us an array
+            for layer, holder, name, arr, signature in seal:
+                if holder.get(name) is not arr or _signature(arr) != signature:
+                    shape, strides, dtype, writeable = signature
+                    raise ModelMismatch(f"layer {layer}'s cache array {name!r} was replaced or changed after the "
+                                        f"cache was made (made as {dtype} {list(shape)}, strides {list(strides)}"
+                                        f"{'' if writeable else ', read-only'}; make a new cache with init_cache())")
 
     def __len__(self) -> int:
         return self._n
@@ -93,6 +189,7 @@ class KvCache:
 
     def can_restore(self, length: int) -> bool:
         """Whether the cache can return exactly to its first `length` tokens (0 always: a clear)."""
+        length = check_count("length", length)
         if length == self._n or length == 0:
             return True
         if not 0 < length < self._n or not self._ring_reaches(length):
@@ -106,7 +203,7 @@ class KvCache:
         latest checkpoint the stateful slots all keep (a recomputation from there costs
         `length - restore_point(length)` tokens).
         """
-        length = max(0, min(int(length), self._n))
+        length = min(check_count("length", length), self._n)
         if self._n - length <= self.max_rewind or self.can_restore(length):
             return length
         kept = {p for s in self._stateful for p in getattr(s, "checkpoints", ())}
@@ -117,6 +214,7 @@ class KvCache:
 
         `n` must lead to a length the cache can restore (`restore_point(len(self) - n)`).
         """
+        self.verify()
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self._n:
             raise InvalidRequest(f"cannot rewind {shown(n)} tokens from a cache holding {self._n}")
         target = self._n - n
@@ -133,6 +231,7 @@ class KvCache:
 
     def checkpoint(self) -> None:
         """Keep the current state as a restore point (stateful slots copy theirs; rows need nothing)."""
+        self.verify()
         for s in self._stateful:
             s.checkpoint(self._n)
 
@@ -185,6 +284,8 @@ def restore_point(cache: Any, length: int) -> int:
 
     Caches that only state `max_rewind` return to any length within it.
     """
+    _check_cache(cache)
+    length = check_count("length", length)
     ask = getattr(cache, "restore_point", None)
     if ask is not None:
         return ask(length)
@@ -202,6 +303,27 @@ def rewind_to(cache: Any, length: int) -> int:
     else:
         cache.rewind(len(cache) - keep)
     return keep
+
+
+def _check_cache(cache: Any) -> None:
+    """InvalidRequest unless `cache` is a model's cache (len, rewind, clear, and max_rewind or restore_point)."""
+    needed = callable(getattr(type(cache), "__len__", None)) and all(
+        callable(getattr(cache, name, None)) for name in ("rewind", "clear"))
+    if not needed or not (hasattr(cache, "max_rewind") or callable(getattr(cache, "restore_point", None))):
+        raise InvalidRequest(f"cache must be a model's cache (init_cache()), got {type(cache).__name__}")
+
+
+def _check_ids(ids: Any, what: str) -> list[int]:
+    """Token ids as a list of non-negative ints (InvalidRequest otherwise)."""
+    if isinstance(ids, str | bytes | bytearray) or not isinstance(ids, Sequence | np.ndarray | range):
+        raise InvalidRequest(f"{what} must be a sequence of token ids, got {type(ids).__name__}")
+    try:
+        arr = np.asarray(ids)
+    except Exception:  # noqa: BLE001 - ragged, self-referencing, items that fail to read
+        raise InvalidRequest(f"{what} must be a sequence of token ids") from None
+    if arr.ndim != 1 or (arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0)):
+        raise InvalidRequest(f"{what} must be a 1-D sequence of non-negative token ids")
+    return [int(t) for t in arr]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -226,6 +348,7 @@ class PrefixCache:
     """
 
     def __init__(self, cache: Any):
+        _check_cache(cache)
         self.cache = cache
         self.ids: list[int] = []
         self._prompt_end = 0   # the length at which the prompt being fed is complete (0: none pending)
@@ -238,7 +361,9 @@ class PrefixCache:
 
     def prepare(self, prompt: Sequence[int]) -> list[int]:
         """Rewind to the prefix shared with `prompt`; return the suffix of `prompt` to feed."""
-        prompt = [int(t) for t in prompt]
+        prompt = _check_ids(prompt, "prompt")
+        if not prompt:
+            raise InvalidRequest("prepare needs a non-empty prompt")
         keep = rewind_to(self.cache, min(common_prefix(self.ids, prompt), len(prompt) - 1))
         del self.ids[keep:]
         self._prompt_end = len(prompt)
@@ -247,7 +372,7 @@ class PrefixCache:
 
     def fed(self, ids: Sequence[int]) -> None:
         """Record ids the model just appended to the cache."""
-        self.ids.extend(int(t) for t in ids)
+        self.ids.extend(_check_ids(ids, "ids"))
         if self._prompt_end and len(self.ids) >= self._prompt_end:
             self._prompt_end = 0
             keep = getattr(self.cache, "checkpoint", None)

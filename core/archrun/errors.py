@@ -78,6 +78,11 @@ class KvTypeUnsupported(InvalidRequest):
     """init_cache asked for a kv type (KV cache row format) that a layer's op cannot store."""
 
 
+class ModelMismatch(InvalidRequest):
+    """A per-sequence object (a cache, a generation request, a drafter's or a grammar's state) was made by
+    another model than the one it was given to, or its internals were replaced after it was made."""
+
+
 class VocabularyMismatch(InvalidRequest):
     """A draft model's vocabulary differs from its target's (speculative decoding refuses the pair)."""
 
@@ -92,3 +97,24 @@ class NumericalError(ArchrunError):
 
 class ArchrunWarning(UserWarning):
     """Warnings about assumptions archrun made (generic architecture, unused keys)."""
+
+
+def check_flag(name: str, value: object) -> bool:
+    """A True/False option (numpy bools too) as a bool; anything else is InvalidRequest (an object whose
+    truth value raises, an array, a string)."""
+    import numpy as np
+
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise InvalidRequest(f"{name} must be True or False, got {shown(value)}")
+
+
+def check_count(name: str, value: object, lo: int = 0) -> int:
+    """An integer option >= lo (numpy integers too) as an int; anything else is InvalidRequest."""
+    import numpy as np
+
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise InvalidRequest(f"{name} must be an integer >= {lo}, got {shown(value)}")
+    if value < lo:
+        raise InvalidRequest(f"{name} must be an integer >= {lo}, got {int(value)}")
+    return int(value)

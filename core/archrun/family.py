@@ -153,10 +153,12 @@ class FamilyHints:
 
     def updated(self, hints: Mapping[str, Any] | None) -> FamilyHints:
         """These hints with a caller's `hints` (field -> value; strings from a command line are fine) on top."""
-        if not hints:
+        if hints is None:
             return self
         if not isinstance(hints, Mapping) or not all(isinstance(k, str) for k in hints):
             raise InvalidRequest(f"hints must be a mapping of convention name -> value, got {shown(hints)}")
+        if not hints:
+            return self
         names = {a.name for a in attrs.fields(FamilyHints)} - {"name", "generic", "tensor_names", "defaults",
                                                                  "caller"}
         unknown = sorted(set(hints) - names)

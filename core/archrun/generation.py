@@ -22,7 +22,8 @@ import numpy as np
 
 from archrun.cache import PrefixCache, kv_options
 from archrun.chat_template import chat_prompt
-from archrun.errors import ContextOverflow, InvalidRequest, shown
+from archrun.decoder import Decoder
+from archrun.errors import ContextOverflow, InvalidRequest, ModelMismatch, check_flag, shown
 from archrun.grammar import Constraint, Grammar, make_grammar
 from archrun.sampling import Sampler, SamplingParams
 
@@ -65,6 +66,8 @@ class GenerationRequest:
     params: SamplingParams
     logprobs: int | None = None         # alternatives per token to report (0: the chosen one only); None: off
     grammar: Grammar | None = None      # outputs are constrained to this grammar (archrun.grammar)
+    n_vocab: int | None = None          # the vocabulary the ids and logit_bias were checked against
+    model: Any = None                   # the model's CacheOwner (identity and geometry), when it has one
 
 
 class Generation:
@@ -106,20 +109,47 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
     token and ends only where the grammar is complete (see archrun.grammar).
     archrun.speculative.generate takes the same options and decodes speculatively.
     """
-    if isinstance(prompt, bytes | bytearray):
-        raise InvalidRequest("prompt must be text or a sequence of token ids, not bytes")
-    if not isinstance(prompt, str | list | tuple | range | np.ndarray):
-        raise InvalidRequest(f"prompt must be text or a sequence of token ids, got {type(prompt).__name__}")
-    if cache is not None and not isinstance(cache, PrefixCache):
-        raise InvalidRequest(f"cache must be an archrun.cache.PrefixCache, got {type(cache).__name__}")
+    check_model(model)
+    check_prompt(prompt)
+    check_prefix_cache(cache)
     grammar = make_grammar(grammar, json_schema)
     kv = kv_options(kv_type)
     tok = model.tokenizer
+    add_special, parse_special = check_flag("add_special", add_special), check_flag("parse_special", parse_special)
     ids = list(prompt) if not isinstance(prompt, str) else tok.encode(prompt, add_special, parse_special)
     capacity = cache.capacity if cache is not None else None
     req = make_request(model, ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs, context=capacity,
                        grammar=grammar, **sampling)
     return Generation(lambda gen: _run(gen, model, req, cache, kv))
+
+
+def check_model(model: Any) -> None:
+    """InvalidRequest unless `model` is a Decoder (a loaded archrun model, or anything with its interface)."""
+    if not isinstance(model, Decoder):
+        raise InvalidRequest(f"model must be a model archrun.load returned, got {type(model).__name__}")
+
+
+def check_prompt(prompt: Any) -> None:
+    """InvalidRequest unless `prompt` is text or a sequence of token ids (checked further by make_request)."""
+    if isinstance(prompt, bytes | bytearray):
+        raise InvalidRequest("prompt must be text or a sequence of token ids, not bytes")
+    if not isinstance(prompt, str | list | tuple | range | np.ndarray):
+        raise InvalidRequest(f"prompt must be text or a sequence of token ids, got {type(prompt).__name__}")
+    if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
+        raise InvalidRequest(f"a prompt of token ids must be 1-D, got an array of shape {prompt.shape}")
+
+
+def check_prefix_cache(cache: Any) -> None:
+    """InvalidRequest unless `cache` is None or a PrefixCache over a cache (KvCache or another Cache)."""
+    from archrun.decoder import Cache
+
+    if cache is None:
+        return
+    if not isinstance(cache, PrefixCache):
+        raise InvalidRequest(f"cache must be an archrun.cache.PrefixCache, got {type(cache).__name__}")
+    if not isinstance(cache.cache, Cache) or not isinstance(cache.ids, list):
+        raise InvalidRequest(f"this PrefixCache's cache was replaced by {type(cache.cache).__name__}, which is "
+                             "not a model's cache")
 
 
 def chat(model: Any, messages: Sequence[dict], /, *, template: str | None = None, tools: Any = None,
@@ -136,6 +166,7 @@ def chat(model: Any, messages: Sequence[dict], /, *, template: str | None = None
     reply's content and `result.tool_calls` holds the calls (archrun.tools.ToolCall),
     `result.content` the text outside them, `result.text` the raw reply.
     """
+    check_model(model)
     generation = {k: v for k, v in options.items() if k in _GENERATE_OPTIONS}
     template_vars = {k: v for k, v in options.items() if k not in _GENERATE_OPTIONS}
     from archrun.tools import check_template_vars, plan_tool_chat
@@ -183,9 +214,12 @@ def make_request(model: Any, ids: Sequence[int], *, max_tokens: int | None = 256
     unknown = set(sampling) - _SAMPLING_FIELDS
     if unknown:
         raise InvalidRequest(f"unknown generation option(s): {', '.join(sorted(unknown))}")
+    check_model(model)
     params = SamplingParams(**sampling)
     stops = _check_stops(stop)
     ids = _check_prompt_ids(ids, model.descriptor.n_vocab)
+    if context is not None and not _is_int(context, 1):
+        raise InvalidRequest(f"context must be a positive number of tokens, got {shown(context)}")
     n_ctx = context or model.descriptor.n_ctx
     if len(ids) >= n_ctx:
         raise ContextOverflow(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}")
@@ -198,7 +232,8 @@ def make_request(model: Any, ids: Sequence[int], *, max_tokens: int | None = 256
     Sampler(params, model.descriptor.n_vocab)  # validates logit_bias against the vocabulary
     return GenerationRequest(ids=tuple(ids), budget=budget, stops=stops, params=params,
                              logprobs=None if logprobs is None else int(logprobs),
-                             grammar=make_grammar(grammar))
+                             grammar=make_grammar(grammar), n_vocab=model.descriptor.n_vocab,
+                             model=getattr(model, "cache_owner", None))
 
 
 def _is_int(x: Any, lo: int, hi: int | None = None) -> bool:
@@ -207,6 +242,10 @@ def _is_int(x: Any, lo: int, hi: int | None = None) -> bool:
 
 
 def _check_prompt_ids(ids: Sequence[int], n_vocab: int) -> list[int]:
+    if isinstance(ids, str | bytes | bytearray) or not isinstance(ids, Sequence | np.ndarray | range):
+        raise InvalidRequest(f"prompt token ids must be a sequence of integers, got {type(ids).__name__}")
+    if isinstance(ids, np.ndarray) and ids.ndim != 1:
+        raise InvalidRequest(f"prompt token ids must be 1-D, got an array of shape {ids.shape}")
     if len(ids) == 0:
         raise InvalidRequest("the prompt is empty")
     if not all(_is_int(t, 0) for t in ids):
@@ -229,6 +268,35 @@ def _check_stops(stop: Any) -> tuple[str, ...]:
     return tuple(stop)
 
 
+def check_decoding(tokenizer: Any, request: Any, n_vocab: Any) -> None:
+    """A Decoding's parts agree: a GenerationRequest made for a model with this vocabulary (ModelMismatch
+    naming both sizes otherwise), a tokenizer that fits in it."""
+    if not isinstance(request, GenerationRequest):
+        raise InvalidRequest(f"request must be a GenerationRequest from make_request, got {type(request).__name__}")
+    if not _is_int(n_vocab, 1):
+        raise InvalidRequest(f"n_vocab must be a positive integer, got {shown(n_vocab)}")
+    if not all(hasattr(tokenizer, name) for name in ("eog_ids", "incremental", "n_vocab", "token_to_piece")):
+        raise InvalidRequest(f"tokenizer must be an archrun.Tokenizer, got {type(tokenizer).__name__}")
+    if request.n_vocab is not None and request.n_vocab != n_vocab:
+        raise ModelMismatch(f"this request was made for a model with a vocabulary of {request.n_vocab} tokens, "
+                            f"not {int(n_vocab)}: make it with make_request(model, ...) for the model that runs it")
+    if request.ids and max(request.ids) >= n_vocab:
+        raise ModelMismatch(f"the request's prompt holds id {max(request.ids)}, outside this vocabulary "
+                            f"[0, {int(n_vocab)})")
+
+
+def check_request_for(model: Any, request: Any) -> None:
+    """ModelMismatch unless `request` was made by make_request for `model` (or a model of the same file
+    and geometry)."""
+    if not isinstance(request, GenerationRequest):
+        raise InvalidRequest(f"request must be a GenerationRequest from make_request, got {type(request).__name__}")
+    owner = getattr(model, "cache_owner", None)
+    if request.model is not None and owner is not None and request.model != owner:
+        raise ModelMismatch(f"this request was made for model {request.model.describe()}, not for "
+                            f"{owner.describe()}: make it with make_request(model, ...) for the model that runs it")
+    check_decoding(model.tokenizer, request, model.descriptor.n_vocab)
+
+
 class Decoding:
     """One sequence being generated: each step's logits in, the next token and text out.
 
@@ -238,6 +306,7 @@ class Decoding:
     """
 
     def __init__(self, tokenizer: Any, request: GenerationRequest, n_vocab: int):
+        check_decoding(tokenizer, request, n_vocab)
         self.request = request
         self.sampler = Sampler(request.params, n_vocab)
         self.eog = tokenizer.eog_ids
@@ -264,6 +333,11 @@ class Decoding:
     def push(self, nxt: int, logits: np.ndarray) -> str:
         """Take `nxt` as the next token (chosen from logits [vocab], e.g. by speculative decoding's
         acceptance rule); return the newly streamable text ('' if none yet)."""
+        if not _is_int(nxt, 0, self.sampler.n_vocab - 1):
+            raise InvalidRequest(f"the next token must be an id in [0, {self.sampler.n_vocab}), got {shown(nxt)}")
+        nxt = int(nxt)
+        if self.logprobs is not None:
+            self.sampler.check_logits(logits)
         if nxt in self.eog:
             return self._finish("stop")
         if self.constraint is not None:

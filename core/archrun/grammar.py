@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from archrun.errors import ArchrunError, InvalidRequest
+from archrun.errors import ArchrunError, InvalidRequest, ModelMismatch, shown
 
 MAX_GRAMMAR_CHARS = 1 << 20  # a schema or grammar larger than this is refused before compiling
 
@@ -164,6 +164,16 @@ class Constraint:
     """One sequence's position in a grammar: which tokens may come next, and the choice among them."""
 
     def __init__(self, grammar: Grammar, tokenizer: Any, n_vocab: int):
+        if not isinstance(grammar, Grammar):
+            raise InvalidRequest(f"grammar must be an archrun.grammar.Grammar, got {type(grammar).__name__}")
+        if isinstance(n_vocab, bool) or not isinstance(n_vocab, int | np.integer) or not 1 <= n_vocab < 1 << 31:
+            raise InvalidRequest(f"n_vocab must be a positive integer, got {shown(n_vocab)}")
+        needed = ("eos_id", "bos_id", "eog_ids", "n_vocab", "is_control", "token_to_piece", "encode")
+        if not all(hasattr(tokenizer, name) for name in needed):
+            raise InvalidRequest(f"tokenizer must be an archrun.Tokenizer, got {type(tokenizer).__name__}")
+        if tokenizer.n_vocab > n_vocab:
+            raise ModelMismatch(f"the tokenizer has {tokenizer.n_vocab} tokens, more than the model's {int(n_vocab)}")
+        n_vocab = int(n_vocab)
         self.n_vocab = n_vocab
         self.matcher = _llg().LLMatcher(vocabulary(tokenizer, n_vocab), grammar.text, log_level=0)
         self._raise_on_error()
@@ -180,6 +190,9 @@ class Constraint:
     def choose(self, token: int, logits: np.ndarray, draw: Callable[[np.ndarray], int]) -> int:
         """`token` (drawn from the unconstrained logits) if the grammar admits it, else `draw` on the
         logits with every other token masked out."""
+        if np.shape(logits) != (self.n_vocab,):
+            raise ModelMismatch(f"logits of shape {np.shape(logits)} given to a grammar state made for a vocabulary "
+                                f"of {self.n_vocab} tokens (another model's?)")
         mask = self.allowed()
         if token < len(mask) and mask[token]:
             return token
@@ -189,7 +202,10 @@ class Constraint:
 
     def consume(self, token: int) -> None:
         """Advance past `token` (one the grammar admits)."""
-        if not self.matcher.consume_token(token):
+        if isinstance(token, bool) or not isinstance(token, int | np.integer) or not 0 <= token < self.n_vocab:
+            raise ModelMismatch(f"token {shown(token)} is outside the vocabulary of {self.n_vocab} tokens this grammar "
+                                "state was made for")
+        if not self.matcher.consume_token(int(token)):
             self._raise_on_error()
 
     @property

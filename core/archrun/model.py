@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import hashlib
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ import attrs
 import numpy as np
 
 from archrun import quant
-from archrun.cache import KvCache, PairSlot, kv_options
+from archrun.cache import CacheOwner, KvCache, PairSlot, kv_options
 from archrun.decoder import Caps
 from archrun.descriptor import NO_ROPE, Descriptor, LayerSpec, MoeSpec
 from archrun.errors import (
@@ -37,6 +38,7 @@ from archrun.errors import (
     UnexpectedTensor,
     UnsupportedQuantType,
     WrongBlockStyle,
+    check_flag,
     shown,
 )
 from archrun.fusion import ROWS_MAX, DecodeSteps
@@ -349,6 +351,19 @@ class HostStep:
     hidden: np.ndarray
 
 
+def cache_owner(d: Descriptor, gguf: GGUFFile) -> CacheOwner:
+    """The identity and geometry a model stamps on the caches it makes (archrun.cache.CacheOwner)."""
+    try:
+        st = os.fstat(gguf._fd) if gguf._fd >= 0 else os.stat(gguf.path)
+        file: tuple = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        file = (str(gguf.path),)
+    key = hashlib.sha256(repr((file, attrs.evolve(d, block_style=""))).encode()).hexdigest()[:24]
+    geometry = tuple((s.attention.kind, s.attention.n_head_kv, s.attention.head_dim, s.attention.v_head_dim,
+                      s.attention.window) for s in d.layers)
+    return CacheOwner(gguf.path.name, key, geometry)
+
+
 class Interpreter:
     """Runs a Plan. Subclasses (block styles) add their guarded entries and say so in `caps`."""
 
@@ -364,6 +379,7 @@ class Interpreter:
         self._tokenizer_factory = tokenizer_factory
         self._tokenizer = None
         self.default_chat_template = chat_template
+        self.cache_owner = cache_owner(plan.descriptor, gguf)  # stamped on every cache init_cache makes
 
     # -- public entries (Decoder protocol) --------------------------------------------------
 
@@ -393,14 +409,14 @@ class Interpreter:
             raise InvalidRequest(f"max_rewind must be a non-negative integer, got {shown(max_rewind)}")
         check_kv_type(self.plan.layers, kv_type)
         return KvCache([_new_slot(lp, max_tokens, max_rewind, kv_type) for lp in self.plan.layers], max_tokens,
-                       kv_type=kv_type)
+                       kv_type=kv_type, owner=self.cache_owner)
 
     def forward_step(self, token_ids: Sequence[int] | np.ndarray, cache: KvCache,
                      all_logits: bool = False) -> np.ndarray:
         """Append token_ids to cache; float32 logits of the last position [vocab] or of all [n, vocab]."""
         ids = self._check_ids(token_ids)
-        if not isinstance(cache, KvCache):
-            raise InvalidRequest(f"cache must be a KvCache from init_cache(), got {type(cache).__name__}")
+        all_logits = check_flag("all_logits", all_logits)
+        self._check_cache(cache)
         cache.check_room(len(ids))
         logits, _ = self._forward(ids, cache, all_logits)
         return logits if all_logits else logits[-1]
@@ -409,6 +425,7 @@ class Interpreter:
         """Append token_ids; logits [n, vocab] of every position and the trunk's final hidden states
         [n, d] (after output_norm): what a head on the trunk reads (an MTP drafter). Every block style."""
         ids = self._check_ids(token_ids)
+        self._check_cache(cache)
         cache.check_room(len(ids))
         return HostStep(*self._forward(ids, cache, True))
 
@@ -421,6 +438,13 @@ class Interpreter:
         return logits
 
     # -- the interpreter ---------------------------------------------------------------------
+
+    def _check_cache(self, cache: Any) -> None:
+        """Before any kernel runs: `cache` is a KvCache this model (its file and geometry) made, holding the
+        slots and arrays it was made with (KvCache.verify; ModelMismatch names what differs)."""
+        if not isinstance(cache, KvCache):
+            raise InvalidRequest(f"cache must be a KvCache from init_cache(), got {type(cache).__name__}")
+        cache.verify(self.cache_owner)
 
     def _check_ids(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         try:
@@ -649,12 +673,17 @@ class FusedDecoder(Interpreter):
         """forward_step_batch returning, per sequence, logits [n_i, vocab] of every position of
         its span (all_logits) or [1, vocab] of the last (what verification of drafted tokens and
         chunked prefill of several requests need)."""
+        all_logits = check_flag("all_logits", all_logits)
+        for name, value in (("batch", batch), ("caches", caches)):
+            if isinstance(value, str | bytes | bytearray | np.ndarray) or not isinstance(value, Sequence):
+                raise InvalidRequest(f"forward_step_batch's {name} must be a list, got {type(value).__name__}")
         if len(batch) != len(caches) or not batch:
             raise InvalidRequest("forward_step_batch needs one cache per sequence (and at least one)")
         if len({id(c) for c in caches}) != len(caches):
             raise InvalidRequest("forward_step_batch needs a distinct cache per sequence")
         spans = [self._check_ids(ids) for ids in batch]
         for ids, cache in zip(spans, caches, strict=True):
+            self._check_cache(cache)
             cache.check_room(len(ids))
         out: list[np.ndarray] = [np.empty(0)] * len(spans)
         # one sequence asking for its last position only (one token, or a prompt chunk): forward_step's own
@@ -789,6 +818,10 @@ class HostReferenceDecoder(Interpreter):
         family's MTP block stays in step. The trunk never reads it.
         """
         ids = self._check_ids(token_ids)
+        self._check_cache(cache)
+        if mtp_cache is not None and not callable(getattr(mtp_cache, "advance", None)):
+            raise InvalidRequest(f"mtp_cache must be an MTP head's cache (with advance(ids, hidden)), got "
+                                 f"{type(mtp_cache).__name__}")
         cache.check_room(len(ids))
         logits, hidden = self._forward(ids, cache, True)
         if mtp_cache is not None:

@@ -86,9 +86,23 @@ class Sampler:
     """Draws the next token from logits; holds the seeded random generator of one generation."""
 
     def __init__(self, params: SamplingParams, n_vocab: int):
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequest(f"params must be SamplingParams, got {type(params).__name__}")
+        if isinstance(n_vocab, bool) or not isinstance(n_vocab, int | np.integer) or n_vocab < 1:
+            raise InvalidRequest(f"n_vocab must be a positive integer, got {shown(n_vocab)}")
         self.params = params
+        self.n_vocab = int(n_vocab)
         self.bias_ids, self.bias_values = _check_bias(params.logit_bias, n_vocab)
         self.rng = np.random.default_rng(params.seed)
+
+    def check_logits(self, logits: np.ndarray) -> np.ndarray:
+        """A float64 copy of logits [n_vocab] (InvalidRequest for anything else: another model's logits, a
+        2-D array, values that are not numbers; NumericalError for NaN)."""
+        x = _checked_logits(logits)
+        if len(x) != self.n_vocab:
+            raise InvalidRequest(f"logits have {len(x)} entries; this sampler draws from a vocabulary of "
+                                 f"{self.n_vocab} (logits of another model?)")
+        return x
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """Pick the next token id from float logits [vocab] given the ids so far."""
@@ -101,11 +115,11 @@ class Sampler:
     def adjusted(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
         """float64 logits [vocab] after the logit bias and the penalties, made safe to sample
         (what greedy takes the argmax of; NumericalError for NaN logits)."""
-        x = _checked_logits(logits)
+        x = self.check_logits(logits)
         with np.errstate(over="ignore", invalid="ignore"):  # extreme options: Inf, Inf - Inf = NaN (below)
             if len(self.bias_ids):
                 x[self.bias_ids] += self.bias_values
-            _apply_penalties(x, history, self.params)
+            _apply_penalties(x, _history(history, self.n_vocab, self.params), self.params)
         return _candidates(x)
 
     def _kept(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -166,13 +180,30 @@ def _check_bias(bias: Mapping[int, float], n_vocab: int) -> tuple[np.ndarray, np
     return np.array(ids, dtype=np.int64), np.array(values, dtype=np.float64)
 
 
-def _apply_penalties(x: np.ndarray, history: Sequence[int], p: SamplingParams) -> None:
-    """llama.cpp penalties over the last penalty_last_n tokens (in place)."""
-    if not history or not p.penalty_last_n:
-        return
+def _history(history: Sequence[int] | None, n_vocab: int, p: SamplingParams) -> np.ndarray | None:
+    """The ids the penalties read (the last penalty_last_n of history) as int64, or None when no penalty
+    applies; InvalidRequest for a history that is not a sequence of ids in [0, n_vocab)."""
+    if history is None:
+        return None
+    if isinstance(history, str | bytes | bytearray) or not isinstance(history, Sequence | np.ndarray):
+        raise InvalidRequest(f"history must be a sequence of token ids, got {type(history).__name__}")
+    if not p.penalty_last_n or len(history) == 0:
+        return None
     if p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty:
+        return None
+    try:
+        recent = np.asarray(history[-p.penalty_last_n:])
+    except Exception:  # noqa: BLE001 - a sequence whose items fail to read
+        raise InvalidRequest("history must be a sequence of token ids") from None
+    if recent.ndim != 1 or recent.dtype.kind not in "iu" or recent.min() < 0 or recent.max() >= n_vocab:
+        raise InvalidRequest(f"history must hold token ids in [0, {n_vocab})")
+    return recent.astype(np.int64, copy=False)
+
+
+def _apply_penalties(x: np.ndarray, recent: np.ndarray | None, p: SamplingParams) -> None:
+    """llama.cpp penalties over the last penalty_last_n tokens `recent` (in place)."""
+    if recent is None:
         return
-    recent = np.asarray(history[-p.penalty_last_n:], dtype=np.int64)
     toks, counts = np.unique(recent, return_counts=True)
     vals = x[toks]
     vals = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
@@ -184,7 +215,12 @@ def _checked_logits(logits: np.ndarray) -> np.ndarray:
 
     Infinite logits are kept: +Inf means "certainly this token", -Inf "never" (see _candidates).
     """
-    x = np.array(logits, dtype=np.float64)
+    if isinstance(logits, str | bytes | bytearray):
+        raise InvalidRequest(f"logits must be a 1-D array of numbers, got {type(logits).__name__}")
+    try:
+        x = np.array(logits, dtype=np.float64)
+    except Exception:  # noqa: BLE001 - not numbers (objects, ragged lists, values that raise)
+        raise InvalidRequest(f"logits must be a 1-D array of numbers, got {type(logits).__name__}") from None
     if x.ndim != 1 or not len(x):
         raise InvalidRequest(f"logits must be a non-empty 1-D array, got shape {x.shape}")
     if not _all_finite(x) and np.isnan(x).any():

@@ -35,8 +35,18 @@ import attrs
 import numpy as np
 
 from archrun.cache import PrefixCache, kv_options, restore_point, rewind_to
-from archrun.errors import InvalidRequest, PluginError, VocabularyMismatch
-from archrun.generation import Decoding, Generation, GenerationRequest, chat_prompt, make_request
+from archrun.errors import InvalidRequest, ModelMismatch, PluginError, VocabularyMismatch, check_flag
+from archrun.generation import (
+    Decoding,
+    Generation,
+    GenerationRequest,
+    chat_prompt,
+    check_model,
+    check_prefix_cache,
+    check_prompt,
+    check_request_for,
+    make_request,
+)
 from archrun.sampling import Sampler
 
 MAX_DRAFT = 16  # most tokens a round may draft (a cache keeps at least 2 * MAX_DRAFT rows of rewind)
@@ -129,9 +139,11 @@ def generate(model: Any, prompt: str | Sequence[int], drafter: str | Drafter, *,
     target step after the prompt), spec_mean_accepted (drafts kept per step), spec_drafted and
     spec_draft_s (time spent drafting).
     """
-    if isinstance(prompt, bytes | bytearray):
-        raise InvalidRequest("prompt must be text or a sequence of token ids, not bytes")
+    check_model(model)
+    check_prompt(prompt)
+    check_prefix_cache(cache)
     check_target(model)
+    add_special, parse_special = check_flag("add_special", add_special), check_flag("parse_special", parse_special)
     kv = kv_options(kv_type)  # the target's cache made here (without `cache`); a draft model's stays f32
     length = AdaptiveLength(draft_max)
     ids = list(prompt) if not isinstance(prompt, str) else model.tokenizer.encode(prompt, add_special, parse_special)
@@ -147,6 +159,7 @@ def generate(model: Any, prompt: str | Sequence[int], drafter: str | Drafter, *,
 def chat(model: Any, messages: Sequence[dict], drafter: str | Drafter, *, template: str | None = None,
          **options: Any) -> Generation:
     """archrun.chat, decoding speculatively (options as `generate`)."""
+    check_model(model)
     return generate(model, chat_prompt(model, messages, template), drafter, **options)
 
 
@@ -468,6 +481,9 @@ class Speculation:
     `rewind` for the rejected drafts."""
 
     def __init__(self, model: Any, drafter: Drafter, dec: Decoding, draft_max: int, capacity: int):
+        if not isinstance(drafter, Drafter) or not isinstance(dec, Decoding):
+            raise InvalidRequest("Speculation needs a Drafter and a Decoding")
+        check_request_for(model, dec.request)
         self.model, self.drafter, self.dec = model, drafter.fork(), dec
         self.length, self.stats, self.draft = AdaptiveLength(draft_max), Stats(), Draft()
         seed = dec.request.params.seed
@@ -600,6 +616,13 @@ class ModelDrafter(Drafter):
         self._prefilled: int | None = None  # where the target's prompt step ended (None: not seen)
 
     def start(self, model: Any, capacity: int) -> None:
+        if model is not self.target:
+            mine, theirs = getattr(self.target, "cache_owner", None), getattr(model, "cache_owner", None)
+            if mine is None or theirs is None or mine != theirs:
+                shown_mine = mine.describe() if mine is not None else type(self.target).__name__
+                shown_theirs = theirs.describe() if theirs is not None else type(model).__name__
+                raise ModelMismatch(f"this draft-model drafter was made for target {shown_mine}, not "
+                                    f"{shown_theirs}: make one for this model (make_drafter)")
         cap = min(capacity + 1, self.model.descriptor.n_ctx)
         if self.cache is None or self.cache.capacity < cap:
             self.cache = PrefixCache(self.model.init_cache(cap, max_rewind=max(64, 2 * MAX_DRAFT + 2)))

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from gguf.constants import Keys
 
-from archrun.errors import ArchrunWarning, TokenizerError
+from archrun.errors import ArchrunWarning, InvalidRequest, TokenizerError, check_flag, shown
 
 # --- token attributes (llama.cpp's llama_token_attr bit flags; GGUF token_type maps onto them) ---
 
@@ -1266,6 +1266,8 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TokenizerError(f"encode expects str, got {type(text).__name__}")
+        add_special, parse_special = check_flag("add_special", add_special), check_flag("parse_special", parse_special)
+        plain_spans = _spans(plain_spans)
         _check_unicode(text)
         parts = self._partition(text, parse_special, plain_spans)
         out: list[int] = []
@@ -1319,7 +1321,7 @@ class Tokenizer:
         """The bytes one token stands for (llama_token_to_piece); control tokens render their text
         only when `special`."""
         tid = self._check_id(token_id)
-        if not special and self._attrs[tid] & (ATTR_CONTROL | ATTR_UNKNOWN):
+        if not check_flag("special", special) and self._attrs[tid] & (ATTR_CONTROL | ATTR_UNKNOWN):
             return b""
         piece = self._pieces[tid]
         if piece is None:
@@ -1352,7 +1354,13 @@ class Tokenizer:
         scalar_array = isinstance(ids, np.ndarray) and ids.ndim == 0
         if isinstance(ids, str | bytes | bytearray) or not isinstance(ids, Iterable) or scalar_array:
             raise TokenizerError(f"decode expects a sequence of token ids, got {type(ids).__name__}")
-        ids = [self._check_id(t) for t in ids]
+        skip_special = check_flag("skip_special", skip_special)
+        try:
+            ids = [self._check_id(t) for t in ids]
+        except TokenizerError:
+            raise
+        except Exception as exc:  # an iterable that fails while read
+            raise TokenizerError(f"decode could not read the token ids: {type(exc).__name__}: {exc}"[:300]) from None
         remove_space = self.add_space_prefix
         if skip_special and self.add_bos and ids and ids[0] == self._ids["bos"]:
             remove_space = False
@@ -1367,7 +1375,7 @@ class Tokenizer:
 
     def incremental(self, skip_special: bool = False) -> IncrementalDecoder:
         """A streaming decoder: push ids one by one, get back only complete UTF-8 text."""
-        return IncrementalDecoder(self, skip_special)
+        return IncrementalDecoder(self, check_flag("skip_special", skip_special))
 
     def _check_id(self, token_id: Any) -> int:
         if isinstance(token_id, bool) or not isinstance(token_id, int | np.integer):
@@ -1500,6 +1508,23 @@ def _special_order(tokens: list[str], attrs: list[int], mask: int) -> list[int]:
     """Ids whose attributes intersect `mask`, longest text first (llama.cpp cache_special_tokens)."""
     ids = np.nonzero(np.asarray(attrs) & mask)[0].tolist()
     return sorted(ids, key=lambda i: -len(tokens[i].encode("utf-8")))
+
+
+def _spans(spans: Any) -> list[tuple[int, int]]:
+    """plain_spans as [(start, end), ...]: None means none; anything but pairs of integers is InvalidRequest."""
+    if spans is None:
+        return []
+    if isinstance(spans, np.ndarray) and spans.ndim:
+        spans = spans.tolist()
+    if isinstance(spans, str | bytes | bytearray | Mapping) or not isinstance(spans, Sequence):
+        raise InvalidRequest(f"plain_spans must be a sequence of (start, end) character ranges, got {shown(spans)}")
+    out = []
+    for span in spans:
+        if isinstance(span, str | bytes) or not isinstance(span, Sequence) or len(span) != 2 or not all(
+                isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_) for x in span):
+            raise InvalidRequest(f"plain_spans must hold (start, end) pairs of integers, got {shown(span)}")
+        out.append((int(span[0]), int(span[1])))
+    return out
 
 
 def _cut(text: str, span: tuple[int, int], needle: str, tid: int,

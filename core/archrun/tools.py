@@ -149,7 +149,7 @@ def parse_tool_choice(choice: Any, tools: Sequence[Tool]) -> str:
         if name not in {t.name for t in tools}:
             raise InvalidRequest(f"tool_choice names {name!r}, which is not among the tools")
         return name
-    if choice not in CHOICES:
+    if not isinstance(choice, str) or choice not in CHOICES:
         raise InvalidRequest(f"tool_choice must be one of {', '.join(CHOICES)} or a named function")
     if choice != "none" and not tools:
         raise InvalidRequest(f"tool_choice {choice!r} needs tools")

@@ -228,6 +228,17 @@ EXPRS = [
     "(messages|first).content * {n}", "range(3)|map('string')|join", "'%c' % {n}", "{n}|string|length",
     "'abc'[::{n}]", "loop.cycle(1)", "caller()", "varargs", "kwargs", "none.x", "[]|max", "[]|first",
     "'x'|format({n})", "'%s'|format(messages)", "{n} ~ 'x'", "('x' ~ 'y') * {n}", "range(3)|join('x' * {n})",
+    # allocation-heavy: what flattening or multiplying builds from values that are cheap to hold
+    "(['x' * {n}] * {n})|join|length", "range({n})|join('x' * {n})", "range({n})|map('string')|join('x' * {n})",
+    "(['x' * {n}] * {n})|string|length", "(['x' * {n}] * {n})|tojson|length", "([[1] * {n}] * {n})|sum(start=[])",
+    "([[1]] * {n})|sum(start=[])|length", "(('a\\n' * {n})|indent({n}))|length", "('\\t' * {n}).expandtabs({n})",
+    "('a' * {n})|replace('a', 'b' * {n})", "('a' * {n}).replace('a', 'b' * {n})",
+    "('a' * {n}).translate({{97: 'b' * {n}}})",
+    "(['x' * {n}] * {n})|unique|list|length", "dict.fromkeys(range({n}), 'x' * {n})|tojson|length",
+    "('ab\\n' * {n})|wordwrap(2, wrapstring='x' * {n})", "('%{n}s' * {n}) % ((1,) * {n})",
+    "('{{:{n}}}' * {n}).format(*range({n}))", "''.join(['x' * {n}] * {n})", "(['x' * {n}] * {n}) ~ 'y'",
+    "'%s' % ([['x' * {n}] * {n}],)", "messages|tojson(indent={n})", "range(10)|batch({n}, 'x' * {n})|list|length",
+    "(['x' * {n}] * 10)|map('center', {n})|join|length", "dict(a=['x' * {n}] * {n})|items|list|string",
 ]
 STMTS = [
     "{{% for i in range({n}) %}}{{{{ i }}}}{{% endfor %}}",
@@ -242,6 +253,12 @@ STMTS = [
     "{{% extends 'base' %}}", "{{% include 'x' %}}", "{{% import 'x' as y %}}", "{{% block b %}}{{% endblock %}}",
     "{{% with a = {e} %}}{{{{ a }}}}{{% endwith %}}", "{{% set a %}}{{{{ {e} }}}}{{% endset %}}{{{{ a * {n} }}}}",
     "{{% for m in messages recursive %}}{{{{ loop(messages) }}}}{{% endfor %}}",
+    "{{% set a = 'x' * {n} %}}{{% set b = [a, a, a, a, a, a, a, a] %}}{{% set c = [b, b, b, b, b, b, b, b] %}}"
+    "{{{{ {e} }}}}{{{{ c|join|length }}}}{{{{ c|tojson|length }}}}{{{{ c }}}}",
+    "{{% set ns = namespace(x=[]) %}}{{% for i in range({n}) %}}{{% set ns.x = ns.x + ns.x + ['y' * {n}] %}}"
+    "{{% endfor %}}{{{{ ns.x|length }}}}",
+    "{{% set ns = namespace(s='x') %}}{{% for i in range({n}) %}}{{% set ns.s = [ns.s, ns.s] %}}{{% endfor %}}"
+    "{{{{ ns|string|length }}}}",
     "{{% for i in range(3) %}}{{% break %}}{{% endfor %}}", "{{{{ {e} }}}}", "{{{{ {e} }}}}", "{{{{ {e} }}}}",
     "{{% if %}}", "{{{{", "{{% for %}}", "{{% endfor %}}", "{{% macro m() %}}{{% macro m() %}}{{% endmacro %}}",
 ]
@@ -409,7 +426,41 @@ def special_cases() -> st.SearchStrategy[dict]:
                      st.integers(0, len(SEEDS) - 1), st.integers(0, 2**20), st.sampled_from(["fast", "reference"]))
 
 
+# ---- objects crossing models, replaced internals -------------------------------------------------
+
+CROSS_USES = ["forward_step", "forward_step_hidden", "batch", "batch_spans", "generate", "speculative", "rewind",
+              "checkpoint", "host_step"]
+CROSS_OBJECTS = ["cache", "prefix_cache", "request", "drafter", "grammar", "sampler", "speculation"]
+REPLACEMENTS = ["bigger", "smaller", "dtype", "strided", "readonly", "reshaped", "slots_swapped", "slots_list",
+                "capacity", "length", "kv_type", "owner", "slot_none", "prefix_cache_none", "mixer_array"]
+
+
+def cross_cases() -> st.SearchStrategy[dict]:
+    """An object made by one model (a cache, a request, a drafter, a grammar state, a sampler) used by another
+    (another seed, the same one on the other backend, or the same model), or a cache whose internals were
+    replaced after a prefill; then stepped through an entry."""
+    return st.builds(
+        lambda what, a, b, ba, bb, use, prefill, replace, kv: {
+            "kind": "cross", "what": what, "a": a, "b": b, "backend_a": ba, "backend_b": bb, "use": use,
+            "prefill": prefill, "replace": replace, "kv_type": kv},
+        st.sampled_from(CROSS_OBJECTS + ["cache", "cache"]), st.integers(0, len(SEEDS) - 1),
+        st.integers(0, len(SEEDS) - 1), st.sampled_from(["fast", "reference"]), st.sampled_from(["fast", "reference"]),
+        st.sampled_from(CROSS_USES), st.integers(0, 5),
+        st.one_of(st.none(), st.none(), st.sampled_from(REPLACEMENTS)), st.sampled_from(["f32", "f32", "f16", "q8_0"]),
+    )
+
+
+def signature_cases() -> st.SearchStrategy[dict]:
+    """One public function called with None, or a value of the wrong type, for one of its arguments
+    (tests/test_api_arguments.py's walk: which function and argument by index)."""
+    return st.builds(lambda seed, backend, target, param, value: {
+        "kind": "signature", "seed": seed, "backend": backend, "target": target, "param": param, "value": value},
+        st.integers(0, len(SEEDS) - 1), st.sampled_from(["fast", "reference"]), st.integers(0, 10**6),
+        st.integers(0, 10**6), st.integers(0, 10**6))
+
+
 CASES = st.one_of(
     gguf_cases(), gguf_cases(), gguf_cases(), gguf_cases(),
     template_cases(), template_cases(), api_cases(), api_cases(), cli_cases(), special_cases(),
+    cross_cases(), cross_cases(), signature_cases(),
 )

@@ -611,6 +611,167 @@ def scenario_cli(case: dict, steps: Steps, tmp: Path) -> None:
         sys.stdin = old_stdin
 
 
+def _host_model(seed: int) -> Any:
+    """The seed on the host_reference block style (its host_step entry)."""
+    key = (seed % len(C.SEEDS), "host_reference")
+    if key not in _MODELS:
+        path = _seed_dir() / f"seed{key[0]}-host.gguf"
+        m = parse(seed_bytes(seed))
+        if m.get("tokenizer.chat_template") is None:
+            m.kvs.append(KV("tokenizer.chat_template", 8, C.CHATML))
+        path.write_bytes(serialize(m))
+        _MODELS[key] = archrun.load(path, backend="reference", block_style="host_reference")
+    return _MODELS[key]
+
+
+def _first_array(slot: Any) -> tuple[Any, str, np.ndarray] | None:
+    """(holder, name, array) of the first array a cache slot keeps (attributes, a state dict, a pair's part)."""
+    for holder in (vars(slot), *[v for v in vars(slot).values() if isinstance(v, dict)],
+                   *[vars(v) for v in vars(slot).values() if hasattr(v, "__dict__") and hasattr(v, "nbytes")
+                     and not isinstance(v, type)]):
+        for name, value in holder.items():
+            if isinstance(value, np.ndarray) and value.ndim:
+                return holder, name, value
+    return None
+
+
+def _replace(cache: Any, other: Any, how: str) -> None:
+    """Change a cache's internals after it was made (what `cross` cases then step)."""
+    slot = cache.slots[-1]
+    found = _first_array(slot)
+    if how in ("bigger", "smaller", "dtype", "strided", "readonly", "reshaped", "mixer_array") and found is not None:
+        holder, name, a = found
+        if how == "bigger":
+            holder[name] = np.zeros((a.shape[0] * 2 + 1, *a.shape[1:]), a.dtype)
+        elif how == "smaller":
+            holder[name] = np.zeros((max(a.shape[0] // 2, 1), *a.shape[1:]), a.dtype)
+        elif how == "dtype":
+            holder[name] = a.astype(np.float64 if a.dtype != np.float64 else np.float32)
+        elif how == "strided":
+            holder[name] = np.repeat(a, 2, axis=0)[::2]
+        elif how == "readonly":
+            a.flags.writeable = False
+        elif how == "reshaped":
+            a.shape = (a.shape[0], -1) if a.ndim > 2 else (-1,)
+        else:
+            holder[name] = a.copy()
+    elif how == "slots_swapped" and other is not None:
+        cache.slots[0], other.slots[0] = other.slots[0], cache.slots[0]
+    elif how == "slots_list":
+        cache.slots = cache.slots[:-1]
+    elif how == "capacity":
+        cache.capacity = cache.capacity * 4 + 7
+    elif how == "length":
+        cache._n = -3
+    elif how == "kv_type":
+        cache.kv_type = "q8_0" if cache.kv_type != "q8_0" else "f32"
+    elif how == "owner":
+        cache.owner = None
+    elif how == "slot_none":
+        cache.slots[0] = None
+
+
+def _use(steps: Steps, use: str, model: Any, cache: Any, other: Any, n_vocab: int) -> None:
+    """Step `model` on `cache` through one entry."""
+    from archrun import speculative
+    from archrun.cache import PrefixCache
+
+    ids = [1 % n_vocab, 2 % n_vocab]
+    if use == "forward_step":
+        steps.run(use, model.forward_step, ids, cache)
+    elif use == "forward_step_hidden":
+        steps.run(use, model.forward_step_hidden, ids, cache)
+    elif use in ("batch", "batch_spans"):
+        fn = model.forward_step_batch if use == "batch" else model.forward_step_batch_spans
+        second = other if other is not None and other is not cache else model.init_cache(8)
+        steps.run(use, fn, [ids[:1], ids], [cache, second])
+    elif use == "generate":
+        steps.run(use, lambda: _drive(archrun.generate(model, ids, max_tokens=3, cache=PrefixCache(cache))))
+    elif use == "speculative":
+        steps.run(use, lambda: _drive(speculative.generate(model, ids * 3, "lookup", max_tokens=4, temperature=0.0,
+                                                           cache=PrefixCache(cache))))
+    elif use == "rewind":
+        steps.run(use, cache.rewind, 1)
+    elif use == "checkpoint":
+        steps.run(use, cache.checkpoint)
+    elif use == "host_step":
+        steps.run(use, _host_model(0).host_step, ids[:1], cache)
+
+
+def scenario_cross(case: dict, steps: Steps, tmp: Path) -> None:
+    """Objects made by one model used by another (or with replaced internals)."""
+    from archrun import speculative
+    from archrun.cache import PrefixCache
+    from archrun.generation import Decoding, make_request
+    from archrun.grammar import Constraint, Grammar
+    from archrun.sampling import Sampler, SamplingParams
+
+    a = steps.run("load_a", _model, case["a"], case["backend_a"])
+    b = steps.run("load_b", _model, case["b"], case["backend_b"])
+    if a is _FAILED or b is _FAILED:
+        return
+    na, nb = a.descriptor.n_vocab, b.descriptor.n_vocab
+    what, use = case["what"], case["use"]
+    if what in ("cache", "prefix_cache"):
+        kv = {} if case["kv_type"] == "f32" else {"kv_type": case["kv_type"]}
+        cache = steps.run("init_cache", a.init_cache, 16, **kv)
+        other = steps.run("init_cache_b", b.init_cache, 16)
+        if cache is _FAILED or other is _FAILED:
+            return
+        if case["prefill"]:
+            steps.run("prefill", a.forward_step, [i % na for i in range(case["prefill"])], cache)
+        if case["replace"]:
+            _replace(cache, other, case["replace"])
+        if what == "prefix_cache":
+            prefix = PrefixCache(a.init_cache(16))
+            prefix.cache = cache if case["replace"] != "prefix_cache_none" else None
+            steps.run("generate", lambda: _drive(archrun.generate(b, [1 % nb, 2 % nb], max_tokens=3, cache=prefix)))
+            return
+        _use(steps, use, b, cache, other, nb)
+        _use(steps, use, a, cache, other, na)
+    elif what == "request":
+        req = steps.run("make_request", make_request, a, [1 % na, 2 % na], max_tokens=3)
+        if req is not _FAILED:
+            dec = steps.run("decoding", Decoding, b.tokenizer, req, nb)
+            if dec is not _FAILED:
+                steps.run("accept", dec.accept, np.zeros(nb, np.float32))
+            steps.run("decoding_a", lambda: Decoding(a.tokenizer, req, na).accept(np.zeros(nb, np.float32)))
+    elif what == "speculation":
+        req = steps.run("make_request", make_request, a, [1 % na, 2 % na], max_tokens=3)
+        if req is not _FAILED:
+            steps.run("speculation", speculative.Speculation, b, speculative.LookupDrafter(),
+                      Decoding(a.tokenizer, req, na), 3, 16)
+    elif what == "drafter":
+        drafter = steps.run("drafter", speculative.ModelDrafter, a, a)
+        if drafter is not _FAILED:
+            steps.run("speculative", lambda: _drive(speculative.generate(b, [1 % nb, 2 % nb] * 3, drafter,
+                                                                         max_tokens=4, temperature=0.0)))
+    elif what == "grammar":
+        con = steps.run("constraint", Constraint, Grammar.regex("[a-z]+"), a.tokenizer, na)
+        if con is not _FAILED:
+            steps.run("choose", con.choose, 1 % nb, np.zeros(nb, np.float32), lambda x: int(np.argmax(x)))
+            steps.run("consume", con.consume, nb + case["prefill"])
+    elif what == "sampler":
+        sampler = steps.run("sampler", Sampler, SamplingParams(repetition_penalty=1.3), na)
+        if sampler is not _FAILED:
+            steps.run("sample", sampler, np.zeros(nb, np.float32), [nb - 1, nb + case["prefill"]])
+
+
+def scenario_signature(case: dict, steps: Steps, tmp: Path) -> None:
+    """A public function called with None or a value of the wrong type for one argument (the API walk)."""
+    import test_api_arguments as walk
+
+    model = _model(case["seed"], case["backend"])
+    targets = walk._targets(model, _host_model(case["seed"]))
+    label, fn, base = targets[case["target"] % len(targets)]
+    params = walk._parameters(fn, base)
+    name, _default = params[case["param"] % len(params)]
+    values = [None, *walk.hostile()]
+    kwargs = {k: v.make() if isinstance(v, walk.Fresh) else v for k, v in base.items()}
+    kwargs[name] = values[case["value"] % len(values)]
+    steps.run(f"{label}({name})", lambda: walk._call(fn, kwargs))
+
+
 def scenario_selftest(case: dict, steps: Steps, tmp: Path) -> None:
     """The harness's own check: each finding kind on demand (tests/test_fuzz.py)."""
     import signal
@@ -630,7 +791,8 @@ def scenario_selftest(case: dict, steps: Steps, tmp: Path) -> None:
 
 
 SCENARIOS = {"selftest": scenario_selftest, "gguf": scenario_gguf, "template": scenario_template, "api": scenario_api,
-             "special": scenario_special, "cli": scenario_cli}
+             "special": scenario_special, "cli": scenario_cli, "cross": scenario_cross,
+             "signature": scenario_signature}
 
 
 def run_case(case: dict) -> dict:

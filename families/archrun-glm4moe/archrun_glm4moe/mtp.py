@@ -34,7 +34,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from archrun.cache import KvCache
-from archrun.errors import ContextOverflow, InvalidRequest, MissingTensor, ShapeMismatch, WrongBlockStyle
+from archrun.errors import (
+    ContextOverflow,
+    InvalidRequest,
+    MissingTensor,
+    ModelMismatch,
+    ShapeMismatch,
+    WrongBlockStyle,
+)
 from archrun.speculative import MAX_DRAFT, Draft, Drafter, DraftSampler
 
 F32 = np.float32
@@ -284,6 +291,11 @@ class MtpDrafter(Drafter):
         self.mtp: MtpCache | None = None
 
     def start(self, model, capacity: int) -> None:
+        mine, theirs = getattr(self.head.model, "cache_owner", None), getattr(model, "cache_owner", None)
+        if model is not self.head.model and (mine is None or theirs is None or mine != theirs):
+            raise ModelMismatch(f"this MTP drafter reads the trunk of {mine.describe() if mine else 'another model'}, "
+                                f"not of {theirs.describe() if theirs else type(model).__name__}: make one for "
+                                "this model (make_drafter(model, 'mtp'))")
         if self.mtp is None or self.mtp.kv.capacity < capacity:
             self.mtp = self.head.init_cache(capacity, max_rewind=max(64, 2 * MAX_DRAFT + 2))
         self.mtp.clear()
