@@ -140,9 +140,6 @@ def test_models_health_metrics(server, client):
     assert 'endpoint="/v1/chat/completions",status="200"' in text
 
 
-@pytest.mark.xfail(strict=False, reason="depends on the process's history like test_grammar's sampling1 case "
-                   "(fails alone on the code before 2026-12-05 too); the prompts' chunking in the server also "
-                   "varies with measured step costs")
 def test_concurrent_streams_batch_and_match_single_runs(model):
     prompts = ["Snow is", "The sun rises in the", "My favourite fruit is"]
     refs = [archrun.generate(model, p, max_tokens=10, temperature=0).complete().text for p in prompts]
@@ -156,3 +153,23 @@ def test_concurrent_streams_batch_and_match_single_runs(model):
             outs = list(pool.map(run, prompts))
         assert [o.choices[0].text for o in outs] == refs
         assert srv.metrics.steps < sum(o.usage.completion_tokens for o in outs)  # steps were shared
+
+
+def test_system_fingerprint_and_logit_hashes_match_a_run_alone(model, server, client):
+    """The fingerprint names what computed the answer; the logit hashes asked for are the hashes of the same
+    request run alone (archrun.generate with logit_hashes=True), step for step."""
+    from archrun.fingerprint import system_fingerprint
+
+    fp = system_fingerprint(model)
+    assert fp.startswith("fp_") and len(fp) == 19
+    r = client.completions.create(model="smollm2", prompt="The moon is", max_tokens=6, temperature=0,
+                                  extra_body={"logit_hashes": True})
+    ref = archrun.generate(model, "The moon is", max_tokens=6, temperature=0, logit_hashes=True,
+                           cache=server[2]).complete()
+    assert r.system_fingerprint == fp and r.choices[0].text == ref.text
+    assert r.choices[0].model_extra["logit_hashes"] == list(ref.logit_hashes)
+    stream = client.completions.create(model="smollm2", prompt="The moon is", max_tokens=6, temperature=0,
+                                       stream=True, extra_body={"logit_hashes": True})
+    chunks = list(stream)
+    assert {c.system_fingerprint for c in chunks} == {fp}
+    assert chunks[-1].choices[0].model_extra["logit_hashes"] == list(ref.logit_hashes)

@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     _sampling_args(run)
     _speculative_args(run)
     _kv_arg(run)
+    run.add_argument("--hash", action="store_true",
+                     help="print the FNV-1a hash of every step's logits and the system fingerprint to stderr "
+                          "(equal on every run of the same model and prompt on one machine class)")
     run.set_defaults(func=_cmd_run)
     chat = sub.add_parser("chat", help="interactive chat (keeps history; Ctrl-D or /exit quits)")
     _model_args(chat)
@@ -177,7 +180,9 @@ def _load(args: argparse.Namespace):
         kwargs = dict(block_style=args.block_style, hints=parse_hints(args.hint), threads=args.threads,
                       progress=progress)
         # fast, or tiered while its kernels compile (ARCHRUN_TIERED=0: wait for them instead)
-        if args.backend is None and args.block_style is None and os.environ.get("ARCHRUN_TIERED", "1") != "0":
+        # (not for --hash: a tiered start's first tokens come from the reference backend)
+        tiered_ok = not getattr(args, "hash", False) and os.environ.get("ARCHRUN_TIERED", "1") != "0"
+        if args.backend is None and args.block_style is None and tiered_ok:
             from archrun import tiered
 
             return tiered.load(args.model, **kwargs)
@@ -196,6 +201,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     options, chat, generate = _sampling(args), archrun.chat, archrun.generate
     options["kv_type"] = args.kv_type
+    if args.hash:
+        options["logit_hashes"] = True
     model = _load(args)
     if args.speculative is not None:
         from archrun import speculative
@@ -211,6 +218,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _stream(gen)
     if args.speculative is not None:
         _print_speculation(gen.result.timings)
+    if args.hash:
+        from archrun.fingerprint import system_fingerprint
+
+        print(f"system_fingerprint: {system_fingerprint(model)}", file=sys.stderr)
+        print(f"logit_hashes: {' '.join(gen.result.logit_hashes)}", file=sys.stderr)
     return 0
 
 

@@ -24,6 +24,7 @@ from archrun.cache import PrefixCache, kv_options
 from archrun.chat_template import chat_prompt
 from archrun.decoder import Decoder
 from archrun.errors import ContextOverflow, InvalidRequest, ModelMismatch, check_flag, shown
+from archrun.fingerprint import fnv1a64
 from archrun.grammar import Constraint, Grammar, make_grammar
 from archrun.sampling import Sampler, SamplingParams
 
@@ -54,6 +55,7 @@ class GenerationResult:
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per generated token, when asked for
     tool_calls: tuple[Any, ...] = ()    # archrun.tools.ToolCall parsed from the reply (chat with tools)
     content: str | None = None          # with tools: the reply's text outside its tool calls
+    logit_hashes: tuple[str, ...] | None = None  # FNV-1a of each step's logits, when asked for (archrun.fingerprint)
 
 
 @attrs.frozen
@@ -68,6 +70,7 @@ class GenerationRequest:
     grammar: Grammar | None = None      # outputs are constrained to this grammar (archrun.grammar)
     n_vocab: int | None = None          # the vocabulary the ids and logit_bias were checked against
     model: Any = None                   # the model's CacheOwner (identity and geometry), when it has one
+    logit_hashes: bool = False          # record the FNV-1a hash of every step's logits (result.logit_hashes)
 
 
 class Generation:
@@ -95,7 +98,8 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
              stop: Sequence[str] | str | None = None, add_special: bool = True,
              parse_special: bool = False, cache: PrefixCache | None = None,
              logprobs: int | None = None, json_schema: dict | str | None = None,
-             grammar: Grammar | None = None, kv_type: str = "f32", **sampling: Any) -> Generation:
+             grammar: Grammar | None = None, kv_type: str = "f32", logit_hashes: bool = False,
+             **sampling: Any) -> Generation:
     """Generate a continuation of `prompt` (text, or token ids) with `model` (any Decoder).
 
     Sampling options (temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
@@ -104,6 +108,8 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
     cache: a PrefixCache kept across calls (the prompt reuses the prefix it shares with it).
     kv_type: how the cache made here (without `cache`) stores K/V: "f32", "f16" or "q8_0".
     logprobs: report each token's logprob and this many alternatives (result.logprobs).
+    logit_hashes: record the FNV-1a hash of every step's logits (result.logit_hashes), which two runs of
+    the same model and prompt on one machine class share bit for bit (docs/determinism.md).
     json_schema: a JSON Schema (dict or JSON text) the output must satisfy; grammar: an
     archrun.grammar.Grammar (JSON Schema, Lark or regex). The output is constrained token by
     token and ends only where the grammar is complete (see archrun.grammar).
@@ -119,7 +125,7 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
     ids = list(prompt) if not isinstance(prompt, str) else tok.encode(prompt, add_special, parse_special)
     capacity = cache.capacity if cache is not None else None
     req = make_request(model, ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs, context=capacity,
-                       grammar=grammar, **sampling)
+                       grammar=grammar, logit_hashes=logit_hashes, **sampling)
     return Generation(lambda gen: _run(gen, model, req, cache, kv))
 
 
@@ -185,7 +191,7 @@ def chat(model: Any, messages: Sequence[dict], /, *, template: str | None = None
 
 
 _GENERATE_OPTIONS = {"max_tokens", "stop", "add_special", "parse_special", "cache", "logprobs", "json_schema",
-                     "grammar", *_SAMPLING_FIELDS}
+                     "grammar", "logit_hashes", *_SAMPLING_FIELDS}
 
 
 def _tool_reply(gen: Generation, inner: Generation, fmt: Any) -> Iterator[str]:
@@ -205,7 +211,7 @@ def _tool_reply(gen: Generation, inner: Generation, fmt: Any) -> Iterator[str]:
 
 def make_request(model: Any, ids: Sequence[int], *, max_tokens: int | None = 256, stop: Any = None,
                  logprobs: int | None = None, context: int | None = None, grammar: Grammar | None = None,
-                 **sampling: Any) -> GenerationRequest:
+                 logit_hashes: bool = False, **sampling: Any) -> GenerationRequest:
     """Validate a generation against `model` (context: the tokens a cache holds; default n_ctx).
 
     Raises InvalidRequest for options out of range and ContextOverflow when the prompt leaves
@@ -233,7 +239,8 @@ def make_request(model: Any, ids: Sequence[int], *, max_tokens: int | None = 256
     return GenerationRequest(ids=tuple(ids), budget=budget, stops=stops, params=params,
                              logprobs=None if logprobs is None else int(logprobs),
                              grammar=make_grammar(grammar), n_vocab=model.descriptor.n_vocab,
-                             model=getattr(model, "cache_owner", None))
+                             model=getattr(model, "cache_owner", None),
+                             logit_hashes=check_flag("logit_hashes", logit_hashes))
 
 
 def _is_int(x: Any, lo: int, hi: int | None = None) -> bool:
@@ -314,6 +321,7 @@ class Decoding:
         self.history = list(request.ids)
         self.out_ids: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if request.logprobs is not None else None
+        self.logit_hashes: list[str] | None = [] if request.logit_hashes else None
         self.text, self.emitted = "", 0     # text so far; chars of it already returned
         self.done, self.finish_reason = False, "length"
         self.constraint = None if request.grammar is None else Constraint(request.grammar, tokenizer, n_vocab)
@@ -338,6 +346,8 @@ class Decoding:
         nxt = int(nxt)
         if self.logprobs is not None:
             self.sampler.check_logits(logits)
+        if self.logit_hashes is not None:
+            self.logit_hashes.append(fnv1a64(logits))
         if nxt in self.eog:
             return self._finish("stop")
         if self.constraint is not None:
@@ -379,6 +389,7 @@ class Decoding:
             prompt_tokens=n_prompt, completion_tokens=len(self.out_ids),
             timings=_timings(n_prompt - cached_tokens, len(self.out_ids), prompt_s, gen_s),
             cached_tokens=cached_tokens, logprobs=None if self.logprobs is None else tuple(self.logprobs),
+            logit_hashes=None if self.logit_hashes is None else tuple(self.logit_hashes),
         )
 
 

@@ -384,6 +384,11 @@ class Interpreter:
     # -- public entries (Decoder protocol) --------------------------------------------------
 
     @property
+    def backend(self) -> str:
+        """"fast" or "reference": whose kernels compute the weight products."""
+        return self.plan.binder.backend
+
+    @property
     def tokenizer(self):
         """The tokenizer built from the file's metadata (built on first use)."""
         if self._tokenizer is None and self._tokenizer_factory is not None:
@@ -626,6 +631,11 @@ class FusedDecoder(Interpreter):
         self.fused_blocks = self._decode.blocks
 
     def _forward(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> tuple[np.ndarray, np.ndarray]:
+        if 1 < len(ids) <= ROWS_MAX and self._span_rows(cache):
+            # a short span (a verification of drafted tokens, a short prompt or chunk): the multi-row kernel,
+            # so every position has the bits of its one-token step
+            logits, hidden, _ = self._rows_pass([ids], [cache], all_logits)
+            return logits, hidden
         if len(ids) != 1 or self.fused_blocks is None:
             self._decode.rest()  # a prefill's BLAS threads need the cores
             return super()._forward(ids, cache, all_logits)
@@ -718,10 +728,25 @@ class FusedDecoder(Interpreter):
             return None
         return self.fused_blocks
 
+    def _span_rows(self, cache: KvCache) -> bool:
+        """Whether a span on `cache` takes the multi-row kernel with every row its one-token step's bits: every
+        layer dense and fused (an FFN op with its own layer kernel runs op by op on rows)."""
+        blocks = self._rows_blocks(cache)
+        return blocks is not None and all(fb.dense for fb in blocks)
+
     def _forward_rows(self, spans: list[np.ndarray], caches: Sequence[KvCache], all_logits: bool) -> list[np.ndarray]:
         """Spans of several sequences (at most ROWS_MAX rows) through the fused layers' multi-row kernel;
         logits per span as forward_step_batch_spans returns them (each row = its one-token step, bitwise).
         A layer whose FFN op brings its own layer kernel runs op by op on the rows (without the pool)."""
+        logits, _, ends = self._rows_pass(spans, caches, all_logits)
+        if all_logits:
+            return np.split(logits, ends[:-1])
+        return [logits[i:i + 1] for i in range(len(spans))]
+
+    def _rows_pass(self, spans: list[np.ndarray], caches: Sequence[KvCache],
+                   all_logits: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """_forward_rows' pass: (logits and normed hidden states of every row, or of each span's last, and the
+        row bounds of the spans)."""
         p = self.plan
         blocks = self._rows_blocks(caches[0])
         dense = all(fb.dense for fb in blocks)
@@ -748,9 +773,7 @@ class FusedDecoder(Interpreter):
             rows = np.arange(len(x)) if all_logits else ends - 1
             hidden = p.norm(x[rows], p.output_norm, p.output_norm_b)
             logits = self.finish_logits(self._decode.head(hidden, par))
-        if all_logits:
-            return np.split(logits, ends[:-1])
-        return [logits[i:i + 1] for i in range(len(spans))]
+        return logits, hidden, ends
 
     @functools.cached_property
     def _rows_per_pass(self) -> tuple[int, int]:

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from archrun.fingerprint import fnv1a64_rows
+
 FOLDER = "logit_hashes"
 FORMAT = 1
-_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
 
 #: LLVM feature-name prefixes that change instruction selection for float and integer SIMD math
 _SIMD_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "xop", "neon", "sve", "fp-armv8", "fullfp16",
@@ -43,47 +44,6 @@ _ENV = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT", "NUMBA_DISABLE_JIT"
 
 
 # ------------------------------------------------------------------------------ hashing
-
-
-_COMPILED: list[int] = []  # numba compilations seen since watch_compiles() (one counter, installed once)
-
-
-def watch_compiles() -> None:
-    """Count numba's compilations in this process from now on (the kit's pytest plugin calls it at start).
-
-    Why: code numba compiles in a process and the same code loaded from its cache by another process
-    round some float results differently (measured: prefill attention's softmax, the last bit, from
-    position 1 on), so a process that compiled kernels computes other bits than the recorded ones.
-    Hashes are pinned for cache-loaded kernels; a process that compiled any is not checked."""
-    if _COMPILED:
-        return
-    from numba.core import event
-
-    class _Count(event.Listener):
-        def on_start(self, ev) -> None:
-            pass
-
-        def on_end(self, ev) -> None:
-            _COMPILED[0] += 1
-
-    _COMPILED.append(0)
-    event.register("numba:compile", _Count())
-
-
-def compiled_here() -> int | None:
-    """Compilations counted since watch_compiles() (None: not watching)."""
-    return _COMPILED[0] if _COMPILED else None
-
-
-def fnv1a64_rows(logits: np.ndarray) -> list[str]:
-    """FNV-1a (64-bit) of each row's float32 little-endian bytes, as 16 hex digits."""
-    rows = np.ascontiguousarray(np.atleast_2d(logits), dtype="<f4")
-    data = rows.view(np.uint8).reshape(len(rows), -1)
-    h = np.full(len(rows), _FNV_OFFSET, np.uint64)
-    with np.errstate(over="ignore"):
-        for j in range(data.shape[1]):  # one byte of every row at a time
-            h = (h ^ data[:, j].astype(np.uint64)) * _FNV_PRIME
-    return [f"{int(v):016x}" for v in h]
 
 
 def logit_hashes(model: Any, ids: np.ndarray) -> dict[str, list[str]]:

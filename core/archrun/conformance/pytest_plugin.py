@@ -46,9 +46,6 @@ def pytest_addoption(parser) -> None:
 
 
 def pytest_sessionstart(session) -> None:
-    from archrun.conformance import bithash
-
-    bithash.watch_compiles()  # logit-bit hashes are checked only in processes that compiled no kernel
     kit = sys.modules.get("archrun.conformance.kit")
     if kit is not None:  # files and models of an earlier session in this process (pytest run in-process)
         kit.ConformanceKit._files.clear()

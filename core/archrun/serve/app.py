@@ -26,6 +26,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from archrun.errors import ArchrunError
+from archrun.fingerprint import system_fingerprint
 from archrun.generation import GenerationRequest, GenerationResult, make_request
 from archrun.grammar import vocabulary
 from archrun.serve import protocol
@@ -122,6 +123,11 @@ class Server:
                              kv_type=config.kv_type, flushed=self.mailbox.flush)
         self.logprobs = protocol.LogprobFormatter(model.tokenizer)
         self.created = int(time.time())
+        self.fingerprint()  # reads the weights file once, at start rather than in the first request
+
+    def fingerprint(self) -> str:
+        """The responses' system_fingerprint (it changes when a tiered start goes fast)."""
+        return system_fingerprint(self.model)
 
     def routes(self) -> list[Route]:
         """The server's routes, each wrapped with the key check, error mapping and request count."""
@@ -267,11 +273,13 @@ class Server:
             choice = {"index": 0, "message": message,
                       "logprobs": None if lps is None else {"content": self.logprobs.chat(lps), "refusal": None},
                       "finish_reason": finish}
-            out = protocol.envelope("chat.completion", protocol.new_id("chatcmpl"), self.model_id)
+            out = protocol.envelope("chat.completion", protocol.new_id("chatcmpl"), self.model_id, self.fingerprint())
         else:
             choice = {"index": 0, "text": result.text, "finish_reason": result.finish_reason,
                       "logprobs": None if lps is None else self.logprobs.completion(lps)}
-            out = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_id)
+            out = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_id, self.fingerprint())
+        if result.logit_hashes is not None:
+            choice["logit_hashes"] = list(result.logit_hashes)
         return {**out, "choices": [choice], "usage": protocol.usage(result)}
 
     async def _stream(self, chunks: _Chunks, ticket: Ticket, events: asyncio.Queue[Event],
@@ -314,13 +322,13 @@ class _Chunks:
     def __init__(self, server: Server, kind: str, opts: protocol.Options, tool_format: ToolCallFormat | None = None):
         self.server, self.kind, self.opts = server, kind, opts
         prefix, obj = ("chatcmpl", "chat.completion.chunk") if kind == "chat" else ("cmpl", "text_completion")
-        self.head = protocol.envelope(obj, protocol.new_id(prefix), server.model_id)
+        self.head = protocol.envelope(obj, protocol.new_id(prefix), server.model_id, server.fingerprint())
         self.offset = 0  # characters streamed (completion logprobs' text_offset)
         self.tools = ToolCallStream(tool_format) if tool_format is not None and kind == "chat" else None
 
-    def _choice(self, text_or_delta: Any, logprobs: Any, finish: str | None) -> str:
+    def _choice(self, text_or_delta: Any, logprobs: Any, finish: str | None, **extra: Any) -> str:
         key = "delta" if self.kind == "chat" else "text"
-        choice = {"index": 0, key: text_or_delta, "logprobs": logprobs, "finish_reason": finish}
+        choice = {"index": 0, key: text_or_delta, "logprobs": logprobs, "finish_reason": finish, **extra}
         return _sse(json.dumps({**self.head, "choices": [choice]}))
 
     def delta(self, delta: dict[str, Any]) -> str:
@@ -347,7 +355,8 @@ class _Chunks:
         if self.tools is not None:
             out = self._split(*self.tools.finish())
             reason = "tool_calls" if self.tools.calls else reason
-        return [*out, self._choice({} if self.kind == "chat" else "", None, reason)]
+        extra = {} if result.logit_hashes is None else {"logit_hashes": list(result.logit_hashes)}
+        return [*out, self._choice({} if self.kind == "chat" else "", None, reason, **extra)]
 
     def usage(self, result: GenerationResult) -> str:
         return _sse(json.dumps({**self.head, "choices": [], "usage": protocol.usage(result)}))

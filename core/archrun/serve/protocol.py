@@ -80,6 +80,8 @@ def _options(body: dict, max_tokens: int | None, logprobs: int | None) -> Option
         "repetition_penalty": _get(body, "repetition_penalty", float, 1.0),
         "logit_bias": _logit_bias(body.get("logit_bias")), "logprobs": logprobs,
         "grammar": response_format(body.get("response_format")),
+        # archrun's extension: the FNV-1a hash of every step's logits in the response (docs/determinism.md)
+        "logit_hashes": bool(_get(body, "logit_hashes", bool, False)),
     }
     stream_options = _get(body, "stream_options", dict) or {}
     return Options(generation=gen, stream=bool(_get(body, "stream", bool)),
@@ -221,10 +223,10 @@ def usage(result: GenerationResult) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
 
 
-def envelope(kind: str, rid: str, model: str, created: int | None = None) -> dict[str, Any]:
-    """The fields every response object and chunk carries."""
+def envelope(kind: str, rid: str, model: str, fingerprint: str, created: int | None = None) -> dict[str, Any]:
+    """The fields every response object and chunk carries (fingerprint: archrun.fingerprint.system_fingerprint)."""
     return {"id": rid, "object": kind, "created": created or int(time.time()), "model": model,
-            "system_fingerprint": "archrun"}
+            "system_fingerprint": fingerprint}
 
 
 class LogprobFormatter:
