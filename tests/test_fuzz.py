@@ -54,7 +54,7 @@ def test_bounded_fuzz_run_has_no_findings(tmp_path) -> None:
         runner.close()
     assert summary["cases"] == CI_CASES
     kinds = summary["by_kind"]
-    assert {"gguf", "template", "api", "cli", "special"} <= kinds.keys()
+    assert {"gguf", "template", "api", "cli", "special", "cross", "signature"} <= kinds.keys()
     assert sum(kinds["gguf"].values()) > CI_CASES // 5
     assert not summary["findings"], json.dumps({"findings": summary["findings"],
                                                 "examples": summary["examples"]}, indent=1)[:6000]

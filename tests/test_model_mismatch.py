@@ -110,7 +110,8 @@ def test_a_cache_whose_internals_were_replaced_is_refused(models, backend, how) 
     else:
         cache.slots[0], other.slots[0] = other.slots[0], cache.slots[0]
     for entry in (lambda: model.forward_step([5], cache), lambda: model.forward_step_batch_spans([[5]], [cache]),
-                  lambda: cache.rewind(1)):
+                  lambda: cache.rewind(1), lambda: PrefixCache(cache).prepare([1, 2, 3, 5]),
+                  lambda: archrun.generate(model, [1, 2, 3, 5], max_tokens=2, cache=PrefixCache(cache)).complete()):
         with pytest.raises(ModelMismatch, match="replaced"):
             entry()
 

@@ -146,7 +146,10 @@ class KvCache:
                                         f"{'' if writeable else ', read-only'}; make a new cache with init_cache())")
 
     def __len__(self) -> int:
-        return self._n
+        n = self._n
+        if type(n) is not int or n < 0:
+            raise ModelMismatch(f"this cache's length was replaced after it was made ({shown(n)}); make a new one")
+        return n
 
     @property
     def nbytes(self) -> int:
@@ -311,6 +314,8 @@ def _check_cache(cache: Any) -> None:
         callable(getattr(cache, name, None)) for name in ("rewind", "clear"))
     if not needed or not (hasattr(cache, "max_rewind") or callable(getattr(cache, "restore_point", None))):
         raise InvalidRequest(f"cache must be a model's cache (init_cache()), got {type(cache).__name__}")
+    if isinstance(cache, KvCache):
+        cache.verify()  # its own slots and arrays, before they are rewound
 
 
 def _check_ids(ids: Any, what: str) -> list[int]:
@@ -362,6 +367,7 @@ class PrefixCache:
     def prepare(self, prompt: Sequence[int]) -> list[int]:
         """Rewind to the prefix shared with `prompt`; return the suffix of `prompt` to feed."""
         prompt = _check_ids(prompt, "prompt")
+        _check_cache(self.cache)
         if not prompt:
             raise InvalidRequest("prepare needs a non-empty prompt")
         keep = rewind_to(self.cache, min(common_prefix(self.ids, prompt), len(prompt) - 1))

@@ -841,6 +841,16 @@ def warm_up() -> None:
         for backend in ("fast", "reference"):
             with contextlib.suppress(ArchrunError):
                 _model(i, backend)
+    for i in range(len(C.SEEDS)):  # the entries `cross` cases step, on every kv type (their kernels compile here)
+        for kv in ("f32", "f16", "q8_0"):
+            with contextlib.suppress(ArchrunError):
+                m = _model(i, "fast")
+                caches = [m.init_cache(16, **({} if kv == "f32" else {"kv_type": kv})) for _ in range(2)]
+                m.forward_step([1, 2, 3], caches[0])
+                m.forward_step([1], caches[0])
+                m.forward_step_hidden([2], caches[0])
+                m.forward_step_batch_spans([[1, 2, 3], [4]], caches, all_logits=True)
+                m.forward_step_batch([[1], [2]], caches)
     for q in C.QUANT_TYPES:
         run_case({"kind": "gguf", "seed": 0, "backend": "fast", "text": "hi", "options": {},
                   "edits": [{"op": "tensor_quantize", "tensor": f"#{k}", "type": q, "scales": "finite", "seed": 0}
