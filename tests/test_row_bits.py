@@ -81,3 +81,45 @@ def test_pooled_products_keep_the_bits_of_every_layout(name):
             got = np.empty((n, n_out), np.float32)
             block.pooled_product(par, 0, group, xf, got, 1)
             np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
+def _fma(a, b, c):
+    """float32 fma(a, b, c) in float64 (the product is exact; one rounding of the sum, then to float32: these
+    inputs never land on a float32 halfway point, where the two roundings could differ)."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0"])
+def test_q4_1_and_q8_0_accumulate_as_the_vnni_row_tiles(name):
+    """The lane loops (AVX2 and portable hosts) and the VNNI row tiles take the same float steps per block,
+    acc = fma(m, dx * Sx, fma(d, sum(q x) * dx, acc)) (Q4_1) and acc = fma(d, dx * sum(q x), acc) (Q8_0):
+    the selected kernel equals that recurrence, written out here in numpy, bit for bit, on every class."""
+    rng = np.random.default_rng(23)
+    w, _ = _prepared(name, rng)
+    x = rng.standard_normal((3, N_IN)).astype(np.float32)
+    got = _product(w, x)
+    X, DX, QH = dots._quantized(x)
+    # the block fields of the same rows (random_rows with the same seed): f16 d (and m), then the quants
+    nb = N_IN // 32
+    rows = random_rows(name, N_OUT, N_IN, np.random.default_rng(23)).reshape(N_OUT, nb, -1)
+    d = rows[:, :, 0:2].copy().view("<f2")[..., 0].astype(np.float32)
+    if name == "Q4_1":
+        m = rows[:, :, 2:4].copy().view("<f2")[..., 0].astype(np.float32)
+        qs = rows[:, :, 4:20].astype(np.int64)
+        q = np.concatenate([qs & 15, qs >> 4], axis=2)  # elements 0..15 low nibbles, 16..31 high
+    else:
+        m = None
+        q = rows[:, :, 2:34].copy().view(np.int8).astype(np.int64)
+    want = np.empty_like(got)
+    for t in range(3):
+        acc = np.zeros(N_OUT, np.float32)
+        for b in range(nb):
+            isum = (q[:, b, :] * X[t, b].astype(np.int64)).sum(axis=1).astype(np.float32)
+            dx = DX[t, b]
+            if name == "Q4_1":
+                sx = np.float32(int(QH[t, b, 0]) + int(QH[t, b, 1]))
+                acc = _fma(m[:, b], np.full(N_OUT, dx * sx, np.float32), _fma(d[:, b], isum * dx, acc))
+            else:
+                acc = _fma(d[:, b], dx * isum, acc)
+        want[t] = acc
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -42,6 +42,7 @@ from numba import njit, prange
 
 from archrun.kernels import atomics, simd
 from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
+from archrun.kernels.simd import fma32
 
 _F32 = np.float32
 _I16 = np.int16
@@ -307,7 +308,8 @@ def q4_0(W, D, X, DX, QH, g0, g1, out):
 
 @njit(**JIT)
 def _q4_1_loops(W, D, M, X, DX, QH, g0, g1, out):
-    """Q4_1: d * q + m. Block dot = dx * (d * sum(q x) + m * Sx)."""
+    """Q4_1: d * q + m. Block dot = dx * (d * sum(q x) + m * Sx), accumulated as the VNNI row tiles do:
+    acc = fma(m, dx * Sx, fma(d, sum(q x) * dx, acc)), so every host class computes the same bits."""
     n, nb = DX.shape
     s = np.empty(LANES, np.int16)
     XP = nibble_pairs(X)
@@ -323,9 +325,11 @@ def _q4_1_loops(W, D, M, X, DX, QH, g0, g1, out):
                 _nibbles_dot(w, X[t, b], XP[t, b], (QH[t, b, 0] + QH[t, b, 1]) * 8, s)
                 sx = _F32(QH[t, b, 0]) + _F32(QH[t, b, 1])
                 dx = DX[t, b]
+                dsx = dx * sx
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    a[g] += dx * (d[g] * (_F32(s[g]) + _F32(8.0) * sx) + m[g] * sx)
+                    isum = _F32(s[g]) + _F32(8.0) * sx  # sum(q x), exact in float32
+                    a[g] = fma32(m[g], dsx, fma32(d[g], isum * dx, a[g]))
         _store(out, acc, grp)
 
 
@@ -403,7 +407,8 @@ def _bytes(X):
 
 @njit(**JIT)
 def _q8_0_loops(W, D, X, DX, QH, g0, g1, out):
-    """Q8_0: d * q, q int8 (quad layout). Block dot = d * dx * isum, isum exact in int32."""
+    """Q8_0: d * q, q int8 (quad layout). Block dot = d * dx * isum, isum exact in int32, accumulated as the
+    VNNI row tiles do: acc = fma(d, dx * isum, acc)."""
     n, nb = DX.shape
     X8 = _bytes(X)
     isum = np.empty(LANES, np.int32)
@@ -419,7 +424,7 @@ def _q8_0_loops(W, D, X, DX, QH, g0, g1, out):
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    a[g] += d[g] * (dx * _F32(isum[g]))
+                    a[g] = fma32(d[g], dx * _F32(isum[g]), a[g])
         _store(out, acc, grp)
 
 

@@ -14,10 +14,11 @@ portable loops (which stay the implementation where AVX2 is absent, and without 
 from __future__ import annotations
 
 import numba
+import numpy as np
 from llvmlite import binding, ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from archrun.kernels._jit import LANES, QB
 
@@ -61,6 +62,33 @@ def _broadcast16(builder, value):
     """<16 x i16> with `value` in every element."""
     v = builder.insert_element(ir.Constant(_V16I16, ir.Undefined), value, ir.Constant(_I32, 0))
     return builder.shuffle_vector(v, ir.Constant(_V16I16, ir.Undefined), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+
+
+@intrinsic
+def _fma32(typingctx, a, b, c):
+    if not all(x == types.float32 for x in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = _declare(builder, "llvm.fma.f32", ir.FloatType(), [ir.FloatType()] * 3)
+        return builder.call(f, list(args))
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+def fma32(a, b, c):
+    """float32 a * b + c with one rounding (LLVM's llvm.fma: the CPU's fused multiply-add, libm's fmaf where
+    it has none), which a loop over lanes vectorises; the float step the VNNI row tiles emit, so the lane
+    loops of other hosts compute the same bits. Without the JIT: the float64 product (exact) plus c, rounded
+    to float32 (a second rounding, which can differ from one fma in the last bit on rare inputs)."""
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+@overload(fma32, jit_options={"nogil": True})
+def _fma32_jit(a, b, c):
+    if all(x == types.float32 for x in (a, b, c)):
+        return lambda a, b, c: _fma32(a, b, c)
+    return None
 
 
 @intrinsic
