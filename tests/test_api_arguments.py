@@ -108,7 +108,7 @@ def _targets(model, host_model) -> list[tuple[str, Callable[..., Any], dict[str,
     logits = np.zeros(n_vocab, np.float32)
     return [
         ("load", archrun.load, {"path": LLAMA, "backend": "reference"}),
-        ("describe", lambda source, hints=None: describe(source, hints=hints), {"source": LLAMA}),
+        ("describe", describe, {"source": LLAMA}),
         ("init_cache", model.init_cache, {"max_tokens": 8}),
         ("forward_step", model.forward_step, {"token_ids": [1, 2], "cache": Fresh(fresh_cache)}),
         ("forward_step_hidden", model.forward_step_hidden, {"token_ids": [1], "cache": Fresh(fresh_cache)}),

@@ -6,13 +6,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import pluggy
-
 from archrun.compile import compile_gguf
 from archrun.errors import InvalidRequest, shown
 from archrun.ggufio import open_gguf
 from archrun.model import Interpreter, build_plan
-from archrun.plugins import default_plugin_manager
+from archrun.plugins import checked_plugin_manager
 from archrun.vocab import BACKENDS, build_vocabulary
 
 Model = Interpreter  # every loaded model is an Interpreter of its block style (a Decoder)
@@ -41,12 +39,9 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     if progress is not None and not callable(progress):
         raise InvalidRequest(f"progress must be a callable (stage, done, total) or None, got {shown(progress)}")
     progress = _reporting(progress)
-    if plugins is not None and not isinstance(plugins, pluggy.PluginManager):
-        raise InvalidRequest(f"plugins must be a pluggy PluginManager (archrun.plugins.make_plugin_manager), got "
-                             f"{type(plugins).__name__}")
+    pm = checked_plugin_manager(plugins)
     if threads is not None:
         _set_threads(threads)
-    pm = plugins if plugins is not None else default_plugin_manager()
     vocab = build_vocabulary(pm)
     if block_style is not None and (not isinstance(block_style, str) or ("block_style", block_style) not in vocab):
         styles = ", ".join(sorted(e.op.name for e in vocab if e.op.slot == "block_style"))

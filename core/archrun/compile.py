@@ -197,12 +197,11 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
     if not isinstance(source, GGUFFile):  # a path (open_gguf refuses anything else with InvalidRequest)
         with open_gguf(source) as gguf:
             return compile_gguf(gguf, plugins, block_style, hints)
+    from archrun.plugins import checked_plugin_manager
+
+    plugins = checked_plugin_manager(plugins)  # before the file is read: a wrong type is the caller's error
     gguf: GGUFFile = source
     arch = _typed("general.architecture", _require(gguf, "general.architecture"), str)
-    if plugins is None:
-        from archrun.plugins import default_plugin_manager
-
-        plugins = default_plugin_manager()
     fam = _family_hints(arch, plugins, hints)
     meta = _Meta(gguf, arch, fam.defaults)
     tensors = _Tensors(gguf, {**DEFAULT_TENSOR_NAMES, **fam.tensor_names})

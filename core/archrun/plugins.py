@@ -63,3 +63,15 @@ def default_plugin_manager() -> pluggy.PluginManager:
     if _default is None:
         _default = make_plugin_manager()
     return _default
+
+
+def checked_plugin_manager(plugins: object) -> pluggy.PluginManager:
+    """`plugins` when it is a pluggy PluginManager, the default one for None; else InvalidRequest."""
+    from archrun.errors import InvalidRequest
+
+    if plugins is None:
+        return default_plugin_manager()
+    if not isinstance(plugins, pluggy.PluginManager):
+        raise InvalidRequest(f"plugins must be a pluggy PluginManager (archrun.plugins.make_plugin_manager), got "
+                             f"{type(plugins).__name__}")
+    return plugins

@@ -32,12 +32,40 @@ _EXACT = dict(cache=True, nogil=True)
 # -- norms: p = (eps, weight offset) ---------------------------------------------------------------------------
 
 
+@njit(**dict(JIT, inline="always"))
+def _sum64(x, mean, square):
+    """sum of (x[i] - mean) (squared when `square`) in float64, in a stated order: element i goes to lane
+    i % 8, the 8 lanes are summed as ((0+1)+(2+3))+((4+5)+(6+7)), then the tail in element order. Eight
+    independent chains (which LLVM vectorises without reassociating) instead of one ~8x slower chain."""
+    n = x.shape[0]
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    end = n - n % 8
+    for i in range(0, end, 8):
+        v0, v1, v2, v3 = np.float64(x[i]) - mean, np.float64(x[i + 1]) - mean, np.float64(x[i + 2]) - mean, \
+            np.float64(x[i + 3]) - mean
+        v4, v5, v6, v7 = np.float64(x[i + 4]) - mean, np.float64(x[i + 5]) - mean, np.float64(x[i + 6]) - mean, \
+            np.float64(x[i + 7]) - mean
+        if square:
+            v0, v1, v2, v3, v4, v5, v6, v7 = v0 * v0, v1 * v1, v2 * v2, v3 * v3, v4 * v4, v5 * v5, v6 * v6, v7 * v7
+        a0 += v0
+        a1 += v1
+        a2 += v2
+        a3 += v3
+        a4 += v4
+        a5 += v5
+        a6 += v6
+        a7 += v7
+    s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for i in range(end, n):
+        v = np.float64(x[i]) - mean
+        s += v * v if square else v
+    return s
+
+
 @njit(SIGNATURES["norm"], **JIT)
 def rms_norm(p, x, w, b, out):
-    """out = x / sqrt(mean(x^2) + eps) * (w + offset) (+ b); the sum of squares in float64."""
-    ss = 0.0
-    for i in range(x.shape[0]):
-        ss += np.float64(x[i]) * x[i]
+    """out = x / sqrt(mean(x^2) + eps) * (w + offset) (+ b); the sum of squares in float64 (`_sum64`)."""
+    ss = _sum64(x, 0.0, True)
     r = _F32(1.0 / math.sqrt(ss / x.shape[0] + p[0]))
     off = _F32(p[1])
     for i in range(x.shape[0]):
@@ -50,14 +78,8 @@ def rms_norm(p, x, w, b, out):
 def layer_norm(p, x, w, b, out):
     """out = (x - mean(x)) / sqrt(var(x) + eps) * (w + offset) (+ b); mean and variance in float64."""
     n = x.shape[0]
-    s = 0.0
-    for i in range(n):
-        s += np.float64(x[i])  # float64 in pure Python too (a float32 scalar would win there)
-    mean = s / n
-    ss = 0.0
-    for i in range(n):
-        dx = np.float64(x[i]) - mean
-        ss += dx * dx
+    mean = _sum64(x, 0.0, False) / n  # float64 in pure Python too (a float32 scalar would win there)
+    ss = _sum64(x, mean, True)
     r = 1.0 / math.sqrt(ss / n + p[0])
     off = _F32(p[1])
     for i in range(n):
