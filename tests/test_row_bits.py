@@ -16,7 +16,7 @@ from gguf.constants import GGMLQuantizationType as T
 from test_kernels import QUANT, random_rows
 
 from archrun import kernels, quant
-from archrun.kernels import block, dots, layer, pool
+from archrun.kernels import block, dots, layer, pool, simd
 
 SMALL = numba.config.DISABLE_JIT
 N_IN, N_OUT = (64, 37) if SMALL else (256, 71)
@@ -90,10 +90,11 @@ def _fma(a, b, c):
 
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q8_0"])
-def test_q4_1_and_q8_0_accumulate_as_the_vnni_row_tiles(name):
-    """The lane loops (AVX2 and portable hosts) and the VNNI row tiles take the same float steps per block,
-    acc = fma(m, dx * Sx, fma(d, sum(q x) * dx, acc)) (Q4_1) and acc = fma(d, dx * sum(q x), acc) (Q8_0):
-    the selected kernel equals that recurrence, written out here in numpy, bit for bit, on every class."""
+def test_q4_1_and_q8_0_accumulate_in_their_stated_order(name):
+    """Q4_1's lane loops (AVX2 and portable hosts) and VNNI row tiles take the same float steps per block,
+    acc = fma(m, dx * Sx, fma(d, sum(q x) * dx, acc)); Q8_0's tiles acc = fma(d, dx * sum(q x), acc) and its
+    lane loops acc + d * (dx * sum(q x)) (docs/determinism.md): the selected kernel equals the recurrence of
+    its class, written out here in numpy, bit for bit."""
     rng = np.random.default_rng(23)
     w, _ = _prepared(name, rng)
     x = rng.standard_normal((3, N_IN)).astype(np.float32)
@@ -119,7 +120,9 @@ def test_q4_1_and_q8_0_accumulate_as_the_vnni_row_tiles(name):
             if name == "Q4_1":
                 sx = np.float32(int(QH[t, b, 0]) + int(QH[t, b, 1]))
                 acc = _fma(m[:, b], np.full(N_OUT, dx * sx, np.float32), _fma(d[:, b], isum * dx, acc))
-            else:
+            elif simd.VNNI:
                 acc = _fma(d[:, b], dx * isum, acc)
+            else:
+                acc = acc + d[:, b] * (dx * isum)
         want[t] = acc
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -407,8 +407,9 @@ def _bytes(X):
 
 @njit(**JIT)
 def _q8_0_loops(W, D, X, DX, QH, g0, g1, out):
-    """Q8_0: d * q, q int8 (quad layout). Block dot = d * dx * isum, isum exact in int32, accumulated as the
-    VNNI row tiles do: acc = fma(d, dx * isum, acc)."""
+    """Q8_0: d * q, q int8 (quad layout). Block dot = d * dx * isum, isum exact in int32: acc + d * (dx * isum),
+    a multiply and an add (the VNNI row tiles fuse them: fma(d, dx * isum, acc). simd.fma32 here measured
+    229 -> 287 us for a 4864 x 1024 product on AVX2, so Q8_0's decode bits stay per CPU class)."""
     n, nb = DX.shape
     X8 = _bytes(X)
     isum = np.empty(LANES, np.int32)
@@ -424,7 +425,7 @@ def _q8_0_loops(W, D, X, DX, QH, g0, g1, out):
                 dx = DX[t, b]
                 a = acc[t]
                 for g in range(a.shape[0]):
-                    a[g] = fma32(d[g], dx * _F32(isum[g]), a[g])
+                    a[g] += d[g] * (dx * _F32(isum[g]))
         _store(out, acc, grp)
 
 

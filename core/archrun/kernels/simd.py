@@ -84,7 +84,7 @@ def fma32(a, b, c):
     return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
 
 
-@overload(fma32, jit_options={"nogil": True})
+@overload(fma32, inline="always", jit_options={"nogil": True})
 def _fma32_jit(a, b, c):
     if all(x == types.float32 for x in (a, b, c)):
         return lambda a, b, c: _fma32(a, b, c)
