@@ -94,29 +94,6 @@ def test_pooled_product_is_bit_identical(types, n_outs, n_in, bias):
             assert np.array_equal(got, ref)
 
 
-def test_pooled_rows_in_place_and_through_staging_buffers():
-    """Several rows, read and written in place when C-contiguous and through the pool's staging buffers when
-    not (a column slice of a wider array): the same bits as one thread, and nothing outside y written."""
-    rng = np.random.default_rng(11)
-    n_in, n_out, n = 576, 1536, 5
-    group = _group(rng, [T.Q4_1], [n_out], n_in)
-    p = pool.DecodePool([group], max_in=n_in * 8, max_out=n_out * 8, serve=layer.serve)
-    p.warm_up()
-    wide = rng.standard_normal((n, n_in + 7)).astype(np.float32)
-    x_strided, x = wide[:, 3:3 + n_in], np.ascontiguousarray(wide[:, 3:3 + n_in])
-    ref = np.empty((n, n_out), np.float32)
-    block.pooled_product(pool.NO_POOL, 0, group, x, ref, 1)
-    with p.running(2) as par:
-        for xf in (x, x_strided):
-            got = np.empty((n, n_out), np.float32)
-            block.pooled_product(par, 0, group, xf, got, 1)
-            assert np.array_equal(got, ref)
-            out = np.full((n, n_out + 4), -1.0, np.float32)
-            block.pooled_product(par, 0, group, xf, out[:, 2:2 + n_out], 1)
-            assert np.array_equal(out[:, 2:2 + n_out], ref)
-            assert (out[:, :2] == -1).all() and (out[:, 2 + n_out:] == -1).all()
-
-
 @pytest.mark.parametrize(("types", "n_outs", "n_in", "bias"), CASES[:3], ids=lambda v: str(v))
 def test_a_job_left_to_the_worker(types, n_outs, n_in, bias):
     """Published and not claimed by the caller: the worker computes every chunk, exactly."""
