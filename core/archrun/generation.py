@@ -24,7 +24,7 @@ from archrun.cache import PrefixCache, kv_options
 from archrun.chat_template import chat_prompt
 from archrun.decoder import Decoder
 from archrun.errors import ContextOverflow, InvalidRequest, ModelMismatch, check_flag, shown
-from archrun.fingerprint import fnv1a64
+from archrun.fnv import fnv1a64
 from archrun.grammar import Constraint, Grammar, make_grammar
 from archrun.sampling import Sampler, SamplingParams
 
