@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fuzzing.worker import _Raising  # a value whose every conversion raises (the harness's own)
 
 import archrun
 from archrun import speculative
@@ -33,23 +34,6 @@ LLAMA = ROOT / "families/archrun-llama/tests/goldens/llama_gqa.gguf"
 USER = [{"role": "user", "content": "hi"}]
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-class _Raising:
-    def __index__(self):
-        raise RuntimeError("index")
-
-    def __len__(self):
-        raise RuntimeError("len")
-
-    def __iter__(self):
-        raise RuntimeError("iter")
-
-    def __float__(self):
-        raise RuntimeError("float")
-
-    def __bool__(self):
-        raise RuntimeError("bool")
 
 
 class Fresh:
