@@ -98,6 +98,16 @@ def test_an_edited_callee_gets_its_own_cache_folder_and_a_warm_run_loads_from_it
     assert Path(edited["folder"]).parent == Path(first["folder"]).parent == cache
 
 
+def test_processes_with_different_string_hash_seeds_share_one_cache_folder(tmp_path):
+    """The folder's digest covers the kernels' numba options; the float flags are a set, whose repr
+    follows the process's string-hash seed: unsorted, every other process missed the cache."""
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    _write_package(src, 1)
+    runs = [_run(src, cache, PYTHONHASHSEED=str(seed)) for seed in range(6)]
+    assert {r["folder"] for r in runs} == {runs[0]["folder"]}
+    assert [r["hits"] for r in runs] == [0, 1, 1, 1, 1, 1]
+
+
 def test_a_process_that_imported_old_sources_never_writes_where_new_sources_read(tmp_path):
     src, cache, go = tmp_path / "src", tmp_path / "cache", tmp_path / "go"
     _write_package(src, 1)

@@ -158,7 +158,7 @@ def _register(folder: str, within: _Sources | None) -> _Sources:
         import llvmlite
 
         # numba's own code and the flags that change compiled code without changing numba's cache key
-        salt = within.digest if within else f"{LANES} {QB} {sorted(JIT_PAR.items())}"  # the core: its constants
+        salt = within.digest if within else f"{LANES} {QB} {_options_text(JIT_PAR)}"  # the core: its constants
         h = hashlib.sha256(f"{salt} {numba.__version__} {llvmlite.__version__} {numba.config.BOUNDSCHECK} "
                            f"{numba.config.OPT}".encode())
         files = {}
@@ -183,6 +183,13 @@ def _register(folder: str, within: _Sources | None) -> _Sources:
         _forget_in_tree_cache(Path(folder))
     _REGISTERED[folder] = sources
     return sources
+
+
+def _options_text(options: dict) -> str:
+    """The numba options as text that is the same in every process: a set's repr follows the
+    process's string-hash seed ({'nnan', 'ninf'} or {'ninf', 'nnan'}), so sets are sorted first
+    (unsorted, every other process digested the core differently and missed the cache)."""
+    return repr(sorted((k, sorted(v) if isinstance(v, (set, frozenset)) else v) for k, v in options.items()))
 
 
 def _claim(path: Path) -> bool:
