@@ -95,6 +95,16 @@ class NumericalError(ArchrunError):
     """The model computed NaN logits (weights that overflow float32 activations): nothing to sample."""
 
 
+class BadTrace(InvalidRequest):
+    """A trace file (archrun.conformance.trace_format) is unreadable, or does not fit the model or the
+    other trace it is compared with (other token ids, other shapes)."""
+
+
+class NotRecovered(ArchrunError):
+    """The recovery loop found no combination of conventions that makes a model match its reference;
+    the message names the first op whose output no installed vocabulary reproduces."""
+
+
 class ArchrunWarning(UserWarning):
     """Warnings about assumptions archrun made (generic architecture, unused keys)."""
 

@@ -30,6 +30,11 @@ import numpy as np
 
 from archrun.descriptor import NO_ROPE, Descriptor, MoeSpec, RopeSpec
 
+#: The outputs of a block's two branches, recorded under these op names: the attention branch after
+#: its output projection (before any post-norm), the FFN after its down projection (before any
+#: post-norm). Reference tracers record the same points (archrun.conformance.trace_format).
+BRANCHES = ("attn_out", "ffn_out")
+
 #: The layer kinds whose rope the diagnosis and the fixtures' sensitivity check flip separately.
 LAYER_KINDS = ("sliding", "global")
 
@@ -126,9 +131,12 @@ def _instrumented(model: Any) -> Iterator[_Tracer]:
         ffn = lp.ffn
         if isinstance(spec.ffn, MoeSpec):
             swap(ffn, "moe", t.wrap(ffn.moe, f"moe={spec.ffn.kind}"))
-        else:
+        elif ffn is not None:
             swap(ffn, "act", t.wrap(ffn.act, f"activation={spec.ffn.activation}"))
+        if ffn is not None:
+            swap(lp, "ffn", _Proxy(ffn, BRANCHES[1], t))
     run_block = model.run_block
+    attend = model._attend
     finish = model.finish_logits
 
     def traced_block(lp: Any, x: np.ndarray, *args: Any) -> np.ndarray:
@@ -142,6 +150,7 @@ def _instrumented(model: Any) -> Iterator[_Tracer]:
         return finish(logits)
 
     swap(model, "run_block", traced_block)
+    swap(model, "_attend", t.wrap(attend, BRANCHES[0]))
     swap(model, "finish_logits", traced_finish)
     try:
         yield t
