@@ -1,4 +1,4 @@
-"""The `archrun` command line: run, chat, serve, inspect, plugins, bench.
+"""The `archrun` command line: run, chat, serve, inspect, plugins, bench; trace, diverge, recover.
 
 User errors (any ArchrunError, a missing file) print one line to stderr and exit 1.
 """
@@ -95,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="record the logit-bit hashes of archrun's own output for this machine class "
                           "(tests/logit_hashes/; a regression pin, not a correctness golden)")
     rec.set_defaults(func=_cmd_conformance_record)
+    from archrun.conformance.commands import add_commands  # trace, diverge, recover (docs/level2.md)
+
+    add_commands(sub)
     return p
 
 

@@ -185,7 +185,7 @@ def moves(hints: FamilyHints, vocab_names: Mapping[str, list[str]], fields: Iter
                 yield name, value
 
 
-def _vocab_names(pm: Any) -> dict[str, list[str]]:
+def vocab_names(pm: Any) -> dict[str, list[str]]:
     """slot -> registered names; attention ops only those that read the standard projections."""
     from archrun.vocab import build_vocabulary
 
@@ -279,7 +279,7 @@ def recover(path: str | Path, reference: Trace, plugins: Any = None, backend: st
     """
     search = _Search(Path(path), reference, plugins, backend, tolerance, budget)
     try:
-        names = _vocab_names(search.pm)
+        names = vocab_names(search.pm)
         cur = start or starting_hints(search.architecture, search.family, names)
         rep = search.evaluate(cur)
         steps: list[Step] = []
