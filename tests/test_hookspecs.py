@@ -173,12 +173,34 @@ def tool_call_format(monkeypatch) -> None:
     assert fmt.grammar([Tool("f", "", {})]).source == "regex"
 
 
+def reasoning_format(monkeypatch) -> None:
+    """firstresult: the llama family answers for a template that thinks in <think>; a later plugin's format
+    replaces it; a reply is split into reasoning and answer along the format's texts."""
+    from archrun.reasoning import THINK_TAGS, ReasoningFormat, ReasoningStream
+    from archrun.reasoning import reasoning_format as find
+
+    class Probe:
+        @hookimpl
+        def archrun_reasoning_format(self, architecture, chat_template):
+            return ReasoningFormat("[[", "]]") if architecture == "llama" else None
+
+    model = archrun.load(FIXTURE, backend="reference")
+    assert find(model, make_plugin_manager(), template="{{ '<think>' }}") == THINK_TAGS
+    assert find(model, make_plugin_manager(), template="{{ messages }}") is None  # no thinking in the template
+    fmt = find(model, make_plugin_manager(extra=[Probe()]), template="{{ messages }}")
+    stream = ReasoningStream(fmt)
+    assert stream.push("[[why") == ("why", "")
+    assert stream.push("]") == ("", "")  # may close the thinking: held back
+    assert stream.push("] so.") == ("", "so.")
+
+
 BEHAVIOURS = {
     "archrun_register_vocabulary": register_vocabulary,
     "archrun_describe_family": describe_family,
     "archrun_families": families,
     "archrun_register_drafters": register_drafters,
     "archrun_tool_call_format": tool_call_format,
+    "archrun_reasoning_format": reasoning_format,
 }
 
 

@@ -198,15 +198,18 @@ def parse_hints(items: list[str] | tuple[str, ...]) -> dict[str, str]:
 
 class FamilyPlugin:
     """A family plugin made from architecture -> FamilyHints: implements the family hooks (and, given
-    `tool_calls`, archrun_tool_call_format for its architectures).
+    `tool_calls`, archrun_tool_call_format for its architectures; given `reasoning`, an
+    archrun.reasoning.ReasoningFormat, archrun_reasoning_format for its architectures when the chat
+    template uses that format).
 
     A family package needs only `plugin = FamilyPlugin({...})` and the entry point
     `[project.entry-points.archrun] name = "package:plugin"`.
     """
 
-    def __init__(self, hints: Mapping[str, FamilyHints], tool_calls: Any = None):
+    def __init__(self, hints: Mapping[str, FamilyHints], tool_calls: Any = None, reasoning: Any = None):
         self.hints = MappingProxyType(dict(hints))
         self.tool_calls = tool_calls  # an archrun.tools.ToolCallFormat for these architectures, or None
+        self.reasoning = reasoning    # an archrun.reasoning.ReasoningFormat, or None
 
     @hookimpl
     def archrun_describe_family(self, architecture: str) -> FamilyHints | None:
@@ -219,3 +222,9 @@ class FamilyPlugin:
     @hookimpl
     def archrun_tool_call_format(self, architecture: str, chat_template: str | None) -> Any:
         return self.tool_calls if architecture in self.hints else None
+
+    @hookimpl
+    def archrun_reasoning_format(self, architecture: str, chat_template: str | None) -> Any:
+        if self.reasoning is None or architecture not in self.hints:
+            return None
+        return self.reasoning if self.reasoning.applies(chat_template) else None

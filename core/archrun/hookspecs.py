@@ -71,3 +71,14 @@ def archrun_tool_call_format(architecture: str, chat_template: str | None) -> An
     if neither). The format parses the model's tool-call syntax into calls and writes the grammar
     of one call (used when `tool_choice` forces a call). The first plugin that answers wins.
     """
+
+
+@hookspec(firstresult=True)
+def archrun_reasoning_format(architecture: str, chat_template: str | None) -> Any:
+    """Return an `archrun.reasoning.ReasoningFormat` for a model, or None.  firstresult.
+
+    Asked once per served model (and per chat that splits reasoning). ``architecture`` is the
+    file's `general.architecture`, ``chat_template`` the template the chat renders with (None if
+    none). The format names the texts that open and close the model's thinking; replies are split
+    into reasoning and answer along them. The first plugin that answers wins.
+    """

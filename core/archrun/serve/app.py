@@ -1,8 +1,11 @@
-"""The HTTP layer: OpenAI-compatible routes on Starlette, in front of the batching Engine.
+"""The HTTP layer: OpenAI- and Anthropic-compatible routes on Starlette, in front of the batching Engine.
 
 Every route checks the API key (except /health and the chat page at /), reads at most `max_body`
-bytes (413 beyond, before parsing) and answers errors in OpenAI's shape: {"error": {"message",
-"type", "code"}}.
+bytes (413 beyond, before parsing) and answers errors in its API's shape: OpenAI's {"error":
+{"message", "type", "code"}}, Anthropic's {"type": "error", "error": {"type", "message"}} on
+/v1/messages. Chat completions, Messages and Responses share one path: a body in chat-completions
+form, a tool plan, a request for the engine; the reply's text is split into reasoning, text and
+tool calls (archrun.serve.reply) and each API shapes those parts.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from archrun.errors import ArchrunError
 from archrun.fingerprint import system_fingerprint
 from archrun.generation import GenerationRequest, GenerationResult, make_request
 from archrun.grammar import vocabulary
-from archrun.serve import protocol
+from archrun.reasoning import reasoning_format
+from archrun.serve import anthropic, protocol, responses
 from archrun.serve.config import ServeConfig
 from archrun.serve.engine import Engine, Event, QueueFull, Ticket
 from archrun.serve.metrics import Metrics
-from archrun.tools import ToolCallFormat, ToolCallStream, plan_tool_chat
+from archrun.serve.reply import Blocks, Part, ReplyParts, reasoning_stream, split_reply, stop_sequence
+from archrun.tools import ToolPlan, plan_tool_chat
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 OPEN_PATHS = ("/", "/health")  # answered without the API key (the page asks for it and sends it itself)
@@ -53,6 +58,7 @@ class ApiError(Exception):
         self.status, self.kind = status, kind
 
     def response(self) -> JSONResponse:
+        """The error in OpenAI's shape."""
         return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": None, "code": self.status}},
                             status_code=self.status)
 
@@ -122,6 +128,7 @@ class Server:
                              drafter=_drafter(model, config.speculative), draft_max=config.draft_max,
                              kv_type=config.kv_type, flushed=self.mailbox.flush)
         self.logprobs = protocol.LogprobFormatter(model.tokenizer)
+        self.reasoning = reasoning_format(model)  # how the model marks its thinking (None: it does not)
         self.created = int(time.time())
         self.fingerprint()  # reads the weights file once, at start rather than in the first request
 
@@ -133,17 +140,21 @@ class Server:
         """The server's routes, each wrapped with the key check, error mapping and request count."""
         table = [("/", self.page, ["GET"]), ("/health", self.health, ["GET"]), ("/metrics", self.prometheus, ["GET"]),
                  ("/v1/models", self.models, ["GET"]), ("/v1/chat/completions", self.chat, ["POST"]),
-                 ("/v1/completions", self.completions, ["POST"])]
+                 ("/v1/completions", self.completions, ["POST"]), ("/v1/messages", self.messages, ["POST"]),
+                 ("/v1/responses", self.responses, ["POST"])]
         return [Route(path, self._wrap(path, fn), methods=methods) for path, fn, methods in table]
 
     def _wrap(self, path: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable:
+        def shape(err: ApiError) -> Response:
+            return anthropic.error_response(err.status, str(err)) if path == "/v1/messages" else err.response()
+
         async def endpoint(request: Request) -> Response:
             try:
                 if path not in OPEN_PATHS:
                     self._check_key(request)
                 response = await handler(request)
             except Exception as exc:  # every failure is an HTTP answer, never a dropped connection
-                response = _api_error(exc).response()
+                response = shape(_api_error(exc))
             self.metrics.request(path, response.status_code)
             return response
 
@@ -154,8 +165,10 @@ class Server:
         if key is None:
             return
         given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')", "authentication_error")
+        bearer = hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+        if not (bearer or hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key.encode())):
+            raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
+                           "authentication_error")
 
     async def _json(self, request: Request) -> dict[str, Any]:
         """The request body as a JSON object; 413 past max_body (before parsing), 400 if malformed."""
@@ -196,7 +209,43 @@ class Server:
              "context_length": self.ctx}]})
 
     async def chat(self, request: Request) -> Response:
+        req, opts, parts = await self._chat_request(await self._json(request))
+        return await self._run(request, req, opts, lambda: _Chunks(self, "chat", opts, parts),
+                               lambda result: self._complete("chat", result, opts, parts))
+
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API (archrun.serve.anthropic)."""
+        req, opts, parts = await self._chat_request(anthropic.chat_body(await self._json(request)))
+        head = {"id": protocol.new_id("msg"), "model": self.model_id}
+
+        def stop_of(result: GenerationResult) -> str | None:
+            return stop_sequence(self.model.tokenizer, result, req.stops)
+
+        def complete(result: GenerationResult) -> dict[str, Any]:
+            return anthropic.message(head, self._blocks(parts, result.text), result, stop_of(result))
+
+        return await self._run(request, req, opts,
+                               lambda: anthropic.MessageEvents(head, parts, len(req.ids), stop_of), complete)
+
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API (archrun.serve.responses)."""
         body = await self._json(request)
+        req, opts, parts = await self._chat_request(responses.chat_body(body))
+        head = responses.head(body, self.model_id)
+
+        def count(text: str) -> int:
+            return len(self.model.tokenizer.encode(text, add_special=False))
+
+        def complete(result: GenerationResult) -> dict[str, Any]:
+            blocks = self._blocks(parts, result.text)
+            output = [responses.item(b, responses.item_id(b)) for b in blocks]
+            reasoning = "".join(b.text for b in blocks if b.kind == "reasoning")
+            return responses.finished(head, output, result, count(reasoning) if reasoning else 0)
+
+        return await self._run(request, req, opts, lambda: responses.ResponseEvents(head, parts, count), complete)
+
+    async def _chat_request(self, body: dict[str, Any]) -> tuple[GenerationRequest, protocol.Options, ReplyParts]:
+        """The engine request of a chat-completions body, its options and the splitter of its reply."""
         opts = await run_in_threadpool(protocol.chat_options, body)  # compiles a response_format grammar
         messages = protocol.chat_messages(body)
         tools, choice, template_vars = protocol.chat_tools(body)
@@ -206,7 +255,20 @@ class Server:
                 raise ApiError(400, "a forced tool call (tool_choice) cannot also take a response_format")
             opts = attrs.evolve(opts, generation={**opts.generation, "grammar": plan.grammar})
         req = await run_in_threadpool(self._request, plan.ids, opts)
-        return await self._respond(request, "chat", req, opts, plan.format)
+        return req, opts, self._parts(plan, opts)
+
+    def _parts(self, plan: ToolPlan, opts: protocol.Options) -> ReplyParts:
+        """The reply splitter of a planned chat: tool calls when offered; reasoning when the model thinks
+        and the reply is not constrained to a grammar (JSON, a forced call)."""
+        thinks = self.reasoning if opts.generation["grammar"] is None else None
+        return ReplyParts(plan.format, reasoning_stream(thinks, self.model.tokenizer, plan.ids))
+
+    @staticmethod
+    def _blocks(parts: ReplyParts, text: str) -> list:
+        """The blocks of a whole reply (archrun.serve.reply.Blocks)."""
+        blocks = Blocks()
+        blocks.feed(parts.push(text) + parts.finish())
+        return blocks.blocks
 
     async def completions(self, request: Request) -> Response:
         body = await self._json(request)
@@ -214,7 +276,8 @@ class Server:
         prompt = protocol.completion_prompt(body)
         ids = await run_in_threadpool(self.model.tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
         req = await run_in_threadpool(self._request, ids, opts)
-        return await self._respond(request, "completion", req, opts)
+        return await self._run(request, req, opts, lambda: _Chunks(self, "completion", opts),
+                               lambda result: self._complete("completion", result, opts))
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -225,8 +288,10 @@ class Server:
             vocabulary(self.model.tokenizer, self.model.descriptor.n_vocab)
         return req
 
-    async def _respond(self, request: Request, kind: str, req: GenerationRequest,
-                       opts: protocol.Options, tool_format: ToolCallFormat | None = None) -> Response:
+    async def _run(self, request: Request, req: GenerationRequest, opts: protocol.Options,
+                   emitter: Callable[[], Any], complete: Callable[[GenerationResult], dict[str, Any]]) -> Response:
+        """Run `req` on the engine: streamed through a new `emitter()` (open, piece, finish, fail, close:
+        lists of SSE texts), or answered with `complete(result)` as JSON."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -235,14 +300,13 @@ class Server:
 
         ticket = self.engine.submit(req, sink, reuse_prefix=opts.cache_prompt)
         if opts.stream:
-            chunks = _Chunks(self, kind, opts, tool_format)
-            return StreamingResponse(self._stream(chunks, ticket, events, opts), media_type="text/event-stream",
+            return StreamingResponse(self._stream(emitter(), ticket, events), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
             result = await self._collect(request, events)
         finally:
             ticket.cancel()  # a no-op once finished; frees the slot when the client left
-        return JSONResponse(self._complete(kind, result, opts, tool_format))
+        return JSONResponse(complete(result))
 
     async def _collect(self, request: Request, events: asyncio.Queue[Event]) -> GenerationResult:
         while True:
@@ -258,18 +322,18 @@ class Server:
                 return event.result
 
     def _complete(self, kind: str, result: GenerationResult, opts: protocol.Options,
-                  tool_format: ToolCallFormat | None = None) -> dict[str, Any]:
+                  parts: ReplyParts | None = None) -> dict[str, Any]:
         lps = result.logprobs if opts.logprobs is not None else None
         if kind == "chat":
             message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
-            if tool_format is not None:
-                stream = ToolCallStream(tool_format)
-                stream.push(result.text)
-                stream.finish()
-                if stream.calls:
-                    message = {"role": "assistant", "content": stream.content or None,
-                               "tool_calls": [c.to_openai() for c in stream.calls]}
+            if parts is not None and parts.splits:
+                thought, text, calls = split_reply(parts, result.text)
+                message = {"role": "assistant", "content": text}
+                if calls:
+                    message = {**message, "content": text or None, "tool_calls": [c.to_openai() for c in calls]}
                     finish = "tool_calls"
+                if thought:
+                    message["reasoning_content"] = thought
             choice = {"index": 0, "message": message,
                       "logprobs": None if lps is None else {"content": self.logprobs.chat(lps), "refusal": None},
                       "finish_reason": finish}
@@ -282,12 +346,12 @@ class Server:
             choice["logit_hashes"] = list(result.logit_hashes)
         return {**out, "choices": [choice], "usage": protocol.usage(result)}
 
-    async def _stream(self, chunks: _Chunks, ticket: Ticket, events: asyncio.Queue[Event],
-                      opts: protocol.Options) -> AsyncIterator[str]:
+    async def _stream(self, emitter: Any, ticket: Ticket, events: asyncio.Queue[Event]) -> AsyncIterator[str]:
         finished = False
         try:
-            if chunks.kind == "chat":
-                yield chunks.delta({"role": "assistant", "content": ""})
+            opening = emitter.open()
+            if opening:
+                yield "".join(opening)
             failed = False
             while not (finished or failed):
                 ready = [await events.get()]
@@ -296,35 +360,37 @@ class Server:
                 out: list[str] = []
                 for event in ready:
                     if event.error is not None:
-                        out.append(_sse(_api_error(event.error).response().body.decode()))
+                        err = _api_error(event.error)
+                        out += emitter.fail(err.status, str(err))
                         failed = True
                         break
                     if event.piece or event.logprobs:
-                        out += chunks.piece(event.piece, event.logprobs)
+                        out += emitter.piece(event.piece, event.logprobs)
                     if event.result is not None:
                         finished = True
-                        out += chunks.finish(event.result)
-                        if opts.include_usage:
-                            out.append(chunks.usage(event.result))
+                        out += emitter.finish(event.result)
                         break
                 if out:
                     yield "".join(out)
-            yield "data: [DONE]\n\n"
+            closing = emitter.close()
+            if closing:
+                yield "".join(closing)
         finally:
             if not finished:
                 ticket.cancel()  # the client went away (or the stream failed): free the slot now
 
 
 class _Chunks:
-    """The SSE chunks of one streamed response (chat.completion.chunk or text_completion); with a
-    tool-call format, chat text is split into content deltas and tool_calls deltas."""
+    """The SSE chunks of one streamed chat completion or completion (the emitter of Server._stream); a
+    chat reply's parts (archrun.serve.reply) become content, reasoning_content and tool_calls deltas."""
 
-    def __init__(self, server: Server, kind: str, opts: protocol.Options, tool_format: ToolCallFormat | None = None):
+    def __init__(self, server: Server, kind: str, opts: protocol.Options, parts: ReplyParts | None = None):
         self.server, self.kind, self.opts = server, kind, opts
         prefix, obj = ("chatcmpl", "chat.completion.chunk") if kind == "chat" else ("cmpl", "text_completion")
         self.head = protocol.envelope(obj, protocol.new_id(prefix), server.model_id, server.fingerprint())
         self.offset = 0  # characters streamed (completion logprobs' text_offset)
-        self.tools = ToolCallStream(tool_format) if tool_format is not None and kind == "chat" else None
+        self.parts = parts if parts is not None and parts.splits and kind == "chat" else None
+        self.n_calls = 0
 
     def _choice(self, text_or_delta: Any, logprobs: Any, finish: str | None, **extra: Any) -> str:
         key = "delta" if self.kind == "chat" else "text"
@@ -334,32 +400,47 @@ class _Chunks:
     def delta(self, delta: dict[str, Any]) -> str:
         return self._choice(delta, None, None)
 
+    def open(self) -> list[str]:
+        return [self.delta({"role": "assistant", "content": ""})] if self.kind == "chat" else []
+
     def piece(self, text: str, entries: tuple) -> list[str]:
         lps = None
         if self.opts.logprobs is not None and entries:
             fmt = self.server.logprobs
             lps = {"content": fmt.chat(entries)} if self.kind == "chat" else fmt.completion(entries, self.offset)
         self.offset += len(text)
-        if self.tools is not None:
-            return self._split(*self.tools.push(text), lps)
+        if self.parts is not None:
+            return self._deltas(self.parts.push(text), lps)
         return [self._choice({"content": text} if self.kind == "chat" else text, lps, None)]
 
-    def _split(self, content: str, calls: list, lps: Any = None) -> list[str]:
-        out = [self._choice({"content": content}, lps, None)] if content or lps else []
-        first = len(self.tools.calls) - len(calls)
-        out += [self.delta({"tool_calls": [{"index": first + i, **c.to_openai()}]}) for i, c in enumerate(calls)]
-        return out
+    def _deltas(self, parts: list[Part], lps: Any = None) -> list[str]:
+        out = []
+        for part in parts:
+            if part.kind == "tool":
+                out.append(self.delta({"tool_calls": [{"index": self.n_calls, **part.call.to_openai()}]}))
+                self.n_calls += 1
+            else:
+                key = "content" if part.kind == "text" else "reasoning_content"
+                out.append(self._choice({key: part.text}, lps, None))
+                lps = None
+        return out if lps is None else [self._choice({"content": ""}, lps, None), *out]
 
     def finish(self, result: GenerationResult) -> list[str]:
         out, reason = [], result.finish_reason
-        if self.tools is not None:
-            out = self._split(*self.tools.finish())
-            reason = "tool_calls" if self.tools.calls else reason
+        if self.parts is not None:
+            out = self._deltas(self.parts.finish())
+            reason = "tool_calls" if self.parts.calls else reason
         extra = {} if result.logit_hashes is None else {"logit_hashes": list(result.logit_hashes)}
-        return [*out, self._choice({} if self.kind == "chat" else "", None, reason, **extra)]
+        out = [*out, self._choice({} if self.kind == "chat" else "", None, reason, **extra)]
+        if self.opts.include_usage:
+            out.append(_sse(json.dumps({**self.head, "choices": [], "usage": protocol.usage(result)})))
+        return out
 
-    def usage(self, result: GenerationResult) -> str:
-        return _sse(json.dumps({**self.head, "choices": [], "usage": protocol.usage(result)}))
+    def fail(self, status: int, text: str) -> list[str]:
+        return [_sse(ApiError(status, text).response().body.decode())]
+
+    def close(self) -> list[str]:
+        return ["data: [DONE]\n\n"]
 
 
 def _sse(data: str) -> str:

@@ -13,6 +13,7 @@ from the file by the generic compiler.
 from __future__ import annotations
 
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
+from archrun.reasoning import THINK_TAGS
 from archrun_qwen.tools import QwenToolCalls
 
 _QWEN = dict(TRANSFORMER, rope_pairing="neox", activation="silu", embed_scale=1.0)
@@ -24,4 +25,4 @@ HINTS = {
 }
 
 
-plugin = FamilyPlugin(HINTS, tool_calls=QwenToolCalls())
+plugin = FamilyPlugin(HINTS, tool_calls=QwenToolCalls(), reasoning=THINK_TAGS)
