@@ -38,8 +38,10 @@ def _loop_fn(kind: int):
 
 
 def _compare(kind: int, isa: str):
-    tile, loops = _tile_fn(kind, isa), _loop_fn(kind)
+    return _compare_fns(_tile_fn(kind, isa), _loop_fn(kind))
 
+
+def _compare_fns(tile, loops):
     @njit
     def run(U, XQ, OFF, DXT, A, M, MS, t0):
         got = np.empty((GEMM_TOKENS, LANES), np.float32)
@@ -104,6 +106,28 @@ def test_simd_tile_matches_loop_tile_on_random_scales(isa, kind):
     args = _inputs(rng, 7, 8, 63, exact=False, extreme="random")
     got, ref = _compare(kind, isa)(*args, 4)
     assert np.abs(got - ref).max() <= 1e-6 * np.abs(ref).max()
+
+
+@pytest.mark.skipif(not simd.AVX2 or simd.VNNI, reason="the SIGNED tile is AVX2's Q8_0 (VNNI takes w + 128)")
+@pytest.mark.parametrize("extreme", ["random", "max", "signs"])
+def test_signed_tile_equals_loop_tile_exactly(extreme):
+    """Q8_0 on AVX2: |w| x sign(x, w) in vpmaddubsw, every weight byte in -128..127 (|-128| = 128 included)."""
+    rng = np.random.default_rng(len(extreme))
+    run = _compare_fns(simd.tile_signed_avx2, gemm.tile_signed_loops)
+    for nb, n_pad, t0 in ((1, 4, 0), (3, 8, 4), (9, 12, 8)):
+        U, XQ, OFF, DXT, A, M, MS = _inputs(rng, nb, n_pad, 0, exact=True, extreme=extreme)
+        w = rng.integers(-128, 128, (nb, 8 * LANES, 4))
+        xb = XQ.view(np.uint32)
+        if extreme != "random":
+            w[:] = -128
+            w[:, ::3] = 127
+        shifts = 8 * np.arange(4, dtype=np.uint32)
+        mag = (np.abs(w).astype(np.uint32) << shifts).sum(-1).astype(np.uint32)
+        raw = ((w & 255).astype(np.uint32) << shifts).sum(-1).astype(np.uint32)
+        U = np.concatenate([mag, raw], axis=1)
+        OFF[:] = 0
+        got, ref = run(U, xb.view(np.int32), OFF, DXT, A, M, MS, t0)
+        assert np.array_equal(got, ref), f"nb={nb} t0={t0}"
 
 
 GEMM_NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]

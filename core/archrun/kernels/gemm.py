@@ -17,8 +17,10 @@ field, x: the activation's int8 block, dx its scale, S its sum, S_h the sums of 
   ONE    a * (q - c)        acc += float(sum(q x) - c S) * (a dx)          Q4_0, Q5_0, Q8_0 (q = w + 128)
   MIN    a * q + m          acc += float(sum(q x)) * (a dx) + m (dx S)      Q4_1, Q5_1, Q4_K, Q5_K
   HALVES a_h * (q - c) per 16 elements, summed over the two halves          Q6_K, Q3_K
-Q2_K (halves with a min) and, on AVX2 without VNNI, Q8_0 (w + 128 up to 255 would saturate
-vpmaddubsw) keep the float32 tiles + BLAS path (`TYPES` lists what takes this one).
+  SIGNED a * w, w signed bytes: sums of |w| x sign(x, w)                      Q8_0 on AVX2
+(On AVX2 without VNNI, Q8_0's w + 128 up to 255 would saturate vpmaddubsw, so its groups are
+unpacked as |w| and w, SIGNED.) Q2_K (halves with a min) keeps the float32 tiles + BLAS path
+(`TYPES` lists what takes this one).
 
 Threads: the row groups are split into `chunks` ranges over numba's threads (prefill runs
 while the decode pool's workers sleep, so the cores are free for them).
@@ -31,7 +33,7 @@ from numba import njit, prange
 
 from archrun.kernels import dots, simd
 from archrun.kernels._jit import JIT, JIT_PAR, LANES
-from archrun.kernels.simd import GEMM_TOKENS, HALVES, MIN, ONE
+from archrun.kernels.simd import GEMM_TOKENS, HALVES, MIN, ONE, SIGNED
 
 _F32 = np.float32
 _U32 = np.uint32
@@ -51,6 +53,17 @@ def _byte_dot(u, x):
 
 
 @njit(**_INLINE)
+def _byte_dot_signed(w, x):
+    """sum over the 4 bytes of w (signed) times the 4 bytes of x (signed)."""
+    s = 0
+    for k in range(4):
+        wb = (w >> (8 * k)) & 255
+        xb = (x >> (8 * k)) & 255
+        s += (wb - 256 if wb >= 128 else wb) * (xb - 256 if xb >= 128 else xb)
+    return s
+
+
+@njit(**_INLINE)
 def _tile_loops(kind, U, XQ, OFF, DXT, A, M, MS, t0, acc):
     """acc f32 [GEMM_TOKENS, LANES] = the products of tokens t0.. with the group (module docstring)."""
     acc[:] = 0
@@ -62,7 +75,11 @@ def _tile_loops(kind, U, XQ, OFF, DXT, A, M, MS, t0, acc):
                 s0 = np.int64(OFF[b, row, 0])
                 s1 = np.int64(OFF[b, row, 1])
                 for q in range(8):
-                    d = _byte_dot(np.int64(U[b, q * LANES + g]), np.int64(XQ[b, row, q]) & 0xFFFFFFFF)
+                    xq = np.int64(XQ[b, row, q]) & 0xFFFFFFFF
+                    if kind == SIGNED:  # U: |w| quads, then w's
+                        d = _byte_dot_signed(np.int64(U[b, (8 + q) * LANES + g]), xq)
+                    else:
+                        d = _byte_dot(np.int64(U[b, q * LANES + g]), xq)
                     if kind == HALVES and q >= 4:
                         s1 += d
                     else:
@@ -90,19 +107,29 @@ def tile_halves_loops(U, XQ, OFF, DXT, A, M, MS, t0, acc):
     _tile_loops(HALVES, U, XQ, OFF, DXT, A, M, MS, t0, acc)
 
 
+@njit(**_INLINE)
+def tile_signed_loops(U, XQ, OFF, DXT, A, M, MS, t0, acc):
+    _tile_loops(SIGNED, U, XQ, OFF, DXT, A, M, MS, t0, acc)
+
+
 # the tiles this host runs, chosen once at import on the CPU's features
 if simd.VNNI:
     ISA = "avx512vnni"
     _tile_one, _tile_min, _tile_halves = simd.tile_one_vnni, simd.tile_min_vnni, simd.tile_halves_vnni
+    _tile_signed = tile_signed_loops  # unused: Q8_0 takes ONE (w + 128) with VNNI
 elif simd.AVX2:
     ISA = "avx2"
     _tile_one, _tile_min, _tile_halves = simd.tile_one_avx2, simd.tile_min_avx2, simd.tile_halves_avx2
+    _tile_signed = simd.tile_signed_avx2
 else:
     ISA = ""
     _tile_one, _tile_min, _tile_halves = tile_one_loops, tile_min_loops, tile_halves_loops
+    _tile_signed = tile_signed_loops
+# Q8_0's unpacking and tile kind: w + 128 against c = 128 with VNNI, |w| and w elsewhere
+Q8_KIND, Q8_C = (ONE, 128) if simd.VNNI else (SIGNED, 0)
 
 # ggml types with a GEMM here (qmatrix sends their prefill products to `KERNELS`); none without SIMD
-TYPES = frozenset(({2, 3, 6, 7, 12, 13, 14, 11} | ({8} if simd.VNNI else set())) if ISA else ())
+TYPES = frozenset({2, 3, 6, 7, 8, 11, 12, 13, 14} if ISA else ())
 
 # -- activations --------------------------------------------------------------------------------
 
@@ -200,6 +227,20 @@ def _quads_q8(w, u):
 
 
 @njit(**_INLINE)
+def _quads_q8_signed(w, u):
+    """Q8_0's int8 quads as |w| (unsigned bytes, at most 128), then w itself (SIGNED's U)."""
+    for i in range(8 * LANES):
+        a = _U32(0)
+        v = _U32(0)
+        for k in range(4):
+            wb = np.int64(w[4 * i + k])
+            a |= _U32(wb if wb >= 0 else -wb) << _U32(8 * k)
+            v |= _U32(np.uint8(w[4 * i + k])) << _U32(8 * k)
+        u[i] = a
+        u[8 * LANES + i] = v
+
+
+@njit(**_INLINE)
 def _quads(bits, w, u):
     if bits == 4:
         _quads4(w, u)
@@ -207,13 +248,16 @@ def _quads(bits, w, u):
         _quads5(w, u)
     elif bits == 8:
         _quads8(w, u)
+    elif bits == Q8_SIGNED_QUADS:
+        _quads_q8_signed(w, u)
     else:
         _quads_q8(w, u)
 
 
 # -- a group's blocks and scales -----------------------------------------------------------------
 
-Q8_QUADS = 9  # _quads' field kind of Q8_0
+Q8_QUADS = 9  # _quads' field kind of Q8_0 (w + 128)
+Q8_SIGNED_QUADS = 10  # Q8_0 as |w| and w (SIGNED)
 
 
 @njit(**_INLINE)
@@ -255,6 +299,8 @@ def _tiles(kind, U, XQ, OFF, DXT, A, M, MS, grp, acc, out):
     for t0 in range(0, XQ.shape[1], GEMM_TOKENS):
         if kind == ONE:
             _tile_one(U, XQ, OFF, DXT, A, M, MS, t0, acc)
+        elif kind == SIGNED:
+            _tile_signed(U, XQ, OFF, DXT, A, M, MS, t0, acc)
         elif kind == MIN:
             _tile_min(U, XQ, OFF, DXT, A, M, MS, t0, acc)
         else:
@@ -272,8 +318,9 @@ _NONE_U2 = np.zeros((0, 0, 0), np.uint8)
 def _legacy(W, D, Mn, bits, kind, c, x, out, chunks):
     XQ, OFF, DXT, MS = activations(x, kind, c)
     ng, nb = W.shape[0], W.shape[1]
+    words = 16 if kind == SIGNED else 8
     for ch in prange(chunks):
-        U = np.empty((nb, 8 * LANES), np.uint32)
+        U = np.empty((nb, words * LANES), np.uint32)
         A = np.zeros((nb, 2, LANES), np.float32)
         M = np.zeros((nb, LANES), np.float32)
         acc = np.empty((GEMM_TOKENS, LANES), np.float32)
@@ -322,7 +369,7 @@ def q5_1_gemm(W, D, Mn, x, out, chunks):
 
 @njit(**JIT)
 def q8_0_gemm(W, D, x, out, chunks):
-    _legacy(W, D, _NONE_F2, Q8_QUADS, ONE, 128, x, out, chunks)
+    _legacy(W, D, _NONE_F2, Q8_QUADS if Q8_KIND == ONE else Q8_SIGNED_QUADS, Q8_KIND, Q8_C, x, out, chunks)
 
 
 @njit(**JIT)
@@ -350,4 +397,5 @@ _ALL = {2: q4_0_gemm, 3: q4_1_gemm, 6: q5_0_gemm, 7: q5_1_gemm, 8: q8_0_gemm, 11
 # ggml type -> entry, for this host's TYPES
 KERNELS = {t: k for t, k in _ALL.items() if t in TYPES}
 
-__all__ = ["ISA", "KERNELS", "TYPES", "activations", "tile_halves_loops", "tile_min_loops", "tile_one_loops"]
+__all__ = ["ISA", "KERNELS", "TYPES", "activations", "tile_halves_loops", "tile_min_loops", "tile_one_loops",
+           "tile_signed_loops"]

@@ -372,7 +372,8 @@ def fives_dot(typingctx, w, x, xp, c0, c1, sa, sb):
 # word q * LANES + l holds elements 4q..4q+3 of lane l, one byte each, fields of at most 7 bits except
 # Q8_0's w + 128), are multiplied with GEMM_TOKENS tokens at a time, every block: vpdpbusd (AVX-512 VNNI:
 # 4 u8 x s8 products summed into each int32, 16 lanes per instruction) or vpmaddubsw + vpmaddwd (AVX2:
-# the same int32 sums, 8 lanes; fields <= 127, so the pair sums never saturate). The int32 block sums
+# the same int32 sums, 8 lanes; fields <= 127, so the pair sums never saturate; Q8_0 as |w| times x with
+# w's signs, vpsignb, kind SIGNED). The int32 block sums
 # start at the block's offset (-c * sum(x), exact) and are scaled into float32 accumulators that stay in
 # registers over all blocks: acc += float(isum) * (a * dx) [+ m * (dx * sum(x))].
 
@@ -390,6 +391,9 @@ VNNI = _host_vnni()
 
 GEMM_TOKENS = 4  # tokens per tile (the float accumulators: GEMM_TOKENS x LANES in registers)
 ONE, MIN, HALVES = 0, 1, 2  # tile kinds: a * (q - c); a * q + m; per-16 halves a_h * (q - c_h)
+# a * w with signed bytes w (Q8_0 on AVX2): U holds |w| quads, then w's (sums of |w| x sign(x, w): no
+# vpmaddubsw pair exceeds 2 * 128 * 127, while w + 128 would saturate it)
+SIGNED = 3
 
 _F32T, _I64 = ir.FloatType(), ir.IntType(64)
 _V16I32, _V16F32, _V8F32 = ir.VectorType(_I32, 16), ir.VectorType(_F32T, 16), ir.VectorType(_F32T, 8)
@@ -421,6 +425,8 @@ def _tile_codegen(kind: int, vnni: bool):
     regs = LANES // width
     halves = 2 if kind == HALVES else 1
     tok = GEMM_TOKENS
+    words = 16 if kind == SIGNED else 8  # U's quads a block and lane
+    assert not (vnni and kind == SIGNED)
 
     def codegen(context, builder, sig, args):
         U, XQ, OFF, DXT, A, M, MS, acc = _arrays(context, builder, sig, args)
@@ -434,6 +440,7 @@ def _tile_codegen(kind: int, vnni: bool):
         else:
             pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
             pmaddwd = _declare(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+            psign = _declare(builder, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
             ones = ir.Constant(_V16I16, [1] * 16)
 
             def dot(acc_, u, x):  # AVX2: the same int32 sums in two steps
@@ -448,15 +455,25 @@ def _tile_codegen(kind: int, vnni: bool):
             ia = [[[_splat(builder, builder.load(builder.gep(op, [builder.add(builder.mul(row, k(2)), k(2 * t + h))])),
                             vi)
                     for _ in range(regs)] for h in range(halves)] for t in range(tok)]
-            ub = builder.mul(b, k(8 * regs))
+            ub = builder.mul(b, k(words * regs))
             xb = builder.mul(row, k(8))
             for q in range(8):
                 h = q // 4 if halves == 2 else 0
                 u = [builder.load(builder.gep(up, [builder.add(ub, k(q * regs + r))]), align=4) for r in range(regs)]
+                if kind == SIGNED:
+                    w = [builder.load(builder.gep(up, [builder.add(ub, k((8 + q) * regs + r))]), align=4)
+                         for r in range(regs)]
+                    w = [builder.bitcast(v, _V32I8) for v in w]
                 for t in range(tok):
                     x = _splat(builder, builder.load(builder.gep(xp, [builder.add(xb, k(8 * t + q))])), vi)
                     for r in range(regs):
-                        ia[t][h][r] = builder.call(dot, [ia[t][h][r], u[r], x]) if vnni else dot(ia[t][h][r], u[r], x)
+                        if vnni:
+                            ia[t][h][r] = builder.call(dot, [ia[t][h][r], u[r], x])
+                        elif kind == SIGNED:
+                            xs = builder.bitcast(builder.call(psign, [builder.bitcast(x, _V32I8), w[r]]), vi)
+                            ia[t][h][r] = dot(ia[t][h][r], u[r], xs)
+                        else:
+                            ia[t][h][r] = dot(ia[t][h][r], u[r], x)
             ab = builder.mul(b, k(2 * regs))
             a = [[builder.load(builder.gep(ap, [builder.add(ab, k(h * regs + r))]), align=4) for r in range(regs)]
                  for h in range(halves)]
@@ -500,6 +517,7 @@ def _tile_intrinsic(kind: int, vnni: bool):
 # tile_<kind>_<isa>(U, XQ, OFF, DXT, A, M, MS, t0, acc): see _tile_codegen; gemm.py holds the loop versions
 tile_one_vnni, tile_min_vnni, tile_halves_vnni = (_tile_intrinsic(k, True) for k in (ONE, MIN, HALVES))
 tile_one_avx2, tile_min_avx2, tile_halves_avx2 = (_tile_intrinsic(k, False) for k in (ONE, MIN, HALVES))
+tile_signed_avx2 = _tile_intrinsic(SIGNED, False)
 
 
 # -- 16-bit float weights: rows of activations in registers (kernels.floatmm) ----------------------------
