@@ -27,6 +27,7 @@ import attrs
 
 from archrun.conformance.diverge import TOLERANCE, Report, compare
 from archrun.conformance.trace_format import Trace, from_records
+from archrun.descriptor import NO_ROPE
 from archrun.errors import ArchrunError, NotRecovered
 from archrun.family import CONVENTIONS, TRANSFORMER, FamilyHints
 from archrun.hookspecs import hookimpl
@@ -38,6 +39,7 @@ SLOT_FIELDS = {name: slot for name, (_, slot) in CONVENTIONS.items()
 VALUE_FIELDS: Mapping[str, tuple[Any, ...]] = {
     "embed_scale": (1.0, "sqrt_n_embd"),
     "pre_norms": (True, False),
+    "norm_weights": (True, False),
     "qk_norm_after_rope": (False, True),
     "swa_period": (0, 2, 3, 4, 6),
     "swa_rope": ("global", "plain"),
@@ -50,14 +52,16 @@ VALUE_FIELDS: Mapping[str, tuple[Any, ...]] = {
 #: the final logits differ). The guide orders the search, it never limits it.
 GUIDE: Mapping[str, tuple[str, ...]] = {
     "attn_out": ("rope_pairing", "attention", "qk_norm_after_rope", "swa_period", "swa_rope", "nope_period",
-                 "nope_global", "norm", "pre_norms", "embed_scale", "residual"),
+                 "nope_global", "norm", "norm_weights", "pre_norms", "embed_scale", "residual"),
     "ffn_out": ("activation", "gating", "moe_weights_norm", "norm", "pre_norms", "residual", "embed_scale"),
     "block": ("residual", "pre_norms", "norm", "embed_scale"),
-    "final_norm": ("norm", "embed_scale"),
+    "final_norm": ("norm", "norm_weights", "embed_scale"),
     "output": ("logit_scale_key", "norm"),
     "logits": ("softcap", "logit_scale_key", "embed_scale"),
 }
 BUDGET_SECONDS = 300.0
+#: A change that does not move the first divergence is kept when it shrinks the error there this many times.
+REDUCE = 2.0
 
 
 @attrs.frozen
@@ -180,7 +184,9 @@ def moves(hints: FamilyHints, vocab_names: Mapping[str, list[str]], fields: Iter
     """(field, value) for every other value of each field in ``fields`` (registry names or VALUE_FIELDS)."""
     for name in fields:
         values = vocab_names.get(SLOT_FIELDS[name], []) if name in SLOT_FIELDS else VALUE_FIELDS.get(name, ())
-        for value in values:
+        if name == "rope_pairing":
+            values = [*values, NO_ROPE]  # the descriptor's "no rotary embedding" (learned positions, ALiBi)
+        for value in dict.fromkeys(values):
             if value != getattr(hints, name):
                 yield name, value
 
@@ -215,23 +221,35 @@ def _combos(options: list[tuple[str, Any]], size: int) -> Iterator[tuple[tuple[s
             yield combo
 
 
-def _step(search: _Search, cur: FamilyHints, rep: Report, names: Mapping[str, list[str]]
-          ) -> tuple[FamilyHints, Report, dict[str, Any]] | None:
-    """The best change (one field, else two) that moves the first divergence of ``rep`` later."""
+def _step(search: _Search, cur: FamilyHints, rep: Report, names: Mapping[str, list[str]],
+          changed: Sequence[str]) -> tuple[FamilyHints, Report, dict[str, Any]] | None:
+    """The best change that moves the first divergence of ``rep`` later: one field (guided, then the
+    rest); else one field that shrinks the error at that op ``REDUCE`` times (a partial fix); else two
+    fields. The last two stages draw on the guided fields and those changed before (so an earlier choice
+    can be revised)."""
     first = rep.first
     op = "logits" if first is None else first.op.split("#")[0]
     every = list(SLOT_FIELDS) + list(VALUE_FIELDS)
     guided = [f for f in GUIDE.get(op, ()) if f in every]
     rest = [f for f in every if f not in guided]
     base = score(rep)
-    for fields, size in ((guided, 1), (rest, 1), (guided, 2)):
+
+    def advances(got: Report) -> bool:
+        return score(got)[0] > base[0]
+
+    def reduces(got: Report) -> bool:
+        return score(got)[0] == base[0] and score(got)[1] > base[1] + math.log10(REDUCE)
+
+    revisable = list(dict.fromkeys([*guided, *changed]))
+    stages = ((guided, 1, advances), (rest, 1, advances), (revisable, 1, reduces), (revisable, 2, advances))
+    for fields, size, good in stages:
         best: tuple[FamilyHints, Report, dict[str, Any]] | None = None
         for combo in _combos(list(moves(cur, names, fields)), size):
             if search.out_of_time():
                 return best
             cand = attrs.evolve(cur, **dict(combo))
             got = search.evaluate(cand)
-            if got is not None and score(got)[0] > base[0] and (best is None or score(got) > score(best[1])):
+            if got is not None and good(got) and (best is None or score(got) > score(best[1])):
                 best = (cand, got, dict(combo))
                 if got.matches:
                     return best
@@ -287,7 +305,7 @@ def recover(path: str | Path, reference: Trace, plugins: Any = None, backend: st
             cur, rep, changes = _first_runnable(search, cur, names)
             steps.append(Step(changes, "the model does not load", where(rep), search.evaluations))
         while not rep.matches:
-            found = _step(search, cur, rep, names)
+            found = _step(search, cur, rep, names, [k for st in steps for k in st.changes])
             if found is None:
                 raise _not_recovered(search, rep, steps)
             before, (cur, rep, changes) = where(rep), found
