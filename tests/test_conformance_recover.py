@@ -198,3 +198,15 @@ def test_cli_recover_writes_hints_and_a_package_that_passes(tmp_path, capsys):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests"),
                            "-k", "not fast"], cwd=pkg, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_diagnose_finds_two_faults_with_the_same_engine():
+    """The kit's diagnose: no single change explains two flipped conventions; the recovery loop, run
+    on the reference's logits alone, finds both."""
+    from archrun.conformance.trace import diagnose
+
+    golden = hf.load_golden(_gguf("llama").with_suffix(".npz"))
+    why = diagnose(_gguf("llama"), golden["ids"].astype(np.int64), golden["logits"], hf.TOLERANCE,
+                   hints={"rope_pairing": "neox", "activation": "gelu"}, reference_name="HF")
+    assert "no single convention change makes archrun match it" in why, why
+    assert "the recovery loop makes archrun match with the conventions rope_pairing='norm', activation='silu'" in why

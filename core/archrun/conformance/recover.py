@@ -230,7 +230,8 @@ def _step(search: _Search, cur: FamilyHints, rep: Report, names: Mapping[str, li
     first = rep.first
     op = "logits" if first is None else first.op.split("#")[0]
     every = list(SLOT_FIELDS) + list(VALUE_FIELDS)
-    guided = [f for f in GUIDE.get(op, ()) if f in every]
+    # a reference of logits alone guides nothing: every convention is a candidate
+    guided = [f for f in GUIDE.get(op, ()) if f in every] if rep.ops else every
     rest = [f for f in every if f not in guided]
     base = score(rep)
 
@@ -278,7 +279,8 @@ def _first_runnable(search: _Search, cur: FamilyHints, names: Mapping[str, list[
 def _not_recovered(search: _Search, rep: Report, steps: list[Step]) -> NotRecovered:
     first = rep.first
     at = (f"op {first.name} (rel {first.rel:.3g}, cosine {first.cosine:.6f})" if first is not None
-          else f"the final logits (rel {rep.logits_rel:.3g}) after every aligned op agrees")
+          else f"the final logits (rel {rep.logits_rel:.3g}) after every aligned op agrees" if rep.ops
+          else f"in the final logits (rel {rep.logits_rel:.3g}; the reference has no per-op activations)")
     done = "; ".join(", ".join(f"{k}={v}" for k, v in s.changes.items()) for s in steps) or "none"
     why = ("the time budget ran out" if search.out_of_time() else
            "no installed vocabulary reproduces it with any one or two convention changes (the math of an op, "

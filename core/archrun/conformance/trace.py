@@ -15,6 +15,8 @@ renormalisation flipped, the final softcap removed or added, the embedding scale
 match the reference, the op the model states wrongly and where the two runs first diverge (layer,
 op, position, element). A change the model cannot take (an op that needs what the layer does not
 carry, e.g. a token mixer's parameters in a transformer's attention slot) is skipped and named.
+When no single change fits, the recovery loop of ``archrun recover`` (archrun.conformance.recover)
+searches combinations of conventions against the reference's logits, within ``RECOVERY_BUDGET``.
 """
 
 from __future__ import annotations
@@ -461,4 +463,34 @@ def diagnose(path: str | Path, ids: Sequence[int], want: np.ndarray, tolerance: 
             lines.append(f"changes not tried ({len(skipped)}; the model cannot take them): "
                          + "; ".join(f"{s.what}: {s.why}" for s in skipped[:6])
                          + ("; ..." if len(skipped) > 6 else ""))
+        lines.append(_recovered(path, ids, want, tolerance, pm, hints))
     return "\n".join(lines)
+
+
+#: Seconds diagnose gives the recovery loop when no single change explains a mismatch.
+RECOVERY_BUDGET = 20.0
+
+
+def _recovered(path: str | Path, ids: Sequence[int], want: np.ndarray, tolerance: float, pm: Any,
+               hints: Any) -> str:
+    """What the recovery loop (archrun.conformance.recover, the same engine as `archrun recover`) finds
+    from the reference's logits alone, starting from the conventions as stated."""
+    from archrun.compile import compile_gguf
+    from archrun.conformance.recover import hint_dict, recover
+    from archrun.conformance.trace_format import Trace
+    from archrun.errors import ArchrunError, NotRecovered
+
+    reference = Trace(np.asarray(ids, np.int64), np.asarray(want, np.float32), {}, "reference")
+    try:
+        start = compile_gguf(path, pm, hints=hints).hints
+        found = recover(path, reference, plugins=pm, tolerance=tolerance, budget=RECOVERY_BUDGET,
+                        start=attrs.evolve(start, caller=frozenset()))
+    except NotRecovered as e:
+        return f"the recovery loop finds no combination of conventions either: {e}"
+    except ArchrunError as e:
+        return f"the recovery loop could not run: {type(e).__name__}: {e}"
+    stated = hint_dict(start)
+    changed = {k: v for k, v in hint_dict(found.hints).items() if stated.get(k) != v}
+    return ("the recovery loop makes archrun match with the conventions "
+            + ", ".join(f"{k}={v!r}" for k, v in changed.items())
+            + f" ({found.evaluations} traced runs, {found.seconds:.1f} s)")
