@@ -25,7 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from archrun import quant
 from archrun.errors import InvalidRequest, ShapeMismatch, UnsupportedQuantType
-from archrun.kernels import dequant, dots, floatmm, gemm, runtime
+from archrun.kernels import blas, dequant, dots, floatmm, gemm, runtime
 from archrun.kernels._jit import LANES, QB
 from archrun.kernels.layout import repack
 
@@ -48,6 +48,8 @@ PARALLEL_MIN_BYTES = 96 * 1024
 # float32 elements per dequantized tile (16 MiB): fewer, larger BLAS calls beat L2-sized tiles
 # (measured, 128-token prefill: Qwen2.5-0.5B 31 -> 67 tok/s, SmolLM2 100 -> 156 tok/s vs 1 << 18)
 TILE_ELEMENTS = 1 << 22
+# float32-weight products with fewer multiply-adds run on one thread (a hand-off costs ~20 us)
+DENSE_SPLIT_MACS = 1 << 20
 
 
 @attrs.frozen(eq=False)
@@ -193,18 +195,30 @@ def _decode(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
 
 
 def _prefill(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
-    """Many tokens: dequantize tiles of row groups to float32 and multiply with BLAS."""
+    """Many tokens: dequantize tiles of row groups to float32 and multiply with BLAS (the row groups
+    split over the compute threads, BLAS single-threaded in each: kernels.blas)."""
     ng = w.arrays[0].shape[0]
     step = max(1, TILE_ELEMENTS // (w.n_in * LANES))
-    tile = np.empty((w.n_in, min(step, ng) * LANES), np.float32)  # W rows of the tile, transposed
-    for g0 in range(0, ng, step):
-        g1 = min(ng, g0 + step)
-        r0, r1 = g0 * LANES, min(w.n_out, g1 * LANES)
-        if w.ggml_type in (F16, BF16):
-            dequant.deq_float16(w.arrays[0], w.ggml_type == BF16, g0, g1, tile)
-        else:
-            dequant.DEQUANT[w.ggml_type](*w.arrays, g0, g1, tile)
-        out[:, r0:r1] = x @ tile[:, :r1 - r0]
+
+    def groups(a: int, b: int) -> None:
+        tile = np.empty((w.n_in, min(step, b - a) * LANES), np.float32)  # W rows of the tile, transposed
+        for g0 in range(a, b, step):
+            g1 = min(b, g0 + step)
+            r0, r1 = g0 * LANES, min(w.n_out, g1 * LANES)
+            if w.ggml_type in (F16, BF16):
+                dequant.deq_float16(w.arrays[0], w.ggml_type == BF16, g0, g1, tile)
+            else:
+                dequant.DEQUANT[w.ggml_type](*w.arrays, g0, g1, tile)
+            np.matmul(x, tile[:, :r1 - r0], out=out[:, r0:r1])
+
+    blas.split(ng, current_threads(), groups)
+
+
+def _dense(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
+    """Float32 weights: BLAS, the output rows split over the compute threads (kernels.blas)."""
+    W = w.arrays[0]
+    blas.split(W.shape[0], current_threads() if W.size * x.shape[0] >= DENSE_SPLIT_MACS else 1,
+               lambda a, b: np.matmul(x, W[a:b].T, out=out[:, a:b]))
 
 
 def matmul(w: QMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -216,7 +230,7 @@ def matmul(w: QMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     if x.shape[0] == 0:
         return out
     if w.dense:
-        np.dot(x, w.arrays[0].T, out=out)
+        _dense(w, x, out)
     elif x.shape[0] <= INT_MAX_TOKENS[w.ggml_type]:
         _decode(w, x, out)
     elif w.ggml_type in gemm.KERNELS:  # int8 GEMM, the row groups split over the threads
