@@ -1,10 +1,13 @@
-"""Benchmark archrun against llama.cpp (llama-cpp-python) on the real models, in one run.
+"""Benchmark archrun against llama.cpp on the real models, in one run: llama.cpp's own `llama-bench` (the
+C++ tool, built once by bench/llamacpp_tools.py) and llama-cpp-python.
 
 Both sides run in their own fresh process (alternating, --repeat times each; medians are
 reported), on the same random token ids, at the same thread count: prefill of --prompt-tokens
-tokens, then --gen-tokens greedy decode steps. Prints a table of tok/s and the
-archrun/llama.cpp ratios, and writes the same as JSON (--json-out). Decode at a depth: the decode
-steps run after the prompt, so `--prompt-tokens 4096` measures decode over 4k cached tokens;
+tokens, then --gen-tokens greedy decode steps; llama-bench runs `-p N -n M -r --repeat` (its own
+warm-up, then the mean of the repetitions). Prints a table of tok/s and the archrun/llama.cpp
+ratios per CPU class, and writes the same as JSON (--json-out); --no-llama-bench skips the C++ tool.
+Decode at a depth: the decode steps run after the prompt, so `--prompt-tokens 4096` measures decode
+over 4k cached tokens;
 `--depths 512,4096,16384` does that for each depth and prints a decode-at-depth table, with the
 KV cache of both sides in --kv-type (f32, f16, q8_0; llama.cpp's type_k/type_v, with flash
 attention on where it needs it: a quantized V cache).
@@ -27,6 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
+import llamacpp_tools  # noqa: E402
 from fetch_models import MODELS, model_path  # noqa: E402
 from machine import describe, machine  # noqa: E402
 
@@ -68,7 +72,7 @@ import json, sys
 from archrun.benchmark import run_bench
 path, (threads, n_prompt, n_gen, seed) = sys.argv[1], map(int, sys.argv[2:6])
 print(json.dumps(run_bench(path, threads=threads, prompt_tokens=n_prompt, gen_tokens=n_gen, seed=seed,
-                           kv_type=sys.argv[6])))
+                           kv_type=sys.argv[6], repetitions=1)))
 """
 
 
@@ -92,7 +96,9 @@ def main() -> int:
     p.add_argument("--depths", default=None, metavar="N,N,...",
                    help="decode at these cached depths (each: a prompt of N tokens, then --gen-tokens steps)")
     p.add_argument("--kv-type", choices=("f32", "f16", "q8_0"), default="f32", help="both sides' KV cache type")
+    p.add_argument("--no-llama-bench", action="store_true", help="skip llama.cpp's C++ llama-bench")
     args = p.parse_args()
+    llama_bench = None if args.no_llama_bench else llamacpp_tools.build()["llama-bench"]
     depths = [int(d) for d in args.depths.split(",")] if args.depths else [args.prompt_tokens]
     rows = []
     for name in args.models:
@@ -105,6 +111,10 @@ def main() -> int:
             rows.append({"model": name, "depth": depth, "kv_type": args.kv_type, "archrun": ours, "llama.cpp": ref,
                          "prefill_ratio": ours["prefill_tok_s"] / ref["prefill_tok_s"],
                          "decode_ratio": ours["decode_tok_s"] / ref["decode_tok_s"]})
+            if llama_bench:
+                cpp = _llama_bench(llama_bench, path, args.threads, depth, args.gen_tokens, args.repeat, args.kv_type)
+                rows[-1] |= {"llama-bench": cpp, "bench_prefill_ratio": ours["prefill_tok_s"] / cpp["prefill_tok_s"],
+                             "bench_decode_ratio": ours["decode_tok_s"] / cpp["decode_tok_s"]}
             print(_row(rows[-1]), flush=True)
     report = {"machine": machine(),
               "threads": args.threads, "repeat": args.repeat, "prompt_tokens": args.prompt_tokens,
@@ -115,6 +125,22 @@ def main() -> int:
     print(_depth_table(rows) if args.depths else _table(rows))
     print(f"{describe()}; {args.threads} threads each")
     return 0
+
+
+def _llama_bench(tool: Path, path: str, threads: int, n_prompt: int, n_gen: int, repeat: int, kv: str) -> dict:
+    """llama-bench's prefill and decode tok/s (the means of its repetitions, after its warm-up)."""
+    cmd = [str(tool), "-m", path, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", str(max(1, repeat)),
+           "-o", "json"]
+    if kv != "f32":  # llama-bench takes no f32 cache: there it keeps its default, f16
+        cmd += ["-ctk", kv, "-ctv", kv] + (["-fa", "1"] if kv == "q8_0" else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"llama-bench failed:\n{out.stderr[-2000:]}")
+    tests = json.loads(out.stdout)
+    pp = next(t for t in tests if t["n_prompt"] and not t["n_gen"])
+    tg = next(t for t in tests if t["n_gen"] and not t["n_prompt"])
+    return {"prefill_tok_s": pp["avg_ts"], "prefill_sd": pp["stddev_ts"], "decode_tok_s": tg["avg_ts"],
+            "decode_sd": tg["stddev_ts"]}
 
 
 def _median(results: list[dict]) -> dict:
@@ -128,21 +154,34 @@ def _median(results: list[dict]) -> dict:
 
 def _row(r: dict) -> str:
     a, b = r["archrun"], r["llama.cpp"]
-    return (f"{r['model']} (depth {r['depth']}, kv {r['kv_type']}): "
+    line = (f"{r['model']} (depth {r['depth']}, kv {r['kv_type']}): "
             f"prefill {a['prefill_tok_s']:.1f} vs {b['prefill_tok_s']:.1f} tok/s "
             f"({r['prefill_ratio']:.2f}x), decode {a['decode_tok_s']:.1f} vs {b['decode_tok_s']:.1f} tok/s "
             f"({r['decode_ratio']:.2f}x)")
+    if "llama-bench" in r:
+        c = r["llama-bench"]
+        line += (f"; llama-bench prefill {c['prefill_tok_s']:.1f} ({r['bench_prefill_ratio']:.2f}x), "
+                 f"decode {c['decode_tok_s']:.1f} ({r['bench_decode_ratio']:.2f}x)")
+    return line
 
 
 def _table(rows: list[dict]) -> str:
-    head = ("| model | prefill archrun | prefill llama.cpp | ratio | decode archrun | decode llama.cpp | ratio "
-            "| first token (s) | peak RSS MB |")
-    lines = [head, "|" + "---|" * 9]
+    """Prefill and decode tok/s: archrun, llama-bench (C++) and llama-cpp-python, with archrun's ratios."""
+    head = ("| model | prefill archrun | llama-bench | ratio | llama-cpp-python | ratio "
+            "| decode archrun | llama-bench | ratio | llama-cpp-python | ratio | first token (s) | peak RSS MB |")
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         a, b = r["archrun"], r["llama.cpp"]
+        c = r.get("llama-bench")
+
+        def cpp(key: str, ratio: str, c=c, r=r) -> str:
+            return f"{c[key]:.1f} | {r[ratio]:.2f}" if c else "- | -"
+
         lines.append(
-            f"| {r['model']} | {a['prefill_tok_s']:.1f} | {b['prefill_tok_s']:.1f} | {r['prefill_ratio']:.2f} "
-            f"| {a['decode_tok_s']:.1f} | {b['decode_tok_s']:.1f} | {r['decode_ratio']:.2f} "
+            f"| {r['model']} | {a['prefill_tok_s']:.1f} | {cpp('prefill_tok_s', 'bench_prefill_ratio')} "
+            f"| {b['prefill_tok_s']:.1f} | {r['prefill_ratio']:.2f} "
+            f"| {a['decode_tok_s']:.1f} | {cpp('decode_tok_s', 'bench_decode_ratio')} "
+            f"| {b['decode_tok_s']:.1f} | {r['decode_ratio']:.2f} "
             f"| {a['load_to_first_token_s']:.2f} | {a['peak_rss_mb']:.0f} |"
         )
     return "\n".join(lines)

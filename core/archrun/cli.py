@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     _model_args(bench)
     bench.add_argument("--prompt-tokens", type=int, default=128)
     bench.add_argument("--gen-tokens", type=int, default=64)
+    bench.add_argument("--repetitions", type=int, default=3,
+                       help="timed runs after one untimed warm-up run, as llama-bench -r (the median is shown)")
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     _kv_arg(bench)
     bench.set_defaults(func=_cmd_bench)
@@ -314,7 +316,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from archrun.benchmark import render_bench, run_bench
 
     result = run_bench(args.model, threads=args.threads, backend=args.backend, block_style=args.block_style,
-                       prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, kv_type=args.kv_type)
+                       prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, kv_type=args.kv_type,
+                       repetitions=args.repetitions)
     print(json.dumps(result, indent=2) if args.json else render_bench(result))
     return 0
 
