@@ -118,7 +118,7 @@ def test_diverge_names_the_first_op_per_layer(tmp_path, capsys):
     assert main(["diverge", str(_gguf("llama")), "--reference", str(path), "--hint", "rope_pairing=neox"]) == 0
     out = capsys.readouterr().out
     assert "first diverging op: 0/attn_out" in out
-    assert main(["diverge", str(_gguf("llama")), "--reference", str(path), "--json", "--backend", "fast"]) == 0
+    assert main(["diverge", str(_gguf("llama")), "--reference", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["matches"] is True
 
 
