@@ -141,6 +141,12 @@ def test_messages_bad_requests_are_400_in_anthropics_shape(server, body, message
     assert message in err["error"]["message"]
 
 
+def test_messages_count_tokens(claude):
+    counted = claude.messages.count_tokens(model="m", system="Answer briefly.", messages=ASK)
+    r = claude.messages.create(model="m", max_tokens=1, system="Answer briefly.", messages=ASK)
+    assert counted.input_tokens == r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0)
+
+
 def test_messages_client_raises_typed_errors(claude):
     with pytest.raises(anthropic.BadRequestError):
         claude.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [{"type": "image"}]}])
@@ -305,7 +311,61 @@ def test_a_template_that_opens_the_thinking_and_enable_thinking(model):
         off = client.chat.completions.create(model="m", messages=ASK, max_tokens=8, temperature=0,
                                              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         assert off.choices[0].message.content and getattr(off.choices[0].message, "reasoning_content", None) is None
+        effort = client.chat.completions.create(model="m", messages=ASK, max_tokens=8, temperature=0,
+                                                reasoning_effort="none")
+        assert effort.choices[0].message.content == off.choices[0].message.content
+        items = client.responses.create(model="m", input="Name a colour.", max_output_tokens=8, temperature=0,
+                                        reasoning={"effort": "none"})
+        assert [o.type for o in items.output] == ["message"] and items.output_text == off.choices[0].message.content
         claude = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=60)
         off = claude.messages.create(model="m", max_tokens=8, extra_body=GREEDY, messages=ASK,
                                      thinking={"type": "disabled"})
         assert [b.type for b in off.content] == ["text"]
+
+
+# --- n > 1 ---
+
+
+def computed_prompt_tokens(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("archrun_prompt_tokens_computed_total")))
+
+
+def test_n_choices_share_the_prompt_and_decode_together(server, oai):
+    msgs = [{"role": "user", "content": "List three fruits that are red, please."}]
+    one = oai.chat.completions.create(model="m", messages=msgs, max_tokens=8, temperature=0)
+    before = computed_prompt_tokens(server[0])
+    msgs = [{"role": "user", "content": "Name three animals that live in the sea, please."}]
+    r = oai.chat.completions.create(model="m", messages=msgs, max_tokens=8, temperature=0, n=3)
+    computed = computed_prompt_tokens(server[0]) - before
+    alone = oai.chat.completions.create(model="m", messages=msgs, max_tokens=8, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert {c.message.content for c in r.choices} == {alone.choices[0].message.content}  # greedy: equal choices
+    assert r.usage.completion_tokens == 3 * alone.usage.completion_tokens
+    assert r.usage.prompt_tokens == alone.usage.prompt_tokens
+    assert computed <= r.usage.prompt_tokens + 2 < 3 * r.usage.prompt_tokens  # the prompt once, its last token again
+    assert one.choices[0].message.content
+
+
+def test_n_choices_streamed_and_seeded(oai):
+    msgs = [{"role": "user", "content": "Write a word."}]
+    kw = dict(model="m", messages=msgs, max_tokens=6, temperature=1.0, seed=7, n=3)
+    whole = oai.chat.completions.create(**kw)
+    texts: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    for chunk in oai.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            finish[c.index] = c.finish_reason or finish.get(c.index)
+        if chunk.usage is not None:
+            assert chunk.usage.completion_tokens == whole.usage.completion_tokens
+    assert texts == {c.index: c.message.content for c in whole.choices}  # the same seeds: the same choices
+    assert set(finish) == {0, 1, 2} and all(finish.values())
+
+
+@pytest.mark.parametrize("n", [0, 17, "3"])
+def test_bad_n_is_400(server, n):
+    r = httpx.post(server[0] + "/v1/chat/completions", timeout=30,
+                   json={"model": "m", "messages": ASK, "max_tokens": 2, "n": n})
+    assert r.status_code == 400 and "n" in r.json()["error"]["message"]

@@ -245,6 +245,28 @@ class KvCache:
         self._n = 0
         self._peak = 0
 
+    def copy_from(self, other: KvCache) -> bool:
+        """Take the contents of `other`, a cache of the same model and geometry (one prompt's KV shared by
+        several sequences); False, and nothing copied, when the two differ in anything but their arrays'
+        contents (another model, capacity or kv type, recurrent state, slot fields)."""
+        self.verify()
+        other.verify()
+        mine, theirs = self._arrays[0], other._arrays[0]
+        same = (self.owner is other.owner or self.owner == other.owner) and not self._stateful and \
+            (self.capacity, self.kv_type, len(mine)) == (other.capacity, other.kv_type, len(theirs)) and \
+            self._arrays[1] == other._arrays[1] and list(map(_fields, self.slots)) == list(map(_fields, other.slots))
+        if not same:
+            return False
+        for a, b in zip(mine, theirs, strict=True):
+            np.copyto(a, b)
+        self._n, self._peak = other._n, other._peak
+        return True
+
+
+def _fields(slot: Any) -> dict[str, Any]:
+    """A slot's plain fields (numbers, strings, None): what its arrays' contents mean depends on them."""
+    return {k: v for k, v in getattr(slot, "__dict__", {}).items() if v is None or isinstance(v, int | float | str)}
+
 
 class PairSlot:
     """The slots of a block whose attention has a token mixer beside it: rows (`attention`) and a
@@ -384,6 +406,15 @@ class PrefixCache:
             keep = getattr(self.cache, "checkpoint", None)
             if keep is not None:
                 keep()
+
+    def copy_from(self, other: PrefixCache) -> bool:
+        """Hold what `other` holds (KvCache.copy_from); False when the caches cannot be copied."""
+        copy = getattr(self.cache, "copy_from", None)
+        if copy is None or not copy(other.cache):
+            return False
+        self.ids = list(other.ids)
+        self._prompt_end = 0
+        return True
 
     def reset(self) -> None:
         """Forget everything (after a failed step, the cache's contents are unknown)."""

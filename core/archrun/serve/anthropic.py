@@ -285,7 +285,7 @@ class MessageEvents:
     def fail(self, status: int, text: str) -> list[str]:
         return [sse("error", {"error": {"type": ERROR_TYPES.get(status, "api_error"), "message": text}})]
 
-    def close(self) -> list[str]:
+    def close(self, results: list) -> list[str]:
         return []
 
     def _events(self, happened: list[tuple], empty: bool = False) -> list[str]:

@@ -141,12 +141,13 @@ class Server:
         table = [("/", self.page, ["GET"]), ("/health", self.health, ["GET"]), ("/metrics", self.prometheus, ["GET"]),
                  ("/v1/models", self.models, ["GET"]), ("/v1/chat/completions", self.chat, ["POST"]),
                  ("/v1/completions", self.completions, ["POST"]), ("/v1/messages", self.messages, ["POST"]),
+                 ("/v1/messages/count_tokens", self.count_tokens, ["POST"]),
                  ("/v1/responses", self.responses, ["POST"])]
         return [Route(path, self._wrap(path, fn), methods=methods) for path, fn, methods in table]
 
     def _wrap(self, path: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable:
         def shape(err: ApiError) -> Response:
-            return anthropic.error_response(err.status, str(err)) if path == "/v1/messages" else err.response()
+            return anthropic.error_response(err.status, str(err)) if path.startswith("/v1/messages") else err.response()
 
         async def endpoint(request: Request) -> Response:
             try:
@@ -209,43 +210,55 @@ class Server:
              "context_length": self.ctx}]})
 
     async def chat(self, request: Request) -> Response:
-        req, opts, parts = await self._chat_request(await self._json(request))
-        return await self._run(request, req, opts, lambda: _Chunks(self, "chat", opts, parts),
-                               lambda result: self._complete("chat", result, opts, parts))
+        req, opts, plan = await self._chat_request(await self._json(request))
+        reqs = [req, *(_another_choice(req, i) for i in range(1, opts.n))]  # n: choices of one computed prompt
+        parts = [self._parts(plan, opts) for _ in reqs]
+        head = protocol.envelope("chat.completion.chunk", protocol.new_id("chatcmpl"), self.model_id,
+                                 self.fingerprint())
+        return await self._run(request, reqs, opts, lambda i: _Chunks(self, "chat", opts, parts[i], i, head),
+                               lambda results: self._complete("chat", results, opts, parts))
 
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API (archrun.serve.anthropic)."""
-        req, opts, parts = await self._chat_request(anthropic.chat_body(await self._json(request)))
+        req, opts, plan = await self._chat_request(anthropic.chat_body(await self._json(request)))
+        parts = self._parts(plan, opts)
         head = {"id": protocol.new_id("msg"), "model": self.model_id}
 
         def stop_of(result: GenerationResult) -> str | None:
             return stop_sequence(self.model.tokenizer, result, req.stops)
 
-        def complete(result: GenerationResult) -> dict[str, Any]:
-            return anthropic.message(head, self._blocks(parts, result.text), result, stop_of(result))
+        def complete(results: list[GenerationResult]) -> dict[str, Any]:
+            return anthropic.message(head, self._blocks(parts, results[0].text), results[0], stop_of(results[0]))
 
-        return await self._run(request, req, opts,
-                               lambda: anthropic.MessageEvents(head, parts, len(req.ids), stop_of), complete)
+        return await self._run(request, [req], opts,
+                               lambda i: anthropic.MessageEvents(head, parts, len(req.ids), stop_of), complete)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's token count of a Messages request: {"input_tokens": prompt tokens}."""
+        body = await self._json(request)
+        _req, _opts, plan = await self._chat_request(anthropic.chat_body({"max_tokens": 1, **body}))
+        return JSONResponse({"input_tokens": len(plan.ids)})
 
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API (archrun.serve.responses)."""
         body = await self._json(request)
-        req, opts, parts = await self._chat_request(responses.chat_body(body))
+        req, opts, plan = await self._chat_request(responses.chat_body(body))
+        parts = self._parts(plan, opts)
         head = responses.head(body, self.model_id)
 
         def count(text: str) -> int:
             return len(self.model.tokenizer.encode(text, add_special=False))
 
-        def complete(result: GenerationResult) -> dict[str, Any]:
-            blocks = self._blocks(parts, result.text)
+        def complete(results: list[GenerationResult]) -> dict[str, Any]:
+            blocks = self._blocks(parts, results[0].text)
             output = [responses.item(b, responses.item_id(b)) for b in blocks]
             reasoning = "".join(b.text for b in blocks if b.kind == "reasoning")
-            return responses.finished(head, output, result, count(reasoning) if reasoning else 0)
+            return responses.finished(head, output, results[0], count(reasoning) if reasoning else 0)
 
-        return await self._run(request, req, opts, lambda: responses.ResponseEvents(head, parts, count), complete)
+        return await self._run(request, [req], opts, lambda i: responses.ResponseEvents(head, parts, count), complete)
 
-    async def _chat_request(self, body: dict[str, Any]) -> tuple[GenerationRequest, protocol.Options, ReplyParts]:
-        """The engine request of a chat-completions body, its options and the splitter of its reply."""
+    async def _chat_request(self, body: dict[str, Any]) -> tuple[GenerationRequest, protocol.Options, ToolPlan]:
+        """The engine request of a chat-completions body, its options and its tool plan."""
         opts = await run_in_threadpool(protocol.chat_options, body)  # compiles a response_format grammar
         messages = protocol.chat_messages(body)
         tools, choice, template_vars = protocol.chat_tools(body)
@@ -255,7 +268,7 @@ class Server:
                 raise ApiError(400, "a forced tool call (tool_choice) cannot also take a response_format")
             opts = attrs.evolve(opts, generation={**opts.generation, "grammar": plan.grammar})
         req = await run_in_threadpool(self._request, plan.ids, opts)
-        return req, opts, self._parts(plan, opts)
+        return req, opts, plan
 
     def _parts(self, plan: ToolPlan, opts: protocol.Options) -> ReplyParts:
         """The reply splitter of a planned chat: tool calls when offered; reasoning when the model thinks
@@ -276,8 +289,8 @@ class Server:
         prompt = protocol.completion_prompt(body)
         ids = await run_in_threadpool(self.model.tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
         req = await run_in_threadpool(self._request, ids, opts)
-        return await self._run(request, req, opts, lambda: _Chunks(self, "completion", opts),
-                               lambda result: self._complete("completion", result, opts))
+        return await self._run(request, [req], opts, lambda i: _Chunks(self, "completion", opts),
+                               lambda results: self._complete("completion", results, opts))
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -288,30 +301,37 @@ class Server:
             vocabulary(self.model.tokenizer, self.model.descriptor.n_vocab)
         return req
 
-    async def _run(self, request: Request, req: GenerationRequest, opts: protocol.Options,
-                   emitter: Callable[[], Any], complete: Callable[[GenerationResult], dict[str, Any]]) -> Response:
-        """Run `req` on the engine: streamed through a new `emitter()` (open, piece, finish, fail, close:
-        lists of SSE texts), or answered with `complete(result)` as JSON."""
+    async def _run(self, request: Request, reqs: list[GenerationRequest], opts: protocol.Options,
+                   emitter: Callable[[int], Any], complete: Callable[[list[GenerationResult]], dict[str, Any]]
+                   ) -> Response:
+        """Run `reqs` (choices of one prompt) on the engine: streamed through `emitter(i)` per choice (open,
+        piece, finish, fail, close: lists of SSE texts), or answered with `complete(results)` as JSON."""
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
+        events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
-        def sink(event: Event) -> None:  # called on the inference thread; delivered at the engine's flush
-            self.mailbox.post(loop, events, event)
+        def sink_of(i: int) -> Callable[[Event], None]:
+            def sink(event: Event) -> None:  # called on the inference thread; delivered at the engine's flush
+                self.mailbox.post(loop, events, (i, event))
 
-        ticket = self.engine.submit(req, sink, reuse_prefix=opts.cache_prompt)
+            return sink
+
+        tickets = self.engine.submit_group(reqs, [sink_of(i) for i in range(len(reqs))],
+                                           reuse_prefix=opts.cache_prompt)
         if opts.stream:
-            return StreamingResponse(self._stream(emitter(), ticket, events), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(self._stream([emitter(i) for i in range(len(reqs))], tickets, events),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
-            result = await self._collect(request, events)
+            results = await self._collect(request, events, len(reqs))
         finally:
-            ticket.cancel()  # a no-op once finished; frees the slot when the client left
-        return JSONResponse(complete(result))
+            for ticket in tickets:
+                ticket.cancel()  # a no-op once finished; frees the slot when the client left
+        return JSONResponse(complete(results))
 
-    async def _collect(self, request: Request, events: asyncio.Queue[Event]) -> GenerationResult:
-        while True:
+    async def _collect(self, request: Request, events: asyncio.Queue, n: int) -> list[GenerationResult]:
+        results: list[GenerationResult | None] = [None] * n
+        while any(r is None for r in results):
             try:
-                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+                i, event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
             except TimeoutError:
                 if await request.is_disconnected():
                     raise ApiError(499, "client disconnected") from None
@@ -319,10 +339,20 @@ class Server:
             if event.error is not None:
                 raise _api_error(event.error)
             if event.result is not None:
-                return event.result
+                results[i] = event.result
+        return results
 
-    def _complete(self, kind: str, result: GenerationResult, opts: protocol.Options,
-                  parts: ReplyParts | None = None) -> dict[str, Any]:
+    def _complete(self, kind: str, results: list[GenerationResult], opts: protocol.Options,
+                  parts: list[ReplyParts] | None = None) -> dict[str, Any]:
+        choices = [self._choice(kind, i, result, opts, parts[i] if parts else None) for i, result in enumerate(results)]
+        if kind == "chat":
+            out = protocol.envelope("chat.completion", protocol.new_id("chatcmpl"), self.model_id, self.fingerprint())
+        else:
+            out = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_id, self.fingerprint())
+        return {**out, "choices": choices, "usage": protocol.usage(*results)}
+
+    def _choice(self, kind: str, index: int, result: GenerationResult, opts: protocol.Options,
+                parts: ReplyParts | None) -> dict[str, Any]:
         lps = result.logprobs if opts.logprobs is not None else None
         if kind == "chat":
             message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
@@ -334,67 +364,66 @@ class Server:
                     finish = "tool_calls"
                 if thought:
                     message["reasoning_content"] = thought
-            choice = {"index": 0, "message": message,
+            choice = {"index": index, "message": message,
                       "logprobs": None if lps is None else {"content": self.logprobs.chat(lps), "refusal": None},
                       "finish_reason": finish}
-            out = protocol.envelope("chat.completion", protocol.new_id("chatcmpl"), self.model_id, self.fingerprint())
         else:
-            choice = {"index": 0, "text": result.text, "finish_reason": result.finish_reason,
+            choice = {"index": index, "text": result.text, "finish_reason": result.finish_reason,
                       "logprobs": None if lps is None else self.logprobs.completion(lps)}
-            out = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_id, self.fingerprint())
         if result.logit_hashes is not None:
             choice["logit_hashes"] = list(result.logit_hashes)
-        return {**out, "choices": [choice], "usage": protocol.usage(result)}
+        return choice
 
-    async def _stream(self, emitter: Any, ticket: Ticket, events: asyncio.Queue[Event]) -> AsyncIterator[str]:
-        finished = False
+    async def _stream(self, emitters: list[Any], tickets: list[Ticket], events: asyncio.Queue) -> AsyncIterator[str]:
+        results: list[GenerationResult | None] = [None] * len(emitters)
         try:
-            opening = emitter.open()
+            opening = [text for emitter in emitters for text in emitter.open()]
             if opening:
                 yield "".join(opening)
             failed = False
-            while not (finished or failed):
+            while not failed and any(r is None for r in results):
                 ready = [await events.get()]
                 while not events.empty():  # events this loop fell behind on go out in one write
                     ready.append(events.get_nowait())
                 out: list[str] = []
-                for event in ready:
+                for i, event in ready:
                     if event.error is not None:
                         err = _api_error(event.error)
-                        out += emitter.fail(err.status, str(err))
+                        out += emitters[i].fail(err.status, str(err))
                         failed = True
                         break
                     if event.piece or event.logprobs:
-                        out += emitter.piece(event.piece, event.logprobs)
+                        out += emitters[i].piece(event.piece, event.logprobs)
                     if event.result is not None:
-                        finished = True
-                        out += emitter.finish(event.result)
-                        break
+                        results[i] = event.result
+                        out += emitters[i].finish(event.result)
                 if out:
                     yield "".join(out)
-            closing = emitter.close()
+            closing = emitters[0].close(results)
             if closing:
                 yield "".join(closing)
         finally:
-            if not finished:
-                ticket.cancel()  # the client went away (or the stream failed): free the slot now
+            for ticket, result in zip(tickets, results, strict=True):
+                if result is None:
+                    ticket.cancel()  # the client went away (or the stream failed): free the slot now
 
 
 class _Chunks:
     """The SSE chunks of one streamed chat completion or completion (the emitter of Server._stream); a
     chat reply's parts (archrun.serve.reply) become content, reasoning_content and tool_calls deltas."""
 
-    def __init__(self, server: Server, kind: str, opts: protocol.Options, parts: ReplyParts | None = None):
-        self.server, self.kind, self.opts = server, kind, opts
+    def __init__(self, server: Server, kind: str, opts: protocol.Options, parts: ReplyParts | None = None,
+                 index: int = 0, head: dict[str, Any] | None = None):
+        self.server, self.kind, self.opts, self.index = server, kind, opts, index
         prefix, obj = ("chatcmpl", "chat.completion.chunk") if kind == "chat" else ("cmpl", "text_completion")
-        self.head = protocol.envelope(obj, protocol.new_id(prefix), server.model_id, server.fingerprint())
+        self.head = head or protocol.envelope(obj, protocol.new_id(prefix), server.model_id, server.fingerprint())
         self.offset = 0  # characters streamed (completion logprobs' text_offset)
         self.parts = parts if parts is not None and parts.splits and kind == "chat" else None
         self.n_calls = 0
 
     def _choice(self, text_or_delta: Any, logprobs: Any, finish: str | None, **extra: Any) -> str:
         key = "delta" if self.kind == "chat" else "text"
-        choice = {"index": 0, key: text_or_delta, "logprobs": logprobs, "finish_reason": finish, **extra}
+        choice = {"index": self.index, key: text_or_delta, "logprobs": logprobs, "finish_reason": finish, **extra}
         return _sse(json.dumps({**self.head, "choices": [choice]}))
 
     def delta(self, delta: dict[str, Any]) -> str:
@@ -431,16 +460,23 @@ class _Chunks:
             out = self._deltas(self.parts.finish())
             reason = "tool_calls" if self.parts.calls else reason
         extra = {} if result.logit_hashes is None else {"logit_hashes": list(result.logit_hashes)}
-        out = [*out, self._choice({} if self.kind == "chat" else "", None, reason, **extra)]
-        if self.opts.include_usage:
-            out.append(_sse(json.dumps({**self.head, "choices": [], "usage": protocol.usage(result)})))
-        return out
+        return [*out, self._choice({} if self.kind == "chat" else "", None, reason, **extra)]
 
     def fail(self, status: int, text: str) -> list[str]:
         return [_sse(ApiError(status, text).response().body.decode())]
 
-    def close(self) -> list[str]:
-        return ["data: [DONE]\n\n"]
+    def close(self, results: list[GenerationResult | None]) -> list[str]:
+        """The usage chunk (stream_options.include_usage, after every choice finished) and [DONE]."""
+        out = []
+        if self.opts.include_usage and all(r is not None for r in results):
+            out.append(_sse(json.dumps({**self.head, "choices": [], "usage": protocol.usage(*results)})))
+        return [*out, "data: [DONE]\n\n"]
+
+
+def _another_choice(req: GenerationRequest, i: int) -> GenerationRequest:
+    """Choice i of a request with n > 1: a seeded request's seed + i (unseeded ones draw their own)."""
+    seed = req.params.seed
+    return req if seed is None else attrs.evolve(req, params=attrs.evolve(req.params, seed=seed + i))
 
 
 def _sse(data: str) -> str:

@@ -12,6 +12,11 @@ boundary and its slot is free at once. With a drafter (archrun.speculative), eac
 sequence appends [last token, *drafts] instead of one token; the step's logits of every
 position verify the drafts, and the rejected ones are rewound from that sequence's cache.
 
+Several choices of one prompt (`submit_group`, a request's `n`) share its computation: the
+first computes the prompt; the others wait until it has, then start in a slot holding a copy
+of its cache (archrun.cache.KvCache.copy_from), recompute only the prompt's last token, and
+decode in the batch beside it.
+
 Results go back through a sink: a callable the engine thread calls with each Event (the
 server's sink hands them to its event loop). After each round of events (a step's, an admission's)
 the engine calls `flushed()` when given: a server's sinks may hold a step's events and wake their
@@ -92,9 +97,12 @@ class Ticket:
     """A submitted request: `cancel()` drops it (waiting or running) at the next token boundary."""
 
     def __init__(self, engine: Engine, request: GenerationRequest, sink: Callable[[Event], None],
-                 reuse_prefix: bool = True):
+                 reuse_prefix: bool = True, leader: Ticket | None = None):
         self.engine, self.request, self.sink, self.reuse_prefix = engine, request, sink, reuse_prefix
         self.cancelled = False
+        self.leader = leader          # the choice of the same prompt whose computed prompt this one copies
+        self.state = "waiting"        # waiting -> prefilling -> decoding -> done (inference thread)
+        self.slot: _Slot | None = None
 
     def cancel(self) -> None:
         """Stop generating for this request and free its slot."""
@@ -192,17 +200,27 @@ class Engine:
         reuse_prefix False computes the whole prompt (its numbers then never depend on what was
         cached before: chunked and whole prefills round differently).
         """
-        ticket = Ticket(self, request, sink, reuse_prefix)
+        return self.submit_group([request], [sink], reuse_prefix)[0]
+
+    def submit_group(self, requests: list[GenerationRequest], sinks: list[Callable[[Event], None]],
+                     reuse_prefix: bool = True) -> list[Ticket]:
+        """Queue choices of one prompt (equal ids) together: the first computes the prompt, the others
+        copy its cache (see the module docstring). Raises QueueFull unless all of them fit."""
+        tickets: list[Ticket] = []
+        for request, sink in zip(requests, sinks, strict=True):
+            tickets.append(Ticket(self, request, sink, reuse_prefix, tickets[0] if tickets else None))
         with self._cond:
             if self._stop:
                 raise QueueFull("the server is shutting down")
-            if len(self._waiting) >= self.queue_bound and not self._free_now():
+            over = len(self._waiting) + len(tickets) - len(self._free) > self.queue_bound if len(tickets) > 1 \
+                else len(self._waiting) >= self.queue_bound and not self._free_now()
+            if over:
                 raise QueueFull(f"all {len(self._free) + len(self._running)} slots are busy and "
                                 f"{len(self._waiting)} requests are waiting")
-            self._waiting.append(ticket)
+            self._waiting.extend(tickets)
             self.metrics.queue_depth = len(self._waiting)
             self._cond.notify()
-        return ticket
+        return tickets
 
     def _free_now(self) -> int:
         return max(0, len(self._free) - len(self._waiting))
@@ -248,15 +266,23 @@ class Engine:
         self.metrics.queue_depth = len(self._waiting)
 
     def _admit(self) -> None:
-        """Move waiting requests into free slots, each into the one sharing most of its prompt."""
+        """Move waiting requests into free slots, each into the one sharing most of its prompt (a choice
+        whose leader still computes the prompt waits for it)."""
+        held: list[Ticket] = []
         while self._waiting and self._free:
             ticket = self._waiting.popleft()
+            source = self._source(ticket)
+            if source is False:
+                held.append(ticket)
+                continue
             slot = max(self._free, key=lambda s: (self._shared(s, ticket.request.ids), -s.last_used))  # LRU on ties
             self._free.remove(slot)
             if slot.cache is None:
                 slot.cache = PrefixCache(self.model.init_cache(self.ctx, **self.kv))
             if not (ticket.reuse_prefix and self.model.caps.rewind):
                 slot.cache.reset()
+            elif source is not None and self._shared(slot, ticket.request.ids) < len(ticket.request.ids) - 1:
+                slot.cache.copy_from(source.cache)  # False (a cache that cannot be copied): computed again
             try:
                 decoding = Decoding(self.model.tokenizer, ticket.request, self.model.descriptor.n_vocab)
             except ArchrunError as exc:  # e.g. a grammar llguidance refuses: this request fails, not the thread
@@ -269,8 +295,23 @@ class Engine:
                 from archrun.speculative import Speculation
 
                 spec = Speculation(self.model, self.drafter, decoding, self.draft_max, self.ctx)
+            ticket.slot, ticket.state = slot, "prefilling"
             self._running.append(_Running(ticket, slot, feed, decoding, spec))
+        self._waiting.extendleft(reversed(held))
         self.metrics.queue_depth = len(self._waiting)
+
+    def _source(self, ticket: Ticket) -> _Slot | None | bool:
+        """The slot whose cache holds the prompt of `ticket`'s leader; False while the leader computes it;
+        None when there is nothing to copy (no leader, the leader failed or its slot moved on)."""
+        lead = ticket.leader
+        if lead is None or not (ticket.reuse_prefix and self.model.caps.rewind):
+            return None
+        if lead.state in ("waiting", "prefilling") and not lead.cancelled:
+            return False
+        slot = lead.slot
+        if slot is None or slot.cache is None or self._shared(slot, ticket.request.ids) < len(ticket.request.ids) - 1:
+            return None
+        return slot
 
     @staticmethod
     def _shared(slot: _Slot, ids: tuple[int, ...]) -> int:
@@ -324,6 +365,7 @@ class Engine:
                 prefilled += len(ids)
                 if run.feed:
                     continue
+                run.ticket.state = "decoding"
             try:
                 generated += self._accept(run, lg if verifying or self.drafter is None else lg[-1])
             except Exception as exc:  # e.g. logits the sampler refuses: this sequence ends, not the engine
@@ -370,6 +412,7 @@ class Engine:
         return len(dec.out_ids) - before
 
     def _end(self, run: _Running, event: Event) -> None:
+        run.ticket.state = "done"
         if run in self._running:
             self._release(run)
         run.ticket.sink(event)

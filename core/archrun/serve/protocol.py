@@ -22,6 +22,7 @@ from archrun.grammar import Grammar
 
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
+MAX_CHOICES = 16  # a chat completion's n: choices decoded together from one computed prompt
 ROLES = {"system", "user", "assistant", "tool", "developer"}  # "developer" is rendered as "system"
 
 
@@ -34,6 +35,7 @@ class Options:
     include_usage: bool = False       # stream_options.include_usage
     logprobs: int | None = None       # alternatives per token (None: no logprobs)
     cache_prompt: bool = True         # reuse a cached prefix of the prompt (False: compute it all)
+    n: int = 1                        # choices (chat completions)
 
 
 # --- requests -------------------------------------------------------------------------------
@@ -50,7 +52,9 @@ def chat_options(body: dict) -> Options:
         _check_range("top_logprobs", logprobs, 0, MAX_CHAT_TOP_LOGPROBS)
     elif _get(body, "top_logprobs", int):
         raise InvalidRequest("top_logprobs needs logprobs: true")
-    return _options(body, max_tokens, logprobs)
+    n = _get(body, "n", int, 1)
+    _check_range("n", n, 1, MAX_CHOICES)
+    return attrs.evolve(_options({**body, "n": 1}, max_tokens, logprobs), n=n)
 
 
 def completion_options(body: dict) -> Options:
@@ -182,7 +186,8 @@ def chat_tools(body: dict) -> tuple[Any, Any, dict[str, Any]]:
     """(tools, tool_choice, chat_template_kwargs) of a chat body; archrun.tools validates the first two.
 
     chat_template_kwargs (an extension) are variables for the chat template, e.g.
-    {"enable_thinking": false} for Qwen3.
+    {"enable_thinking": false} for Qwen3; OpenAI's reasoning_effort sets enable_thinking (false for
+    "none") unless they do.
     """
     tools = _get(body, "tools", list)
     choice = body.get("tool_choice")
@@ -191,6 +196,9 @@ def chat_tools(body: dict) -> tuple[Any, Any, dict[str, Any]]:
                 "eos_token"} & set(kwargs)
     if reserved:
         raise InvalidRequest(f"chat_template_kwargs cannot set {', '.join(sorted(reserved))}")
+    effort = _get(body, "reasoning_effort", str)  # OpenAI's: "none" turns a thinking template's thinking off
+    if effort is not None and "enable_thinking" not in kwargs:
+        kwargs = {**kwargs, "enable_thinking": effort != "none"}
     return tools, choice, kwargs
 
 
@@ -216,11 +224,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
-def usage(result: GenerationResult) -> dict[str, Any]:
-    """OpenAI's usage object (cached_tokens: prompt tokens reused from a cached prefix)."""
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
+def usage(*results: GenerationResult) -> dict[str, Any]:
+    """OpenAI's usage object of the choices of one prompt (cached_tokens: prompt tokens reused from a
+    cached prefix; the prompt counts once)."""
+    first, generated = results[0], sum(r.completion_tokens for r in results)
+    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": generated,
+            "total_tokens": first.prompt_tokens + generated,
+            "prompt_tokens_details": {"cached_tokens": first.cached_tokens}}
 
 
 def envelope(kind: str, rid: str, model: str, fingerprint: str, created: int | None = None) -> dict[str, Any]:

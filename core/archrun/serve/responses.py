@@ -237,7 +237,7 @@ class ResponseEvents:
     def fail(self, status: int, text: str) -> list[str]:
         return [self._sse("error", code=str(status), message=text, param=None)]
 
-    def close(self) -> list[str]:
+    def close(self, results: list) -> list[str]:
         return []
 
     def _events(self, happened: list[tuple]) -> list[str]:
