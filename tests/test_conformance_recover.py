@@ -210,3 +210,27 @@ def test_diagnose_finds_two_faults_with_the_same_engine():
                    hints={"rope_pairing": "neox", "activation": "gelu"}, reference_name="HF")
     assert "no single convention change makes archrun match it" in why, why
     assert "the recovery loop makes archrun match with the conventions rope_pairing='norm', activation='silu'" in why
+
+
+def test_cli_trace_of_a_gguf_and_of_an_hf_directory(tmp_path, capsys):
+    """`archrun trace` writes the same aligned ops for the GGUF and its HF directory (tokenized by the
+    GGUF's tokenizer); `archrun recover` takes the HF directory itself as the reference."""
+    pytest.importorskip("torch")
+    folder, fixture = CASES["llama"]
+    spec = hf.load_module(ROOT / folder / "hf_arch.py")
+    fx = next(f for f in spec.FIXTURES if f.name == fixture)
+    model, _ = hf.build_tiny(hf.arch_of(spec.ARCHES, fx), fx.seed, **fx.overrides)
+    model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    gguf = str(_gguf("llama"))
+    assert main(["trace", gguf, "-p", "Hello there, little model.", "--out", str(tmp_path / "a.npz")]) == 0
+    assert main(["trace", str(tmp_path / "hf"), "--tokenizer", gguf, "-p", "Hello there, little model.",
+                 "--out", str(tmp_path / "b.npz")]) == 0
+    a, b = trace_format.load(tmp_path / "a.npz"), trace_format.load(tmp_path / "b.npz")
+    assert a.producer == "archrun" and b.producer == "transformers" and a.aligned() == b.names
+    assert compare(a, b).matches
+    path = renamed("llama", tmp_path)
+    capsys.readouterr()
+    assert main(["recover", str(path), "--reference", str(tmp_path / "hf"), "--json"]) == 0
+    hints = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert hints["rope_pairing"] == "norm" and hints["activation"] == "silu"
+    assert main(["trace", str(tmp_path / "hf"), "--out", str(tmp_path / "c.npz")]) == 1  # no --tokenizer: typed
