@@ -138,7 +138,7 @@ def _instrumented(model: Any) -> Iterator[_Tracer]:
         if ffn is not None:
             swap(lp, "ffn", _Proxy(ffn, BRANCHES[1], t))
     run_block = model.run_block
-    attend = model._attend
+    attend = getattr(model, "_attend", None)  # a block style without the attention branch records none
     finish = model.finish_logits
 
     def traced_block(lp: Any, x: np.ndarray, *args: Any) -> np.ndarray:
@@ -152,7 +152,8 @@ def _instrumented(model: Any) -> Iterator[_Tracer]:
         return finish(logits)
 
     swap(model, "run_block", traced_block)
-    swap(model, "_attend", t.wrap(attend, BRANCHES[0]))
+    if attend is not None:
+        swap(model, "_attend", t.wrap(attend, BRANCHES[0]))
     swap(model, "finish_logits", traced_finish)
     try:
         yield t
