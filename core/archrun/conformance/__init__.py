@@ -13,6 +13,9 @@ Modules: ``pytest_plugin`` (the ``pytest11`` entry point), ``kit`` (the battery)
 (GGUF variants and corruptions), ``ops`` (fast op = reference), ``trace`` (per-op activations and
 the diagnosis of a mismatch), ``tiny_hf`` and ``hf`` (HF goldens), ``llamacpp`` (its converter),
 ``bithash`` (archrun's own logit bits pinned per machine class: a regression check, not a golden).
+Level 2 (docs/level2.md): ``trace_format`` (the trace file), ``hf_trace`` (HF transformers' trace),
+``diverge`` (two traces aligned op by op), ``recover`` (the recovery loop), ``package`` (a family
+package from a recovery), ``commands`` (`archrun trace | diverge | recover`).
 """
 
 from __future__ import annotations
