@@ -155,6 +155,8 @@ SEEDS = {
     "norm": ("starcoder2", "rms", "0/attn_out"),
     "qk_norm_after_rope": ("hunyuan", False, "0/attn_out"),
     "nope_period": ("smollm3", 0, "3/attn_out"),
+    "residual": ("phi2", "sequential", "the model does not load"),  # no ffn_norm: a sequential block needs one
+    "gating": ("qwen2moe", "sigmoid", "0/ffn_out"),
 }
 
 
