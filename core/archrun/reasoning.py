@@ -51,7 +51,7 @@ def reasoning_format(model: Any, plugins: Any = None, template: str | None = Non
 
     pm = plugins or default_plugin_manager()
     fmt = pm.hook.archrun_reasoning_format(architecture=model.descriptor.architecture,
-                                           chat_template=template or model.chat_template)
+                                           chat_template=template or getattr(model, "chat_template", None))
     if fmt is not None and not isinstance(fmt, ReasoningFormat):
         raise PluginError(f"a plugin answered archrun_reasoning_format with {type(fmt).__name__}, "
                           "not an archrun.reasoning.ReasoningFormat")
