@@ -24,6 +24,7 @@ import os
 import pathlib
 import stat
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -553,10 +554,11 @@ class GGUFFile:
         with contextlib.suppress(BufferError):
             self._mm.close()
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        # (os.close bound at definition: at interpreter exit the module's globals may already be None)
         fd = getattr(self, "_fd", -1)  # the descriptor check_intact reads; the map frees itself
         if fd >= 0:
-            os.close(fd)
+            _close(fd)
             self._fd = -1
 
     def __enter__(self) -> GGUFFile:
