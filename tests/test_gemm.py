@@ -25,6 +25,10 @@ SMALL = numba.config.DISABLE_JIT
 KINDS = {ONE: "one", MIN: "min", HALVES: "halves"}
 
 
+# (blocks, padded tokens, first token) of the tile comparisons: whole tiles of GEMM_TOKENS tokens
+TILE_CASES = ((1, GEMM_TOKENS, 0), (3, 2 * GEMM_TOKENS, GEMM_TOKENS), (9, 3 * GEMM_TOKENS, 2 * GEMM_TOKENS))
+
+
 def _isas():
     return [isa for isa, present in (("vnni", simd.VNNI), ("avx2", simd.AVX2)) if present]
 
@@ -34,9 +38,9 @@ def _tile_fn(kind: int, isa: str):
 
 
 def _umax(kind: int, isa: str) -> int:
-    """The largest field a tile takes: Q8_0's w + 128 only with VNNI (vpmaddubsw would saturate);
-    AVX2's MIN tile adds 4 quads' pairs as int16 (fields of at most 5 bits)."""
-    return 255 if isa == "vnni" else 31 if kind == MIN else 127
+    """The largest field a tile takes: Q8_0's w + 128 only with VNNI; AVX2's tiles add 4 quads'
+    vpmaddubsw pairs as int16 (fields of at most 5 bits; Q6_K's halves: 2 quads, 6 bits)."""
+    return 255 if isa == "vnni" else 63 if kind == HALVES else 31
 
 
 def _loop_fn(kind: int):
@@ -96,7 +100,7 @@ def test_simd_tile_equals_loop_tile_exactly(isa, kind, extreme):
     rng = np.random.default_rng(kind * 10 + len(extreme))
     umax = _umax(kind, isa)
     run = _compare(kind, isa)
-    for nb, n_pad, t0 in ((1, 4, 0), (3, 8, 4), (9, 12, 8)):
+    for nb, n_pad, t0 in TILE_CASES:
         args = _inputs(rng, nb, n_pad, umax, exact=True, extreme=extreme)
         got, ref = run(*args, t0)
         assert np.array_equal(got, ref), f"nb={nb} t0={t0}"
@@ -109,8 +113,8 @@ def test_simd_tile_matches_loop_tile_on_random_scales(isa, kind):
     if isa not in _isas():
         pytest.skip(f"no {isa} here")
     rng = np.random.default_rng(kind)
-    args = _inputs(rng, 7, 8, min(63, _umax(kind, isa)), exact=False, extreme="random")
-    got, ref = _compare(kind, isa)(*args, 4)
+    args = _inputs(rng, 7, 2 * GEMM_TOKENS, min(63, _umax(kind, isa)), exact=False, extreme="random")
+    got, ref = _compare(kind, isa)(*args, GEMM_TOKENS)
     assert np.abs(got - ref).max() <= 1e-6 * np.abs(ref).max()
 
 
@@ -120,7 +124,7 @@ def test_signed_tile_equals_loop_tile_exactly(extreme):
     """Q8_0 on AVX2: |w| x sign(x, w) in vpmaddubsw, every weight byte in -128..127 (|-128| = 128 included)."""
     rng = np.random.default_rng(len(extreme))
     run = _compare_fns(simd.tile_signed_avx2, gemm.tile_signed_loops)
-    for nb, n_pad, t0 in ((1, 4, 0), (3, 8, 4), (9, 12, 8)):
+    for nb, n_pad, t0 in TILE_CASES:
         U, XQ, OFF, DXT, A, M, MS = _inputs(rng, nb, n_pad, 0, exact=True, extreme=extreme)
         w = rng.integers(-128, 128, (nb, 8 * LANES, 4))
         xb = XQ.view(np.uint32)

@@ -389,7 +389,9 @@ def _host_vnni() -> bool:
 
 VNNI = _host_vnni()
 
-GEMM_TOKENS = 4  # tokens per tile (the float accumulators: GEMM_TOKENS x LANES in registers)
+# tokens per tile: its float accumulators, GEMM_TOKENS x LANES, stay in registers (AVX-512: 4 x 2 of 32
+# registers; AVX2 takes 8 lanes at a time: 8 x 1 of 16)
+GEMM_TOKENS = 4 if VNNI else 8
 ONE, MIN, HALVES = 0, 1, 2  # tile kinds: a * (q - c); a * q + m; per-16 halves a_h * (q - c_h)
 # a * w with signed bytes w (Q8_0 on AVX2): U holds |w| quads, then w's (sums of |w| x sign(x, w): no
 # vpmaddubsw pair exceeds 2 * 128 * 127, while w + 128 would saturate it)
@@ -415,18 +417,17 @@ def _ptr(builder, arr, elem):
     return builder.bitcast(arr.data, elem.as_pointer())
 
 
-def _tile_codegen(kind: int, vnni: bool):
-    """IR of one tile: U uint32 [nb, 8 * LANES], XQ int32 [nb, n_pad, 8], OFF int32 [nb, n_pad, 2],
-    DXT f32 [nb, n_pad], A f32 [nb, 2, LANES], M f32 [nb, LANES], MS f32 [nb, n_pad], t0
+def _tile_codegen(kind: int):
+    """IR of one AVX-512 VNNI tile: U uint32 [nb, 8 * LANES], XQ int32 [nb, n_pad, 8], OFF int32
+    [nb, n_pad, 2], DXT f32 [nb, n_pad], A f32 [nb, 2, LANES], M f32 [nb, LANES], MS f32 [nb, n_pad], t0
     -> acc f32 [GEMM_TOKENS, LANES] (gemm._tile_loops states the arithmetic; kinds ONE and MIN read
-    only OFF[..., 0] and A[:, 0])."""
-    width = 16 if vnni else 8  # int32 lanes per register
-    vi, vf = (_V16I32, _V16F32) if vnni else (_V8I32, _V8F32)
+    only OFF[..., 0] and A[:, 0]). GEMM_TOKENS x 2 int32 and float32 accumulators stay in registers."""
+    width = 16  # int32 lanes per register
+    vi, vf = _V16I32, _V16F32
     regs = LANES // width
     halves = 2 if kind == HALVES else 1
     tok = GEMM_TOKENS
-    words = 16 if kind == SIGNED else 8  # U's quads a block and lane
-    assert not (vnni and kind == SIGNED)
+    assert kind != SIGNED
 
     def codegen(context, builder, sig, args):
         U, XQ, OFF, DXT, A, M, MS, acc = _arrays(context, builder, sig, args)
@@ -435,17 +436,7 @@ def _tile_codegen(kind: int, vnni: bool):
         up, xp, op = _ptr(builder, U, vi), _ptr(builder, XQ, _I32), _ptr(builder, OFF, _I32)
         dp = _ptr(builder, DXT, _F32T)
         ap, mp, msp = _ptr(builder, A, vf), _ptr(builder, M, vf), _ptr(builder, MS, _F32T)
-        if vnni:
-            dot = _declare(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [_V16I32] * 3)
-        else:
-            pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
-            pmaddwd = _declare(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
-            psign = _declare(builder, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
-            ones = ir.Constant(_V16I16, [1] * 16)
-
-            def dot(acc_, u, x):  # AVX2: the same int32 sums in two steps
-                p = builder.call(pmaddubs, [builder.bitcast(u, _V32I8), builder.bitcast(x, _V32I8)])
-                return builder.add(acc_, builder.call(pmaddwd, [p, ones]))
+        dot = _declare(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [_V16I32] * 3)
         fma = _declare(builder, f"llvm.fma.v{width}f32", vf, [vf] * 3)
         facc = [[cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(regs)] for _ in range(tok)]
         k = lambda v: ir.Constant(_I64, v)  # noqa: E731
@@ -455,25 +446,15 @@ def _tile_codegen(kind: int, vnni: bool):
             ia = [[[_splat(builder, builder.load(builder.gep(op, [builder.add(builder.mul(row, k(2)), k(2 * t + h))])),
                             vi)
                     for _ in range(regs)] for h in range(halves)] for t in range(tok)]
-            ub = builder.mul(b, k(words * regs))
+            ub = builder.mul(b, k(8 * regs))
             xb = builder.mul(row, k(8))
             for q in range(8):
                 h = q // 4 if halves == 2 else 0
                 u = [builder.load(builder.gep(up, [builder.add(ub, k(q * regs + r))]), align=4) for r in range(regs)]
-                if kind == SIGNED:
-                    w = [builder.load(builder.gep(up, [builder.add(ub, k((8 + q) * regs + r))]), align=4)
-                         for r in range(regs)]
-                    w = [builder.bitcast(v, _V32I8) for v in w]
                 for t in range(tok):
                     x = _splat(builder, builder.load(builder.gep(xp, [builder.add(xb, k(8 * t + q))])), vi)
                     for r in range(regs):
-                        if vnni:
-                            ia[t][h][r] = builder.call(dot, [ia[t][h][r], u[r], x])
-                        elif kind == SIGNED:
-                            xs = builder.bitcast(builder.call(psign, [builder.bitcast(x, _V32I8), w[r]]), vi)
-                            ia[t][h][r] = dot(ia[t][h][r], u[r], xs)
-                        else:
-                            ia[t][h][r] = dot(ia[t][h][r], u[r], x)
+                        ia[t][h][r] = builder.call(dot, [ia[t][h][r], u[r], x])
             ab = builder.mul(b, k(2 * regs))
             a = [[builder.load(builder.gep(ap, [builder.add(ab, k(h * regs + r))]), align=4) for r in range(regs)]
                  for h in range(halves)]
@@ -502,18 +483,21 @@ def _tile_codegen(kind: int, vnni: bool):
 
 
 def _tile_lanes8_codegen(kind: int, group: int):
-    """An AVX2 tile of the same arguments, arithmetic and float steps as _tile_codegen's, ordered for
-    AVX2's 16 registers: one register of 8 lanes at a time, its GEMM_TOKENS float accumulators held
-    over all blocks and the block's 8 quads loaded once for every token (the other order keeps
-    GEMM_TOKENS x 4 int32 and float32 accumulators live and spills them). `group` quads' vpmaddubsw
-    pairs are added as int16 before one vpmaddwd widens them: exact while group * 2 * umax * 128 <=
-    32767 for fields of at most umax (4 quads: 5-bit fields). The integer sums are exact in any
-    order, so the bits are those of the other tiles. Measured (AMD Zen 3, one thread, a group of 28
-    blocks x 128 tokens): MIN 44 -> 61 G multiply-adds/s; ONE and HALVES gain nothing and keep theirs."""
+    """The AVX2 tile: the arguments, arithmetic and float steps of _tile_codegen's, ordered for AVX2's
+    16 registers: one register of 8 lanes at a time, its GEMM_TOKENS (8) float accumulators held over
+    all blocks, the block's quads reloaded from L1 as needed (VNNI's order keeps GEMM_TOKENS x 4 int32
+    and float32 accumulators live: on AVX2 it spilled them). vpmaddubsw + vpmaddwd give the int32 sums;
+    `group` quads' vpmaddubsw pairs are added as int16 before one vpmaddwd widens them: exact while
+    group * 2 * umax * 128 <= 32767 for fields of at most umax (4 quads: 5-bit fields; 2: 6-bit; 1:
+    Q8_0's |w| <= 128, SIGNED, whose x bytes take w's signs first, vpsignb). The integer sums are exact
+    in any order, so the bits are those of the loop tiles. Measured (AMD Zen 3, one thread, 20-28 blocks
+    x 128 tokens, G multiply-adds/s), against VNNI's order with 4 tokens: ONE 68 -> 78, MIN 44 -> 61,
+    HALVES 65 -> 64."""
     halves = 2 if kind == HALVES else 1
     tok, regs = GEMM_TOKENS, LANES // 8
     per_half = 8 // halves
-    assert per_half % group == 0 and kind != SIGNED
+    words = 16 if kind == SIGNED else 8  # U's quads a block and lane: SIGNED's |w|, then w
+    assert per_half % group == 0
 
     def codegen(context, builder, sig, args):
         U, XQ, OFF, DXT, A, M, MS, acc = _arrays(context, builder, sig, args)
@@ -525,6 +509,7 @@ def _tile_lanes8_codegen(kind: int, group: int):
         out = _ptr(builder, acc, _V8F32)
         pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
         pmaddwd = _declare(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+        psign = _declare(builder, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
         fma = _declare(builder, "llvm.fma.v8f32", _V8F32, [_V8F32] * 3)
         ones = ir.Constant(_V16I16, [1] * 16)
         k = lambda v: ir.Constant(_I64, v)  # noqa: E731
@@ -538,8 +523,10 @@ def _tile_lanes8_codegen(kind: int, group: int):
             with cgutils.for_range(builder, nb) as loop:
                 b = loop.index
                 row = builder.add(builder.mul(b, n_pad), t0)  # (b, t0) in [nb, n_pad]
-                ub = builder.mul(b, k(8 * regs))
+                ub = builder.mul(b, k(words * regs))
                 u = [load(up, builder.add(ub, k(q * regs + r)), _V32I8) for q in range(8)]
+                if kind == SIGNED:
+                    w = [load(up, builder.add(ub, k((8 + q) * regs + r)), _V32I8) for q in range(8)]
                 ab = builder.mul(b, k(2 * regs))
                 a = [load(ap, builder.add(ab, k(h * regs + r))) for h in range(halves)]
                 if kind == MIN:
@@ -548,6 +535,8 @@ def _tile_lanes8_codegen(kind: int, group: int):
                 for t in range(tok):
                     x = [builder.bitcast(_splat(builder, load(xp, builder.add(xb, k(8 * t + q))), _V8I32), _V32I8)
                          for q in range(8)]
+                    if kind == SIGNED:
+                        x = [builder.call(psign, [x[q], w[q]]) for q in range(8)]
                     dx = _splat(builder, load(dp, builder.add(row, k(t))), _V8F32)
                     f = builder.load(facc[t])
                     for h in range(halves):
@@ -570,8 +559,8 @@ def _tile_lanes8_codegen(kind: int, group: int):
     return codegen
 
 
-def _tile_intrinsic(kind: int, vnni: bool, group: int = 0):
-    """The tile of `kind`: AVX-512 VNNI's, or AVX2's (group > 0: _tile_lanes8_codegen's order)."""
+def _tile_intrinsic(kind: int, vnni: bool, group: int = 1):
+    """The tile of `kind`: AVX-512 VNNI's, or AVX2's whose int16 sums take `group` quads."""
     @intrinsic
     def tile(typingctx, U, XQ, OFF, DXT, A, M, MS, t0, acc):
         if not all(isinstance(a, types.Array) for a in (U, XQ, OFF, DXT, A, M, MS, acc)):
@@ -579,16 +568,16 @@ def _tile_intrinsic(kind: int, vnni: bool, group: int = 0):
         if not isinstance(t0, types.Integer):
             return None
         sig = types.void(U, XQ, OFF, DXT, A, M, MS, types.int64, acc)
-        return sig, _tile_lanes8_codegen(kind, group) if group else _tile_codegen(kind, vnni)
+        return sig, _tile_codegen(kind) if vnni else _tile_lanes8_codegen(kind, group)
 
     return tile
 
 
 # tile_<kind>_<isa>(U, XQ, OFF, DXT, A, M, MS, t0, acc): see _tile_codegen; gemm.py holds the loop versions
 tile_one_vnni, tile_min_vnni, tile_halves_vnni = (_tile_intrinsic(k, True) for k in (ONE, MIN, HALVES))
-tile_one_avx2, tile_halves_avx2 = (_tile_intrinsic(k, False) for k in (ONE, HALVES))
-tile_min_avx2 = _tile_intrinsic(MIN, False, group=4)  # MIN's fields: at most 5 bits (Q4_1 .. Q5_K)
-tile_signed_avx2 = _tile_intrinsic(SIGNED, False)
+# AVX2: ONE's and MIN's fields have at most 5 bits (Q4_0 .. Q5_K), HALVES' 6 (Q6_K), SIGNED's |w| <= 128
+tile_one_avx2, tile_min_avx2 = _tile_intrinsic(ONE, False, 4), _tile_intrinsic(MIN, False, 4)
+tile_halves_avx2, tile_signed_avx2 = _tile_intrinsic(HALVES, False, 2), _tile_intrinsic(SIGNED, False, 1)
 
 
 # -- 16-bit float weights: rows of activations in registers (kernels.floatmm) ----------------------------
