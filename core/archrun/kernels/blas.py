@@ -1,13 +1,15 @@
-"""BLAS on archrun's own threads: the float32 products that still call BLAS (float32 tiles of the
-types without a GEMM, float32 weights) run it single-threaded, split over archrun's compute threads.
+"""BLAS on archrun's own threads: the prefill products that still call BLAS (float32 tiles of the
+types without a GEMM, e.g. Q2_K) run it single-threaded, their tiles split over archrun's threads.
 
 OpenBLAS's worker threads spin for a while after every call (2^28 cycles by default, ~0.1 s) before
 they sleep. Between two BLAS calls of a prefill run the kernels' own threads (numba's), so the two
 pools shared two cores: measured on a 2-core AMD Zen 3 (AVX2), Gemma 3 270M prefilled 128 tokens at
 157 tok/s on two threads against 340 tok/s per CPU-second on one, while one Q8_0 product a layer went
 through BLAS. Inside `split` BLAS runs on one thread (threadpoolctl sets the loaded BLAS libraries'
-count and restores it after), and the product's output rows are divided among archrun's threads:
-no thread outlives the call.
+count and restores it after), and the product's tiles are divided among archrun's threads: no
+thread outlives the call. (Float32 weights keep one BLAS call with BLAS's own threads: a split of
+their output rows changed the bits the conformance kit's records pin, as a BLAS result may depend
+on the shape it is called with.)
 """
 
 from __future__ import annotations

@@ -45,11 +45,10 @@ if floatmm.REGISTERS:
     INT_MAX_TOKENS |= {F16: 1 << 30, BF16: 1 << 30}
 # packed bytes below which one thread beats waking the pool (~5 us per parallel call)
 PARALLEL_MIN_BYTES = 96 * 1024
-# float32 elements per dequantized tile (16 MiB): fewer, larger BLAS calls beat L2-sized tiles
-# (measured, 128-token prefill: Qwen2.5-0.5B 31 -> 67 tok/s, SmolLM2 100 -> 156 tok/s vs 1 << 18)
-TILE_ELEMENTS = 1 << 22
-# float32-weight products with fewer multiply-adds run on one thread (a hand-off costs ~20 us)
-DENSE_SPLIT_MACS = 1 << 20
+# float32 elements per dequantized tile (4 MiB): fewer, larger BLAS calls beat L2-sized tiles
+# (measured, 128-token prefill: Qwen2.5-0.5B 31 -> 67 tok/s, SmolLM2 100 -> 156 tok/s with 1 << 22 vs
+# 1 << 18); 1 << 20 gives the compute threads (kernels.blas) several tiles to share
+TILE_ELEMENTS = 1 << 20
 
 
 @attrs.frozen(eq=False)
@@ -195,15 +194,16 @@ def _decode(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
 
 
 def _prefill(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
-    """Many tokens: dequantize tiles of row groups to float32 and multiply with BLAS (the row groups
-    split over the compute threads, BLAS single-threaded in each: kernels.blas)."""
+    """Many tokens: dequantize tiles of row groups to float32 and multiply with BLAS. The tiles are
+    the same whatever the thread count (a BLAS result may depend on the shape it is called with);
+    whole tiles are shared among the compute threads, BLAS single-threaded in each (kernels.blas)."""
     ng = w.arrays[0].shape[0]
     step = max(1, TILE_ELEMENTS // (w.n_in * LANES))
 
-    def groups(a: int, b: int) -> None:
-        tile = np.empty((w.n_in, min(step, b - a) * LANES), np.float32)  # W rows of the tile, transposed
-        for g0 in range(a, b, step):
-            g1 = min(b, g0 + step)
+    def tiles(a: int, b: int) -> None:
+        tile = np.empty((w.n_in, min(step, ng) * LANES), np.float32)  # W rows of the tile, transposed
+        for g0 in range(a * step, min(ng, b * step), step):
+            g1 = min(ng, g0 + step)
             r0, r1 = g0 * LANES, min(w.n_out, g1 * LANES)
             if w.ggml_type in (F16, BF16):
                 dequant.deq_float16(w.arrays[0], w.ggml_type == BF16, g0, g1, tile)
@@ -211,14 +211,9 @@ def _prefill(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
                 dequant.DEQUANT[w.ggml_type](*w.arrays, g0, g1, tile)
             np.matmul(x, tile[:, :r1 - r0], out=out[:, r0:r1])
 
-    blas.split(ng, current_threads(), groups)
+    blas.split(-(-ng // step), current_threads(), tiles)
 
 
-def _dense(w: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
-    """Float32 weights: BLAS, the output rows split over the compute threads (kernels.blas)."""
-    W = w.arrays[0]
-    blas.split(W.shape[0], current_threads() if W.size * x.shape[0] >= DENSE_SPLIT_MACS else 1,
-               lambda a, b: np.matmul(x, W[a:b].T, out=out[:, a:b]))
 
 
 def matmul(w: QMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -230,7 +225,7 @@ def matmul(w: QMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     if x.shape[0] == 0:
         return out
     if w.dense:
-        _dense(w, x, out)
+        np.dot(x, w.arrays[0].T, out=out)
     elif x.shape[0] <= INT_MAX_TOKENS[w.ggml_type]:
         _decode(w, x, out)
     elif w.ggml_type in gemm.KERNELS:  # int8 GEMM, the row groups split over the threads
