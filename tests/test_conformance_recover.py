@@ -205,7 +205,7 @@ def test_cli_recover_writes_hints_and_a_package_that_passes(tmp_path, capsys):
 def test_diagnose_finds_two_faults_with_the_same_engine():
     """The kit's diagnose: no single change explains two flipped conventions; the recovery loop, run
     on the reference's logits alone, finds both."""
-    from archrun.conformance.trace import diagnose
+    from archrun.conformance.diagnosis import diagnose
 
     golden = hf.load_golden(_gguf("llama").with_suffix(".npz"))
     why = diagnose(_gguf("llama"), golden["ids"].astype(np.int64), golden["logits"], hf.TOLERANCE,

@@ -11,7 +11,8 @@ import pytest
 import archrun
 from archrun.compile import describe
 from archrun.conformance import hf
-from archrun.conformance.trace import LAYER_KINDS, Skipped, changes, diagnose, flip_rope_scaling, rope_scaled
+from archrun.conformance.diagnosis import diagnose
+from archrun.conformance.trace import LAYER_KINDS, Skipped, changes, flip_rope_scaling, rope_scaled
 from archrun.descriptor import RopeSpec
 from archrun.errors import InvalidRequest
 from archrun.plugins import default_plugin_manager

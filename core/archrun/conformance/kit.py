@@ -280,7 +280,7 @@ def check_reference(path: Path, ids: np.ndarray, reference: Callable, backend: s
                     tolerance: float = TOLERANCE) -> None:
     """archrun's logits equal the package's independent forward pass; on failure, diagnose."""
     import archrun
-    from archrun.conformance.trace import diagnose
+    from archrun.conformance.diagnosis import diagnose
 
     want = np.asarray(reference(path, ids), dtype=np.float64)
     got = archrun.load(path, backend=backend).logits(ids)

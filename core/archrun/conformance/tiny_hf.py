@@ -298,7 +298,7 @@ def check_matches_hf(gguf_path: Path, backend: str) -> None:
     """``hf.check_fixture``; on a mismatch the message adds the diagnosis (``archrun.conformance.trace``):
     the first diverging position and, when one convention explains it, the op and layer where the
     run as stated and the corrected run first part."""
-    from archrun.conformance.trace import diagnose
+    from archrun.conformance.diagnosis import diagnose
 
     try:
         hf.check_fixture(gguf_path, backend)
