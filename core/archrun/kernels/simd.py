@@ -417,6 +417,15 @@ def _ptr(builder, arr, elem):
     return builder.bitcast(arr.data, elem.as_pointer())
 
 
+def _tile_args(context, builder, sig, args, vi, vf):
+    """A tile's arguments as pointers: (t0, nb, n_pad, U as vi, XQ, OFF, DXT, A and M as vf, MS, acc as vf)."""
+    U, XQ, OFF, DXT, A, M, MS, acc = _arrays(context, builder, sig, args)
+    nb, n_pad = cgutils.unpack_tuple(builder, XQ.shape)[:2]
+    return (args[7], nb, n_pad, _ptr(builder, U, vi), _ptr(builder, XQ, _I32), _ptr(builder, OFF, _I32),
+            _ptr(builder, DXT, _F32T), _ptr(builder, A, vf), _ptr(builder, M, vf), _ptr(builder, MS, _F32T),
+            _ptr(builder, acc, vf))
+
+
 def _tile_codegen(kind: int):
     """IR of one AVX-512 VNNI tile: U uint32 [nb, 8 * LANES], XQ int32 [nb, n_pad, 8], OFF int32
     [nb, n_pad, 2], DXT f32 [nb, n_pad], A f32 [nb, 2, LANES], M f32 [nb, LANES], MS f32 [nb, n_pad], t0
@@ -430,12 +439,7 @@ def _tile_codegen(kind: int):
     assert kind != SIGNED
 
     def codegen(context, builder, sig, args):
-        U, XQ, OFF, DXT, A, M, MS, acc = _arrays(context, builder, sig, args)
-        t0 = args[7]
-        nb, n_pad = cgutils.unpack_tuple(builder, XQ.shape)[:2]
-        up, xp, op = _ptr(builder, U, vi), _ptr(builder, XQ, _I32), _ptr(builder, OFF, _I32)
-        dp = _ptr(builder, DXT, _F32T)
-        ap, mp, msp = _ptr(builder, A, vf), _ptr(builder, M, vf), _ptr(builder, MS, _F32T)
+        t0, nb, n_pad, up, xp, op, dp, ap, mp, msp, out = _tile_args(context, builder, sig, args, vi, vf)
         dot = _declare(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [_V16I32] * 3)
         fma = _declare(builder, f"llvm.fma.v{width}f32", vf, [vf] * 3)
         facc = [[cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(regs)] for _ in range(tok)]
@@ -473,7 +477,6 @@ def _tile_codegen(kind: int):
                     if kind == MIN:
                         f = builder.call(fma, [m[r], ms, f])
                     builder.store(f, facc[t][r])
-        out = _ptr(builder, acc, vf)
         for t in range(tok):
             for r in range(regs):
                 builder.store(builder.load(facc[t][r]), builder.gep(out, [k(t * regs + r)]), align=4)
@@ -500,13 +503,7 @@ def _tile_lanes8_codegen(kind: int, group: int):
     assert per_half % group == 0
 
     def codegen(context, builder, sig, args):
-        U, XQ, OFF, DXT, A, M, MS, acc = _arrays(context, builder, sig, args)
-        t0 = args[7]
-        nb, n_pad = cgutils.unpack_tuple(builder, XQ.shape)[:2]
-        up, xp, op = _ptr(builder, U, _V8I32), _ptr(builder, XQ, _I32), _ptr(builder, OFF, _I32)
-        dp = _ptr(builder, DXT, _F32T)
-        ap, mp, msp = _ptr(builder, A, _V8F32), _ptr(builder, M, _V8F32), _ptr(builder, MS, _F32T)
-        out = _ptr(builder, acc, _V8F32)
+        t0, nb, n_pad, up, xp, op, dp, ap, mp, msp, out = _tile_args(context, builder, sig, args, _V8I32, _V8F32)
         pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
         pmaddwd = _declare(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
         psign = _declare(builder, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
