@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from archrun.reasoning import THINK_TAGS, ReasoningFormat, ReasoningStream
+from archrun.reasoning import THINK_TAGS, ReasoningBudget, ReasoningFormat, ReasoningStream
 from archrun.serve.reply import Blocks, ReplyParts, split_reply
 
 REPLY = "<think>\nThe user wants a colour.\n</think>\n\nBlue."
@@ -59,3 +59,81 @@ def test_reply_parts_split_reasoning_then_tool_calls():
     assert [(b.kind, b.text) for b in blocks.blocks] == [("reasoning", "ab"), ("text", "c")]
     assert [h[0] for h in happened] == ["start", "delta", "delta", "stop", "start", "delta", "stop"]
     assert not ReplyParts().splits and ReplyParts().push("x")[0].text == "x"
+
+
+# --- gpt-oss's harmony channels (the family states the format) ---
+
+HARMONY_REPLY = ("<|channel|>analysis<|message|>User wants a colour.<|end|>"
+                 "<|start|>assistant<|channel|>final<|message|>Blue.")
+
+
+def harmony_run(text: str, cuts: list[int]) -> tuple[str, str]:
+    from archrun_gpt_oss import HARMONY
+
+    stream = ReasoningStream(HARMONY)
+    reasoning = content = ""
+    for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
+        r, c = stream.push(text[a:b])
+        reasoning, content = reasoning + r, content + c
+    r, c = stream.finish()
+    return reasoning + r, content + c
+
+
+@pytest.mark.parametrize("text, expected", [
+    (HARMONY_REPLY, ("User wants a colour.", "Blue.")),
+    ("<|channel|>final<|message|>Blue.", ("", "Blue.")),               # no analysis: the final channel at once
+    ("<|channel|>analysis<|message|>cut sho", ("cut sho", "")),        # never closed: all reasoning
+    ("Blue.", ("", "Blue.")),
+])
+def test_harmony_channels_split_at_every_cut(text, expected):
+    assert harmony_run(text, []) == expected
+    for cut in range(1, len(text)):
+        assert harmony_run(text, [cut]) == expected, cut
+
+
+def test_the_gpt_oss_family_answers_the_reasoning_hook_for_its_template():
+    from archrun.reasoning import reasoning_format
+    from archrun_gpt_oss import HARMONY
+
+    gpt_oss = type("M", (), {"descriptor": type("D", (), {"architecture": "gpt-oss"})()})()
+    template = '{{- "<|start|>assistant<|channel|>analysis<|message|>" + message.thinking + "<|end|>" }}'
+    assert reasoning_format(gpt_oss, template=template) == HARMONY
+    assert reasoning_format(gpt_oss, template="{{ messages }}") is None
+    assert not HARMONY.opened_by("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+
+
+# --- the reasoning budget: a hand-written token stream, the budget's forced close ---
+
+CLOSE_ID = 99
+VOCAB = {1: "<think>", 2: "a", 3: " b", 4: "</think>", 5: "Blue", CLOSE_ID: "</think>"}
+
+
+def steer(budget: ReasoningBudget, ids: list[int]) -> list[int]:
+    """The tokens a generation takes: `ids` as sampled, except where the budget forces its own."""
+    out, forced, sampled = [], [], iter(ids)
+    while True:
+        text = "".join(VOCAB[t] for t in out)
+        forced = forced or budget.forced(text, len(out))
+        nxt = forced.pop(0) if forced else next(sampled, None)
+        if nxt is None:
+            return out
+        out.append(nxt)
+
+
+@pytest.mark.parametrize("ids, budget, inside, expected", [
+    ([1, 2, 3, 3, 3, 4, 5], 2, False, [1, 2, 3, CLOSE_ID, 3, 3, 4, 5]),  # cut after 2 tokens of thinking
+    ([1, 2, 4, 5], 2, False, [1, 2, 4, 5]),                          # closed itself within the budget
+    ([1, 2, 3], 0, False, [1, CLOSE_ID, 2, 3]),                       # 0: closed as soon as it opens
+    ([2, 3, 3, 5], 1, True, [2, CLOSE_ID, 3, 3, 5]),                  # the prompt opened the thinking
+    ([5, 2, 3, 3], 1, False, [5, 2, 3, 3]),                           # an answer without thinking: never cut
+])
+def test_a_reasoning_budget_forces_the_close_once_spent(ids, budget, inside, expected):
+    assert steer(ReasoningBudget(THINK_TAGS, [CLOSE_ID], budget, inside), ids) == expected
+
+
+@pytest.mark.parametrize("budget", [-1, 1.5, True, "3"])
+def test_a_bad_reasoning_budget_is_refused(budget):
+    from archrun.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="reasoning budget"):
+        ReasoningBudget(THINK_TAGS, [CLOSE_ID], budget)

@@ -321,6 +321,15 @@ def test_a_template_that_opens_the_thinking_and_enable_thinking(model):
         off = claude.messages.create(model="m", max_tokens=8, extra_body=GREEDY, messages=ASK,
                                      thinking={"type": "disabled"})
         assert [b.type for b in off.content] == ["text"]
+        # a reasoning budget: the thinking is closed after 3 tokens, then the model answers
+        cut = client.chat.completions.create(model="m", messages=ASK, max_tokens=16, temperature=0,
+                                             extra_body={"reasoning_budget": 3}).choices[0].message
+        assert cut.content and r.message.reasoning_content.startswith(cut.reasoning_content)
+        assert len(model.tokenizer.encode(cut.reasoning_content, add_special=False)) <= 3
+        blocks = claude.messages.create(model="m", max_tokens=16, extra_body=GREEDY, messages=ASK,
+                                        thinking={"type": "enabled", "budget_tokens": 3})
+        assert [(b.type, getattr(b, "thinking", getattr(b, "text", None))) for b in blocks.content] == \
+            [("thinking", cut.reasoning_content), ("text", cut.content)]
 
 
 # --- n > 1 ---

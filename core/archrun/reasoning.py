@@ -10,6 +10,11 @@ thinking (templates that open it for the model), and streams a reply as reasonin
     fmt = reasoning_format(model)
     stream = ReasoningStream(fmt, inside=fmt.opened_by(prompt_text))
     reasoning, content = stream.push(piece)
+
+A reasoning budget (`ReasoningBudget`) watches a reply as it is generated and, once the thinking
+has used its tokens, has the close text forced as the next tokens (llama-server's
+`--reasoning-budget`): the model then answers. A format with `answer_open` (gpt-oss's harmony
+channels) also drops that text where a reply starts with its answer, skipping the thinking.
 """
 
 from __future__ import annotations
@@ -18,16 +23,18 @@ from typing import Any
 
 import attrs
 
-from archrun.errors import PluginError
+from archrun.errors import InvalidRequest, PluginError
 
 
 @attrs.frozen
 class ReasoningFormat:
-    """Thinking written between `open` and `close` at the start of a reply."""
+    """Thinking written between `open` and `close` at the start of a reply; `answer_open`, when
+    given, is markup that opens the answer (dropped where a reply starts with it)."""
 
     open: str
     close: str
     name: str = "tags"
+    answer_open: str = ""
 
     def applies(self, chat_template: str | None) -> bool:
         """Whether a model chatting with `chat_template` thinks in this format (the template names
@@ -86,10 +93,12 @@ class ReasoningStream:
         self.buf += piece
         reasoning = content = ""
         if self.state == "start":
-            head = self.buf.lstrip()
+            head, answer = self.buf.lstrip(), self.fmt.answer_open
             if head.startswith(self.fmt.open):
                 self.state, self.buf = "reasoning", head[len(self.fmt.open):]
-            elif not self.fmt.open.startswith(head):
+            elif answer and head.startswith(answer):
+                self.state, self.buf = "answer", head[len(answer):]
+            elif not (self.fmt.open.startswith(head) or answer.startswith(head)):
                 self.state = "content"
         if self.state == "reasoning":
             self.buf = self.buf.lstrip() if not self.reasoning else self.buf
@@ -118,3 +127,36 @@ class ReasoningStream:
         self.reasoning += reasoning
         self.content += content
         return reasoning, content
+
+
+class ReasoningBudget:
+    """At most `budget` tokens of thinking in a reply: `forced(text, n_tokens)` is asked before each
+    token with the reply so far and returns the token ids to force next (the close text's, once the
+    thinking has used its budget; else none). Thinking the reply does not open, or closes itself,
+    is never cut. `inside`: the prompt opened the thinking (see ReasoningFormat.opened_by)."""
+
+    def __init__(self, fmt: ReasoningFormat, close_ids: list[int], budget: int, inside: bool = False):
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise InvalidRequest(f"a reasoning budget must be an integer >= 0, got {budget!r}")
+        self.fmt, self.close_ids, self.budget = fmt, list(close_ids), budget
+        self.start: int | None = 0 if inside else None   # tokens of the reply before the thinking began
+        self.done = False
+
+    def forced(self, text: str, n_tokens: int) -> list[int]:
+        if self.done:
+            return []
+        if self.start is None:
+            head = text.lstrip()
+            if head.startswith(self.fmt.open):
+                self.start = n_tokens
+            else:
+                self.done = bool(head) and not self.fmt.open.startswith(head)  # the reply answers at once
+                return []
+        at = text.find(self.fmt.open) if self.start else 0
+        if self.fmt.close in text[max(at, 0):]:
+            self.done = True  # the model closed its thinking itself
+            return []
+        if n_tokens - self.start >= self.budget:
+            self.done = True
+            return list(self.close_ids)
+        return []

@@ -51,6 +51,8 @@ def chat_body(body: dict) -> dict[str, Any]:
         out += _message(message, i)
     chat = {"messages": out, "max_tokens": max_tokens, "stream": _flag(body, "stream"),
             "stop": _stops(body.get("stop_sequences")), "chat_template_kwargs": _thinking(body.get("thinking"))}
+    if isinstance(body.get("thinking"), dict) and body["thinking"].get("type") == "enabled":
+        chat["reasoning_budget"] = body["thinking"]["budget_tokens"]  # the thinking is cut there
     for name in ("temperature", "top_p", "top_k"):
         if body.get(name) is not None:
             chat[name] = body[name]

@@ -32,12 +32,12 @@ from archrun.errors import ArchrunError
 from archrun.fingerprint import system_fingerprint
 from archrun.generation import GenerationRequest, GenerationResult, make_request
 from archrun.grammar import vocabulary
-from archrun.reasoning import reasoning_format
+from archrun.reasoning import ReasoningBudget, reasoning_format
 from archrun.serve import anthropic, protocol, responses
 from archrun.serve.config import ServeConfig
-from archrun.serve.engine import Engine, Event, QueueFull, Ticket
+from archrun.serve.engine import Engine, EngineDown, Event, QueueFull, Ticket
 from archrun.serve.metrics import Metrics
-from archrun.serve.reply import Blocks, Part, ReplyParts, reasoning_stream, split_reply, stop_sequence
+from archrun.serve.reply import PROMPT_TAIL, Blocks, Part, ReplyParts, reasoning_stream, split_reply, stop_sequence
 from archrun.tools import ToolPlan, plan_tool_chat
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
@@ -69,6 +69,8 @@ def _api_error(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, QueueFull):
         return ApiError(429, str(exc), "rate_limit_error")
+    if isinstance(exc, EngineDown):
+        return ApiError(503, str(exc), "server_error")
     if isinstance(exc, ArchrunError):
         return ApiError(400, str(exc))
     return ApiError(500, f"internal error ({type(exc).__name__})", "server_error")
@@ -198,6 +200,11 @@ class Server:
         return HTMLResponse(_chat_page(), headers={"Content-Security-Policy": PAGE_POLICY, "Cache-Control": "no-cache"})
 
     async def health(self, request: Request) -> Response:
+        """200 while the engine serves; 503 with the reason when its thread stopped or a step stalled
+        beyond the watchdog's bound (it says ok again once the step ends)."""
+        why = self.engine.stalled(self.config.watchdog)
+        if why is not None:
+            return JSONResponse({"status": "unavailable", "reason": why}, status_code=503)
         return JSONResponse({"status": "ok", "running": self.engine.running,
                              "waiting": self.metrics.queue_depth})
 
@@ -260,8 +267,12 @@ class Server:
     async def _chat_request(self, body: dict[str, Any]) -> tuple[GenerationRequest, protocol.Options, ToolPlan]:
         """The engine request of a chat-completions body, its options and its tool plan."""
         opts = await run_in_threadpool(protocol.chat_options, body)  # compiles a response_format grammar
+        if opts.reasoning_budget is None:
+            opts = attrs.evolve(opts, reasoning_budget=self.config.reasoning_budget)
         messages = protocol.chat_messages(body)
         tools, choice, template_vars = protocol.chat_tools(body)
+        if opts.reasoning_budget == 0 and "enable_thinking" not in template_vars:
+            template_vars = {**template_vars, "enable_thinking": False}  # no budget: no thinking, if it can say so
         plan = await run_in_threadpool(plan_tool_chat, self.model, messages, tools, choice, None, **template_vars)
         if plan.grammar is not None:
             if opts.generation["grammar"] is not None:
@@ -275,6 +286,17 @@ class Server:
         and the reply is not constrained to a grammar (JSON, a forced call)."""
         thinks = self.reasoning if opts.generation["grammar"] is None else None
         return ReplyParts(plan.format, reasoning_stream(thinks, self.model.tokenizer, plan.ids))
+
+    def _budgets(self, reqs: list[GenerationRequest], opts: protocol.Options) -> list[ReasoningBudget] | None:
+        """The reasoning budget of each choice (engine steers), or None: no budget, a model that does not
+        think, or a reply constrained to a grammar."""
+        fmt = self.reasoning
+        if opts.reasoning_budget is None or fmt is None or opts.generation["grammar"] is not None:
+            return None
+        tok = self.model.tokenizer
+        close = tok.encode(fmt.close, add_special=False, parse_special=True)
+        inside = fmt.opened_by(tok.decode(list(reqs[0].ids[-PROMPT_TAIL:])))
+        return [ReasoningBudget(fmt, close, opts.reasoning_budget, inside) for _ in reqs]
 
     @staticmethod
     def _blocks(parts: ReplyParts, text: str) -> list:
@@ -316,7 +338,7 @@ class Server:
             return sink
 
         tickets = self.engine.submit_group(reqs, [sink_of(i) for i in range(len(reqs))],
-                                           reuse_prefix=opts.cache_prompt)
+                                           reuse_prefix=opts.cache_prompt, steers=self._budgets(reqs, opts))
         if opts.stream:
             return StreamingResponse(self._stream([emitter(i) for i in range(len(reqs))], tickets, events),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

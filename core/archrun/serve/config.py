@@ -37,10 +37,19 @@ class ServeConfig:
     speculative: str | None = None          # a drafter spec ("lookup", "draft:PATH"): decode speculatively
     draft_max: int = attrs.field(default=5, validator=_int_in(1, 16))  # most drafts per verify step
     kv_type: str = attrs.field(default="f32")  # how each sequence's cache stores K/V: f32, f16, q8_0
+    # seconds one inference step may run before /health reports the engine stalled (503)
+    watchdog: float = attrs.field(default=120.0)
+    # most thinking tokens of a chat reply unless a request says (None: no bound; 0: thinking off)
+    reasoning_budget: int | None = attrs.field(default=None, validator=_int_in(0))
 
     @kv_type.validator
     def _kv(self, _attr, value) -> None:
         kv_options(value)  # KvTypeUnsupported for an unknown name (the model's ops are checked at load)
+
+    @watchdog.validator
+    def _watchdog(self, _attr, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+            raise InvalidRequest(f"--watchdog must be a positive number of seconds, got {value!r}")
 
     @api_key.validator
     def _key(self, _attr, value) -> None:

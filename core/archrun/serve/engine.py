@@ -83,6 +83,10 @@ class QueueFull(ArchrunError):
     """Every slot is busy and the queue of waiting requests is at its bound."""
 
 
+class EngineDown(ArchrunError):
+    """The inference thread has stopped: nothing submitted would ever run (HTTP 503)."""
+
+
 @attrs.frozen
 class Event:
     """What a request's sink receives: text (with its tokens' logprobs), then a result or an error."""
@@ -97,8 +101,11 @@ class Ticket:
     """A submitted request: `cancel()` drops it (waiting or running) at the next token boundary."""
 
     def __init__(self, engine: Engine, request: GenerationRequest, sink: Callable[[Event], None],
-                 reuse_prefix: bool = True, leader: Ticket | None = None):
+                 reuse_prefix: bool = True, leader: Ticket | None = None, steer: Any = None):
         self.engine, self.request, self.sink, self.reuse_prefix = engine, request, sink, reuse_prefix
+        # forces tokens: steer.forced(text so far, tokens so far) -> ids to take next instead of sampling
+        # (archrun.reasoning.ReasoningBudget), or None
+        self.steer = steer
         self.cancelled = False
         self.leader = leader          # the choice of the same prompt whose computed prompt this one copies
         self.state = "waiting"        # waiting -> prefilling -> decoding -> done (inference thread)
@@ -128,6 +135,7 @@ class _Running:
         self.t_start = time.perf_counter()
         self.t_first: float | None = None
         self.n_logprobs = 0           # logprob entries already sent
+        self.forced: list[int] = []   # ids the ticket's steer forces next
 
     def next_ids(self, prefill_room: int) -> list[int]:
         """Ids to append this step: a chunk of the prompt, or the token just sampled (and drafts)."""
@@ -159,7 +167,11 @@ class Engine:
         self._running: list[_Running] = []       # touched only by the inference thread
         self._cond = threading.Condition()
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="archrun-inference", daemon=True)
+        self._thread = threading.Thread(target=self._run_loop, name="archrun-inference", daemon=True)
+        self._busy_since: float | None = None    # when the step running now began (monotonic), None between
+        self._died: BaseException | None = None  # what ended the inference thread unexpectedly
+        # called at the start of every step on the inference thread: a test's way to stall the engine
+        self.before_step: Callable[[], None] | None = None
 
     # -- any thread ----------------------------------------------------------------------------
 
@@ -203,15 +215,18 @@ class Engine:
         return self.submit_group([request], [sink], reuse_prefix)[0]
 
     def submit_group(self, requests: list[GenerationRequest], sinks: list[Callable[[Event], None]],
-                     reuse_prefix: bool = True) -> list[Ticket]:
+                     reuse_prefix: bool = True, steers: list[Any] | None = None) -> list[Ticket]:
         """Queue choices of one prompt (equal ids) together: the first computes the prompt, the others
-        copy its cache (see the module docstring). Raises QueueFull unless all of them fit."""
+        copy its cache (see the module docstring). Raises QueueFull unless all of them fit. `steers`: one
+        per request (Ticket.steer), or None."""
         tickets: list[Ticket] = []
-        for request, sink in zip(requests, sinks, strict=True):
-            tickets.append(Ticket(self, request, sink, reuse_prefix, tickets[0] if tickets else None))
+        for request, sink, steer in zip(requests, sinks, steers or [None] * len(requests), strict=True):
+            tickets.append(Ticket(self, request, sink, reuse_prefix, tickets[0] if tickets else None, steer))
         with self._cond:
             if self._stop:
                 raise QueueFull("the server is shutting down")
+            if self._died is not None:
+                raise EngineDown(self.stalled(0.0) or "the inference thread has stopped")
             over = len(self._waiting) + len(tickets) - len(self._free) > self.queue_bound if len(tickets) > 1 \
                 else len(self._waiting) >= self.queue_bound and not self._free_now()
             if over:
@@ -230,7 +245,29 @@ class Engine:
         """Sequences in the batch."""
         return len(self._running)
 
+    def stalled(self, limit: float) -> str | None:
+        """Why the engine is not serving, or None while it is: the inference thread ended (not by stop()),
+        or its current step has run longer than `limit` seconds (the watchdog's bound)."""
+        if self._thread.ident is None:
+            return None  # not started yet (a model loading on first use)
+        if not self._thread.is_alive() and not self._stop:
+            why = f": {type(self._died).__name__}: {self._died}" if self._died is not None else ""
+            return f"the inference thread has stopped{why}"[:300]
+        since = self._busy_since
+        if since is not None and (busy := time.monotonic() - since) > limit:
+            return (f"the inference step has run for {busy:.1f} s, beyond the watchdog's {limit:g} s "
+                    f"({len(self._running)} sequences in it, {len(self._waiting)} waiting)")
+        return None
+
     # -- the inference thread ---------------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # the health check reports it; requests waiting fail now
+            self._died = exc
+            self._fail_all(EngineDown(f"the inference thread stopped ({type(exc).__name__})"))
+            self._flush()
 
     def _loop(self) -> None:
         while True:
@@ -245,12 +282,17 @@ class Engine:
                 if self._stop:
                     break
             self._flush()  # events of the admission (a refused grammar)
+            self._busy_since = time.monotonic()
             try:
+                if self.before_step is not None:
+                    self.before_step()
                 self._step()
             except Exception as exc:  # never leave the thread (and every slot) hanging
                 for run in list(self._running):
                     run.slot.cache.reset()
                     self._end(run, Event(error=exc))
+            finally:
+                self._busy_since = None
             self._flush()
         self._fail_all(QueueFull("the server is shutting down"))
         self._flush()
@@ -291,7 +333,8 @@ class Engine:
                 continue
             feed = slot.cache.prepare(ticket.request.ids)
             spec = None
-            if self.drafter is not None and ticket.request.grammar is None:  # constrained: one token a step
+            if self.drafter is not None and ticket.request.grammar is None and ticket.steer is None:
+                # constrained or steered: one token a step
                 from archrun.speculative import Speculation
 
                 spec = Speculation(self.model, self.drafter, decoding, self.draft_max, self.ctx)
@@ -397,7 +440,9 @@ class Engine:
             piece = run.spec.settle(logits)
             run.spec.rewind(run.slot.cache)
         else:
-            piece = dec.accept(logits)
+            if not run.forced and run.ticket.steer is not None:
+                run.forced = list(run.ticket.steer.forced(dec.text, len(dec.out_ids)))
+            piece = dec.push(run.forced.pop(0), logits) if run.forced else dec.accept(logits)
         new = tuple(dec.logprobs[run.n_logprobs:]) if dec.logprobs is not None else ()
         run.n_logprobs += len(new)
         if piece or new:

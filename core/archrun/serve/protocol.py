@@ -36,6 +36,7 @@ class Options:
     logprobs: int | None = None       # alternatives per token (None: no logprobs)
     cache_prompt: bool = True         # reuse a cached prefix of the prompt (False: compute it all)
     n: int = 1                        # choices (chat completions)
+    reasoning_budget: int | None = None  # most thinking tokens of a reply (None: no bound)
 
 
 # --- requests -------------------------------------------------------------------------------
@@ -54,7 +55,18 @@ def chat_options(body: dict) -> Options:
         raise InvalidRequest("top_logprobs needs logprobs: true")
     n = _get(body, "n", int, 1)
     _check_range("n", n, 1, MAX_CHOICES)
-    return attrs.evolve(_options({**body, "n": 1}, max_tokens, logprobs), n=n)
+    return attrs.evolve(_options({**body, "n": 1}, max_tokens, logprobs), n=n, reasoning_budget=reasoning_budget(body))
+
+
+def reasoning_budget(body: dict) -> int | None:
+    """The thinking-token budget of a chat body: `reasoning_budget` (archrun's and llama-server's name) or
+    OpenRouter's `reasoning.max_tokens`; None when neither is given."""
+    budget = _get(body, "reasoning_budget", int)
+    if budget is None:
+        budget = _get(_get(body, "reasoning", dict) or {}, "max_tokens", int)
+    if budget is not None and budget < 0:
+        raise InvalidRequest(f"reasoning_budget must be an integer >= 0, got {budget}")
+    return budget
 
 
 def completion_options(body: dict) -> Options:
@@ -187,7 +199,7 @@ def chat_tools(body: dict) -> tuple[Any, Any, dict[str, Any]]:
 
     chat_template_kwargs (an extension) are variables for the chat template, e.g.
     {"enable_thinking": false} for Qwen3; OpenAI's reasoning_effort sets enable_thinking (false for
-    "none") unless they do.
+    "none") and the template's reasoning_effort (gpt-oss's) unless they do.
     """
     tools = _get(body, "tools", list)
     choice = body.get("tool_choice")
@@ -199,6 +211,8 @@ def chat_tools(body: dict) -> tuple[Any, Any, dict[str, Any]]:
     effort = _get(body, "reasoning_effort", str)  # OpenAI's: "none" turns a thinking template's thinking off
     if effort is not None and "enable_thinking" not in kwargs:
         kwargs = {**kwargs, "enable_thinking": effort != "none"}
+    if effort not in (None, "none") and "reasoning_effort" not in kwargs:
+        kwargs = {**kwargs, "reasoning_effort": effort}  # gpt-oss's template says it to the model
     return tools, choice, kwargs
 
 

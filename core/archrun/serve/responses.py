@@ -54,9 +54,13 @@ def chat_body(body: dict) -> dict[str, Any]:
     fmt = _text_format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt
-    effort = body.get("reasoning", {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
-    if effort is not None:
-        chat["chat_template_kwargs"] = {"enable_thinking": effort != "none"}
+    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    if reasoning.get("effort") is not None:
+        effort = reasoning["effort"]
+        chat["chat_template_kwargs"] = {"enable_thinking": effort != "none",
+                                        **({"reasoning_effort": effort} if effort != "none" else {})}
+    if reasoning.get("max_tokens") is not None:  # OpenRouter's reasoning budget: the thinking is cut there
+        chat["reasoning"] = {"max_tokens": reasoning["max_tokens"]}
     return chat
 
 

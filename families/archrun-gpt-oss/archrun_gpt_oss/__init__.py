@@ -9,11 +9,21 @@ MoE is stored as `post_attention_norm`; experts use the clamped SwiGLU ("swiglu_
 1.702, limit 7, up + 1); routing is top-k on the router logits then a softmax over the selected
 ones, which equals softmax gating with the selected weights renormalised. Attention sinks, the
 Q/K/V/O, router and expert biases are found by tensor presence.
+
+Replies use OpenAI's harmony format: thinking in the analysis channel, the answer in the final one
+(`<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...`); the
+markup tokens are written out as text, so HARMONY splits a reply like any open/close format.
 """
 
 from __future__ import annotations
 
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
+from archrun.reasoning import ReasoningFormat
+
+# the analysis channel, closed by the final channel's header; a reply may also start with the final channel
+HARMONY = ReasoningFormat(open="<|channel|>analysis<|message|>",
+                          close="<|end|><|start|>assistant<|channel|>final<|message|>", name="harmony",
+                          answer_open="<|channel|>final<|message|>")
 
 HINTS = {
     "gpt-oss": FamilyHints(name="gpt-oss", rope_pairing="neox", activation="swiglu_oai", embed_scale=1.0,
@@ -23,4 +33,4 @@ HINTS = {
                            **TRANSFORMER),
 }
 
-plugin = FamilyPlugin(HINTS)
+plugin = FamilyPlugin(HINTS, reasoning=HARMONY)
