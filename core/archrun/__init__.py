@@ -21,6 +21,7 @@ from archrun.errors import (
     NumericalError,
     PluginError,
     ShapeMismatch,
+    SplitSetError,
     TokenizerError,
     UnknownVocabulary,
     UnsupportedArchitecture,
@@ -34,7 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArchrunError", "ArchrunWarning", "ChatTemplateError", "ContextOverflow", "InvalidRequest",
     "MetadataError", "MissingTensor", "ModelLoadError", "ModelMismatch", "NumericalError", "PluginError",
-    "ShapeMismatch", "TokenizerError",
+    "ShapeMismatch", "SplitSetError", "TokenizerError",
     "UnknownVocabulary", "UnsupportedArchitecture", "UnsupportedQuantType", "VocabularyMismatch", "WrongBlockStyle",
     "load", "Descriptor", "Tokenizer", "generate", "chat",
 ]

@@ -47,6 +47,7 @@ from archrun.errors import (
 )
 from archrun.family import CONVENTIONS, GATING_BY_ID, NORM_BY_EPSILON_KEY, RESIDUAL_BY_PARALLEL_KEY, FamilyHints
 from archrun.ggufio import GGUFFile, open_gguf
+from archrun.ggufset import GGUFSet
 
 # Sanity bounds (BAD_INPUTS M1): larger values are hostile or corrupt, not models.
 MAX_LAYERS = 1024
@@ -194,7 +195,7 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
     hints: conventions (archrun.family.FamilyHints fields) given by the caller, on top of the
     family's; for an architecture no plugin describes they are the only source.
     """
-    if not isinstance(source, GGUFFile):  # a path (open_gguf refuses anything else with InvalidRequest)
+    if not isinstance(source, GGUFFile | GGUFSet):  # a path (open_gguf refuses anything else with InvalidRequest)
         with open_gguf(source) as gguf:
             return compile_gguf(gguf, plugins, block_style, hints)
     from archrun.plugins import checked_plugin_manager

@@ -42,6 +42,11 @@ class MissingTensor(ModelLoadError):
     """A tensor the descriptor requires is absent from the file."""
 
 
+class SplitSetError(ModelLoadError):
+    """The parts of a split GGUF do not make one model: a part missing, a part of another set, a tensor
+    count that disagrees with split.tensors.count, a tensor in two parts."""
+
+
 class UnexpectedTensor(ModelLoadError):
     """The file holds tensors the model's plan does not use (it would run without them: wrong)."""
 

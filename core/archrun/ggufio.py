@@ -535,6 +535,19 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path.name} shrank from {len(self._mm)} to {size} bytes after it was loaded: "
                                  "its memory-mapped weights are gone; load the model again")
 
+    @property
+    def paths(self) -> tuple[pathlib.Path, ...]:
+        """The files the model is read from: this one (a GGUFSet has one per part)."""
+        return (self.path,)
+
+    def identity(self) -> tuple:
+        """What names the file's contents on disk: (device, inode, size, mtime), or its path when unknown."""
+        try:
+            st = os.fstat(self._fd) if self._fd >= 0 else os.stat(self.path)
+        except OSError:
+            return (str(self.path),)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
     def release_pages(self) -> None:
         """Let the kernel drop this file's resident pages (they are re-read on demand).
 
@@ -625,5 +638,8 @@ def release_view(view: np.ndarray) -> None:
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Open and validate a GGUF file (see GGUFFile)."""
-    return GGUFFile(path)
+    """Open and validate a GGUF file (see GGUFFile); a part of a split model opens the whole set as one
+    (archrun.ggufset.GGUFSet, which answers like a GGUFFile)."""
+    from archrun.ggufset import open_model_file
+
+    return open_model_file(path)

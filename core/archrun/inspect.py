@@ -25,6 +25,7 @@ def inspect_model(path: str | os.PathLike, hints: dict[str, Any] | None = None) 
         compiled = compile_gguf(gguf, plugins=pm, hints=hints)
         types = Counter(t.type_name for t in gguf.tensors.values())
         n_tensors = len(gguf.tensors)
+        parts = [{"file": p.path.name, "tensors": len(p.tensors)} for p in getattr(gguf, "parts", (gguf,))]
     vocab = build_vocabulary(pm)
     providers = {}
     for slot, name in vocabulary_of(compiled.descriptor):
@@ -37,6 +38,7 @@ def inspect_model(path: str | os.PathLike, hints: dict[str, Any] | None = None) 
         "architecture": compiled.descriptor.architecture,
         "family": compiled.family,
         "tensors": n_tensors,
+        "parts": parts,
         "tensor_types": dict(sorted(types.items())),
         "descriptor": compiled.descriptor.to_dict(),
         "providers": providers,
@@ -121,6 +123,10 @@ def render_text(info: dict[str, Any]) -> str:
         f"tied_output={d['tied_output']}  logit_softcap={d['logit_softcap']}",
         f"block_style   {d['block_style']}",
     ]
+    if len(info.get("parts", ())) > 1:  # a split model: one line per part
+        n = len(info["parts"])
+        lines[1:1] = [f"{f'part {i + 1}/{n}':14s}{p['file']} ({p['tensors']} tensors)"
+                      for i, p in enumerate(info["parts"])]
     lines += [f"rope[{i}]       {_kv(r)}" for i, r in enumerate(d["rope_tables"])]
     lines += _layer_groups(d["layers"])
     lines += _memory_lines(info.get("memory"))

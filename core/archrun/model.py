@@ -353,11 +353,7 @@ class HostStep:
 
 def cache_owner(d: Descriptor, gguf: GGUFFile) -> CacheOwner:
     """The identity and geometry a model stamps on the caches it makes (archrun.cache.CacheOwner)."""
-    try:
-        st = os.fstat(gguf._fd) if gguf._fd >= 0 else os.stat(gguf.path)
-        file: tuple = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    except OSError:
-        file = (str(gguf.path),)
+    file = gguf.identity()  # a split model's: every part's
     key = hashlib.sha256(repr((file, attrs.evolve(d, block_style=""))).encode()).hexdigest()[:24]
     geometry = tuple((s.attention.kind, s.attention.n_head_kv, s.attention.head_dim, s.attention.v_head_dim,
                       s.attention.window) for s in d.layers)

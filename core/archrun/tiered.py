@@ -211,7 +211,8 @@ def tiered_bytes(path: str | os.PathLike) -> int:
 
     with open_gguf(path) as g:
         float32 = sum(4 * math.prod(t.shape) for t in g.tensors.values())
-    return float32 + os.path.getsize(path) + 2 * _RUNTIME_BYTES
+        file_bytes = sum(os.path.getsize(p) for p in g.paths)  # every part of a split model
+    return float32 + file_bytes + 2 * _RUNTIME_BYTES
 
 
 def load(path: str | os.PathLike, **load_kwargs: Any) -> Any:

@@ -12,20 +12,23 @@ import numpy as np
 def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None = None,
                  drop_tensors: Iterable[str] = (), add_keys: Mapping[str, Any] | None = None,
                  add_tensors: Mapping[str, np.ndarray | tuple[np.ndarray, int]] | None = None,
-                 drop_keys: Iterable[str] = ()) -> Path:
+                 drop_keys: Iterable[str] = (), split_max_tensors: int = 0) -> Path:
     """Write dst: src with its architecture renamed (keys `<old>.*` -> `<new>.*`), without the
     tensors whose names contain any of `drop_tensors`, and/or with `add_keys` (full key -> int,
     float, bool or str value; replacing the file's value of that key) and `add_tensors` (name ->
     array in numpy order, written as its dtype, or (raw uint8 bytes, ggml type) for a quantized
     one) added, without the keys `drop_keys` (full keys);
-    everything else is copied byte for byte."""
+    everything else is copied byte for byte.
+    split_max_tensors > 0 writes a split model instead, as gguf-py's writer splits one (parts of at
+    most that many tensors, `<dst stem>-0000i-of-0000N.gguf` beside dst); the first part's path is
+    returned."""
     import gguf
 
     r = gguf.GGUFReader(str(src))
     old = r.fields["general.architecture"].contents()
     new = architecture or old
     drop, drop_keys = tuple(drop_tensors), frozenset(drop_keys)
-    w = gguf.GGUFWriter(str(dst), new)
+    w = gguf.GGUFWriter(str(dst), new, split_max_tensors=split_max_tensors)
     for name, f in r.fields.items():
         if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment"):
             continue
@@ -40,8 +43,10 @@ def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None =
         add_key(w, key, value)
     for t in r.tensors:
         if not any(d in t.name for d in drop):
-            w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(x) for x in reversed(t.shape)),
-                         raw_dtype=t.tensor_type)
+            data = np.asarray(t.data)
+            # a quantized tensor's data is its bytes [rows, row bytes]: the writer derives the shape
+            shape = None if data.dtype == np.uint8 else tuple(int(x) for x in reversed(t.shape))
+            w.add_tensor(t.name, data, raw_shape=shape, raw_dtype=t.tensor_type)
     for name, array in (add_tensors or {}).items():
         if isinstance(array, tuple):  # (raw bytes [..., row_bytes], ggml type): a quantized tensor
             raw, qtype = array
@@ -52,7 +57,7 @@ def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None =
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return Path(dst)
+    return Path(w.format_shard_names(Path(dst))[0])
 
 
 
