@@ -18,6 +18,7 @@ from archrun.errors import (
     MissingTensor,
     ModelLoadError,
     ModelMismatch,
+    NotGenerative,
     NumericalError,
     PluginError,
     ShapeMismatch,
@@ -37,11 +38,12 @@ __all__ = [
     "MetadataError", "MissingTensor", "ModelLoadError", "ModelMismatch", "NumericalError", "PluginError",
     "ShapeMismatch", "SplitSetError", "TokenizerError",
     "UnknownVocabulary", "UnsupportedArchitecture", "UnsupportedQuantType", "VocabularyMismatch", "WrongBlockStyle",
-    "load", "Descriptor", "Tokenizer", "generate", "chat",
+    "load", "Descriptor", "Tokenizer", "generate", "chat", "embed", "NotGenerative",
 ]
 
 _LAZY = {
     "load": ("archrun.api", "load"),
+    "embed": ("archrun.embedding", "embed"),
     "Model": ("archrun.api", "Model"),
     "Descriptor": ("archrun.descriptor", "Descriptor"),
     "Tokenizer": ("archrun.tokenizer", "Tokenizer"),

@@ -80,6 +80,9 @@ def _reporting(progress: Callable[[str, int, int], None] | None) -> Callable[[st
 
 
 def _throwaway_steps(model: Interpreter) -> None:
+    if not model.causal:  # an encoder has no decode step: one pass over a short sequence
+        model.hidden_states([0] * min(3, model.descriptor.n_ctx))
+        return
     cache = model.init_cache(min(3, model.descriptor.n_ctx))
     if model.descriptor.n_ctx >= 3:
         model.forward_step([0, 0], cache)

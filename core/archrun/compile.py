@@ -45,7 +45,14 @@ from archrun.errors import (
     UnknownVocabulary,
     UnsupportedArchitecture,
 )
-from archrun.family import CONVENTIONS, GATING_BY_ID, NORM_BY_EPSILON_KEY, RESIDUAL_BY_PARALLEL_KEY, FamilyHints
+from archrun.family import (
+    CONVENTIONS,
+    GATING_BY_ID,
+    NORM_BY_EPSILON_KEY,
+    POOLING_BY_ID,
+    RESIDUAL_BY_PARALLEL_KEY,
+    FamilyHints,
+)
 from archrun.ggufio import GGUFFile, open_gguf
 from archrun.ggufset import GGUFSet
 
@@ -333,7 +340,8 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None,
     tied = not t.has("output")
     if not tied:
         t.expect("output", None, (n_embd, n_vocab))
-    if fam.norm_weights:
+    final_norm = t.name("output_norm") is not None  # a family maps it to None: its trunk ends unnormed
+    if fam.norm_weights and final_norm:
         t.expect("output_norm", None, (n_embd,))
     positions = t.has("position_embd")
     if positions:
@@ -373,12 +381,35 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None,
         embed_norm=_vector_if_present(t, "token_embd_norm", None, n_embd),
         embed_norm_bias=_vector_if_present(t, "token_embd_norm.bias", None, n_embd),
         norm_weights=fam.norm_weights,
+        token_types=_token_types(t, n_embd),
+        output_norm=final_norm,
+        causal=meta.get("attention.causal", bool, True),
+        pooling=_pooling(meta),
         block_style=block_style or fam.block_style,
         nextn_layers=nextn_layers,
         tensor_names=t.names,
         ignored_tensors=IGNORED_TENSORS + fam.ignored_tensors,
         **({"softcap": softcap} if softcap else {}),
     )
+
+
+def _token_types(t: _Tensors, n_embd: int) -> bool:
+    """Whether the file has a token-type (segment) table {n_embd, n_types} (BERT's)."""
+    if not t.has("token_types"):
+        return False
+    shape = tuple(t.shape("token_types"))
+    if len(shape) not in (1, 2) or shape[0] != n_embd:
+        raise ShapeMismatch(f"token_types has shape {shape}, expected ({n_embd}, n_types)")
+    return True
+
+
+def _pooling(meta: _Meta) -> str:
+    """The pooling the file states (`pooling_type`, llama.cpp's numbering); "none" when it states none."""
+    pooling_id = meta.get("pooling_type", int, 0)
+    if pooling_id not in POOLING_BY_ID:
+        raise MetadataError(f"{meta.key('pooling_type')!r} = {pooling_id} is not a pooling type "
+                            f"({', '.join(f'{k} {v}' for k, v in POOLING_BY_ID.items())})")
+    return POOLING_BY_ID[pooling_id]
 
 
 def _has_block(t: _Tensors, i: int) -> bool:

@@ -309,8 +309,15 @@ class Descriptor:
     position_embedding: a learned absolute position table (role "position_embd", [positions, d])
     is added to the token embeddings at each position; its rows bound the positions.
     embed_norm: the (scaled, position-added) embeddings pass through the norm op with the
-    `token_embd_norm` weight (and bias). norm_weights False: norms have no learned weight (unit
-    scale; OLMo's non-parametric LayerNorm), so no norm weight tensors exist.
+    `token_embd_norm` weight (and bias). token_types: row 0 of the `token_types` table (BERT's
+    segment embeddings; every token is "sentence A", as llama.cpp feeds them) is added to every
+    token's embedding. output_norm False: the trunk ends without a final norm (post-norm encoders,
+    whose blocks end normed). causal False: the file states `attention.causal` false (an encoder):
+    its attention ops must be bidirectional and the model embeds, it does not generate. pooling:
+    how the file says a sequence's hidden states become one embedding (`pooling_type`, GGUF's
+    numbering by name: none, mean, cls, last, rank; archrun.embedding). norm_weights False: norms
+    have no learned weight (unit scale; OLMo's non-parametric LayerNorm), so no norm weight tensors
+    exist.
     """
 
     architecture: str = field(validator=v.instance_of(str))
@@ -336,6 +343,10 @@ class Descriptor:
     embed_norm: bool = field(default=False, validator=v.instance_of(bool))
     embed_norm_bias: bool = field(default=False, validator=v.instance_of(bool))
     norm_weights: bool = field(default=True, validator=v.instance_of(bool))
+    token_types: bool = field(default=False, validator=v.instance_of(bool))
+    output_norm: bool = field(default=True, validator=v.instance_of(bool))
+    causal: bool = field(default=True, validator=v.instance_of(bool))
+    pooling: str = field(default="none", validator=v.in_(("none", "mean", "cls", "last", "rank")))
     block_style: str = field(default="fused", validator=v.instance_of(str))  # vocabulary slot "block_style"
     nextn_layers: tuple[LayerSpec, ...] = field(
         default=(), converter=tuple, validator=v.deep_iterable(v.instance_of(LayerSpec))

@@ -63,6 +63,11 @@ class WrongBlockStyle(ArchrunError):
     """An entry point of one block style was called on a model of the other style."""
 
 
+class NotGenerative(ArchrunError):
+    """The model cannot generate: an encoder (bidirectional attention) embeds text (archrun.embed) but has
+    no next-token distribution to sample from."""
+
+
 class ContextOverflow(ArchrunError):
     """The tokens do not fit the cache / context window."""
 

@@ -23,7 +23,7 @@ import numpy as np
 from archrun.cache import PrefixCache, kv_options
 from archrun.chat_template import chat_prompt
 from archrun.decoder import Decoder
-from archrun.errors import ContextOverflow, InvalidRequest, ModelMismatch, check_flag, shown
+from archrun.errors import ContextOverflow, InvalidRequest, ModelMismatch, NotGenerative, check_flag, shown
 from archrun.fnv import fnv1a64
 from archrun.grammar import Constraint, Grammar, make_grammar
 from archrun.sampling import Sampler, SamplingParams
@@ -130,9 +130,13 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_tokens: int | None 
 
 
 def check_model(model: Any) -> None:
-    """InvalidRequest unless `model` is a Decoder (a loaded archrun model, or anything with its interface)."""
+    """InvalidRequest unless `model` is a Decoder (a loaded archrun model, or anything with its interface);
+    NotGenerative for an encoder (it embeds: archrun.embed)."""
     if not isinstance(model, Decoder):
         raise InvalidRequest(f"model must be a model archrun.load returned, got {type(model).__name__}")
+    if getattr(model, "causal", True) is False:
+        raise NotGenerative(f"{model.descriptor.architecture} is an encoder (bidirectional attention): it embeds "
+                            "text (archrun.embed) and cannot generate")
 
 
 def check_prompt(prompt: Any) -> None:

@@ -35,6 +35,7 @@ from archrun.errors import (
     KvTypeUnsupported,
     MetadataError,
     MissingTensor,
+    NotGenerative,
     UnexpectedTensor,
     UnsupportedQuantType,
     WrongBlockStyle,
@@ -175,13 +176,27 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     b.op("block_style", d.block_style)
     output_norm_b = b.vector("output_norm.bias") if d.output_norm_bias else None
     positions = b.table("position_embd") if d.position_embedding else None  # [n_positions, d]
-    plan = Plan(d, embed, output, b.norm_weight("output_norm"), output_norm_b, norm, ropes, layers, softcap,
+    final_norm = b.norm_weight("output_norm") if d.output_norm else None
+    plan = Plan(d, embed, output, final_norm, output_norm_b, norm, ropes, layers, softcap,
                 b.providers, b, positions)
+    _check_causality(d, layers)
+    if d.token_types:  # every token is segment 0 ("sentence A"), as llama.cpp feeds BERT
+        plan.token_type = np.ascontiguousarray(b.table("token_types").reshape(-1, d.n_embd)[0])
     if d.embed_norm:
         plan.embed_norm = b.vector("token_embd_norm")
         plan.embed_norm_b = b.vector("token_embd_norm.bias") if d.embed_norm_bias else None
     _check_unused_tensors(d, gguf, b.bound)
     return plan
+
+
+def _check_causality(d: Descriptor, layers: list[LayerPlan]) -> None:
+    """Every layer's attention masks as the file says (`attention.causal`): an op declares `causal = False`
+    when its queries see every position of the sequence; ops that do not say are causal."""
+    for i, lp in enumerate(layers):
+        if getattr(lp.attention, "causal", True) != d.causal:
+            kind = lp.spec.attention.kind
+            raise MetadataError(f"{d.architecture}: the file says attention.causal = {str(d.causal).lower()} but "
+                                f"layer {i}'s attention op {kind!r} is {'not ' if d.causal else ''}causal")
 
 
 def _check_unused_tensors(d: Descriptor, gguf: GGUFFile, bound: set[str]) -> None:
@@ -258,6 +273,9 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
         lp.ffn_norm_b = b.vector("ffn_norm.bias", i) if spec.ffn_norm else None
     bind = getattr(lp.attention, "bind", None)
     if bind is not None:  # the op reads per-layer tensors of its own (e.g. attention sinks)
+        bind(b, i)
+    bind = getattr(residual, "bind", None)
+    if bind is not None:  # the topology reads per-layer tensors of its own (e.g. a post-norm block's norms)
         bind(b, i)
     if a.qk_norm_per_head:  # [H, hd] and [KV, hd]: a weight row per head
         lp.q_norm, lp.k_norm = b.table("attn_q_norm", i), b.table("attn_k_norm", i)
@@ -376,6 +394,8 @@ class Interpreter:
         self._tokenizer = None
         self.default_chat_template = chat_template
         self.cache_owner = cache_owner(plan.descriptor, gguf)  # stamped on every cache init_cache makes
+        if not plan.descriptor.causal:  # an encoder has no cache to batch, rewind or read logits from
+            self.caps = Caps(rewind=False, all_logits=False)
 
     # -- public entries (Decoder protocol) --------------------------------------------------
 
@@ -398,7 +418,14 @@ class Interpreter:
         ring buffers hold window + max_rewind rows (global layers can always rewind fully).
         kv_type: how K/V rows are stored, "f32", "f16" or "q8_0" (ggml's blocks), as far as every
         layer's op supports it (`op.kv_types`; ops without it store f32 only): else KvTypeUnsupported.
+        An encoder (bidirectional attention) has no cache to extend: NotGenerative.
         """
+        if not self.causal:
+            raise NotGenerative(f"{self.descriptor.architecture} is an encoder (bidirectional attention): it "
+                                "embeds text (archrun.embed, POST /v1/embeddings) and cannot generate")
+        return self._new_cache(max_tokens, max_rewind, kv_type)
+
+    def _new_cache(self, max_tokens: int | None, max_rewind: int, kv_type: str) -> KvCache:
         n_ctx = self.descriptor.n_ctx
         max_tokens = n_ctx if max_tokens is None else max_tokens
         max_tokens = int(max_tokens) if isinstance(max_tokens, np.integer) else max_tokens  # numpy ints too
@@ -429,6 +456,27 @@ class Interpreter:
         self._check_cache(cache)
         cache.check_room(len(ids))
         return HostStep(*self._forward(ids, cache, True))
+
+    @property
+    def causal(self) -> bool:
+        """False for an encoder: its attention sees the whole sequence, so it embeds and does not generate."""
+        return self.descriptor.causal
+
+    def hidden_states(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """float32 [n, d]: the trunk's final hidden states of a whole sequence (after the final norm, when the
+        model has one), without a caller-visible cache: what pooling (archrun.embed) reads. A decoder runs
+        its prefill path (in chunks of `prefill_chunk`); an encoder runs the sequence in one pass, so every
+        position sees every other."""
+        ids = self._check_ids(token_ids)
+        if len(ids) > self.descriptor.n_ctx:
+            raise ContextOverflow(f"{len(ids)} tokens exceed the context length {self.descriptor.n_ctx}")
+        cache = self._new_cache(len(ids), 0, "f32")
+        rest = getattr(self, "rest_workers", None)
+        if rest is not None:  # the prefill's BLAS threads need the cores
+            rest()
+        if not self.causal:
+            return self._forward_span(ids, cache, False)[1]
+        return Interpreter._forward(self, ids, cache, False)[1]
 
     def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """float32 logits [n, vocab] of a whole sequence, without a caller-visible cache."""
@@ -482,7 +530,7 @@ class Interpreter:
         for lp, slot in zip(p.layers, cache.slots, strict=True):
             x = self.run_block(lp, x, slot, start, angles)
         cache.advance(len(ids))
-        hidden = p.norm(x, p.output_norm, p.output_norm_b)
+        hidden = x if p.output_norm is None else p.norm(x, p.output_norm, p.output_norm_b)
         return self.head(hidden if all_logits else hidden[-1:]), hidden
 
     @property
@@ -535,6 +583,8 @@ class Interpreter:
                 raise ContextOverflow(f"positions {start}..{end - 1} are past the model's {len(table)} learned "
                                       "positions")
             x += table[start:end]
+        if self.plan.token_type is not None:
+            x += self.plan.token_type
         if self.plan.embed_norm is not None:
             x = self.plan.norm(x, self.plan.embed_norm, self.plan.embed_norm_b)
         return x

@@ -85,7 +85,7 @@ class Plan:
     descriptor: Descriptor
     embed: Matrix
     output: Matrix
-    output_norm: np.ndarray
+    output_norm: np.ndarray | None     # None: the trunk ends without a final norm (post-norm encoders)
     output_norm_b: np.ndarray | None
     norm: Callable[..., np.ndarray]    # norm(x, w, b=None)
     ropes: list[Any]                   # one bound rope op per descriptor rope table (None: no rope)
@@ -96,3 +96,4 @@ class Plan:
     positions: np.ndarray | None = None  # learned absolute position table f32 [n_positions, d], or None
     embed_norm: np.ndarray | None = None  # a norm over the embeddings (weight [d], bias [d] or None)
     embed_norm_b: np.ndarray | None = None
+    token_type: np.ndarray | None = None  # f32 [d] added to every token's embedding (BERT's segment 0 row)

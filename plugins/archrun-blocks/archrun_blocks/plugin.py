@@ -5,7 +5,7 @@ from __future__ import annotations
 import pluggy
 
 from archrun.vocab import Lazy, Op
-from archrun_blocks import reference
+from archrun_blocks import encoder, reference
 
 hookimpl = pluggy.HookimplMarker("archrun")
 
@@ -30,6 +30,9 @@ def archrun_register_vocabulary(register) -> None:
                 "causal grouped-query attention, optional sliding window and score softcap"))
     register(Op("attention", "alibi", reference.AlibiAttention, _fast("alibi_attention"),
                 "causal grouped-query attention with ALiBi position biases (attention.max_alibi_bias)"))
+    register(Op("attention", "bidirectional", encoder.BidirectionalAttention,
+                Lazy("archrun_blocks.encoder:bidirectional_attention"),
+                "grouped-query attention in which every query sees the whole sequence (encoders); causal = False"))
     register(Op("activation", "silu", reference.silu, _fast("silu"), "x * sigmoid(x) (gated: SwiGLU)"))
     register(Op("activation", "gelu_tanh", reference.gelu_tanh, _fast("gelu_tanh"), "tanh-approximated GELU"))
     register(Op("activation", "gelu", reference.gelu, _fast("gelu"), "exact (erf) GELU"))
@@ -40,6 +43,8 @@ def archrun_register_vocabulary(register) -> None:
                 "x + attn(norm x), then + ffn(norm of that), optional residual scale"))
     register(Op("residual", "parallel", reference.Parallel, _fast("parallel"),
                 "x + attn(norm x) + ffn(norm x), optional residual scale"))
+    register(Op("residual", "post_norm", encoder.PostNorm, None,
+                "norm(x + attn(x)), then norm(that + ffn(that)): BERT's post-norm block, its norms bound per layer"))
     register(Op("gating", "softmax", reference.gating_softmax, _fast("gating_softmax"),
                 "softmax over experts (GGUF 1)"))
     register(Op("gating", "sigmoid", reference.gating_sigmoid, _fast("gating_sigmoid"), "sigmoid per expert (GGUF 2)"))
