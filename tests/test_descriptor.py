@@ -81,7 +81,8 @@ VOCABULARY_FIELDS = {
     ("MoeSpec", "gating"): "gating", ("RopeSpec", "pairing"): "rope",
 }
 # str fields that are not vocabulary: a name, a validated enumeration, tensor roles
-PLAIN_STR_FIELDS = {("Descriptor", "architecture"), ("RopeSpec", "scaling"), ("RopeSpec", "freq_factors"),
+PLAIN_STR_FIELDS = {("Descriptor", "architecture"), ("Descriptor", "pooling"), ("RopeSpec", "scaling"),
+                    ("RopeSpec", "freq_factors"),
                     ("RopeSpec", "long_factors"), ("RopeSpec", "short_factors")}
 
 

@@ -82,6 +82,8 @@ def pooling_of(model: Any, pooling: str | None = None) -> str:
     if not callable(getattr(model, "hidden_states", None)):
         raise InvalidRequest(f"model must be a model archrun.load returned, got {type(model).__name__}")
     stated = model.descriptor.pooling
+    if pooling is not None and not isinstance(pooling, str):
+        raise InvalidRequest(f"pooling must be one of {', '.join(POOLINGS)} or None, got {shown(pooling)}")
     if pooling is None:
         if stated == "none":
             raise InvalidRequest(f"{model.descriptor.architecture}: the file states no pooling (one vector per "
