@@ -150,6 +150,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "tokens when nothing else decodes, else about one decode step's worth, measured)")
     p.add_argument("--max-body", type=int, default=d.max_body, help=f"request body limit in bytes ({d.max_body})")
     p.add_argument("--model-name", default=None, help="the model id clients see (default: the file's name)")
+    p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
+                   help="how /v1/embeddings pools a sequence's hidden states (default: as the file states; "
+                        "decoder files state none)")
     p.add_argument("--ray", action="store_true",
                    help="serve --replicas N replicas as a Ray Serve deployment (needs 'archrun[ray]')")
     p.add_argument("--replicas", type=int, default=1, help="model replicas with --ray (1)")
@@ -281,7 +284,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                          parallel=args.parallel, ctx=args.ctx, queue=args.queue, prefill_chunk=args.prefill_chunk,
                          max_body=args.max_body, model_name=args.model_name,
                          speculative=args.speculative, draft_max=args.draft_max,
-                         kv_type=args.kv_type)  # validated before the model loads
+                         kv_type=args.kv_type, pooling=args.pooling)  # validated before the model loads
     if args.ray:
         from archrun.serve import ray
 

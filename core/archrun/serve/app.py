@@ -28,19 +28,21 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from archrun.errors import ArchrunError
+from archrun.errors import ArchrunError, NotGenerative
 from archrun.fingerprint import system_fingerprint
 from archrun.generation import GenerationRequest, GenerationResult, make_request
 from archrun.grammar import vocabulary
 from archrun.reasoning import ReasoningBudget, reasoning_format
 from archrun.serve import anthropic, protocol, responses
 from archrun.serve.config import ServeConfig
+from archrun.serve.embeddings import Embedder
 from archrun.serve.engine import Engine, EngineDown, Event, QueueFull, Ticket
 from archrun.serve.metrics import Metrics
 from archrun.serve.reply import PROMPT_TAIL, Blocks, Part, ReplyParts, reasoning_stream, split_reply, stop_sequence
 from archrun.tools import ToolPlan, plan_tool_chat
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+GENERATING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 OPEN_PATHS = ("/", "/health")  # answered without the API key (the page asks for it and sends it itself)
 PAGE_POLICY = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'none'"
 
@@ -129,6 +131,7 @@ class Server:
                              prefill_chunk=config.prefill_chunk, metrics=self.metrics,
                              drafter=_drafter(model, config.speculative), draft_max=config.draft_max,
                              kv_type=config.kv_type, flushed=self.mailbox.flush)
+        self.embedder = Embedder(model, model_id, config.pooling)
         self.logprobs = protocol.LogprobFormatter(model.tokenizer)
         self.reasoning = reasoning_format(model)  # how the model marks its thinking (None: it does not)
         self.created = int(time.time())
@@ -144,7 +147,7 @@ class Server:
                  ("/v1/models", self.models, ["GET"]), ("/v1/chat/completions", self.chat, ["POST"]),
                  ("/v1/completions", self.completions, ["POST"]), ("/v1/messages", self.messages, ["POST"]),
                  ("/v1/messages/count_tokens", self.count_tokens, ["POST"]),
-                 ("/v1/responses", self.responses, ["POST"])]
+                 ("/v1/responses", self.responses, ["POST"]), ("/v1/embeddings", self.embeddings, ["POST"])]
         return [Route(path, self._wrap(path, fn), methods=methods) for path, fn, methods in table]
 
     def _wrap(self, path: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable:
@@ -155,6 +158,8 @@ class Server:
             try:
                 if path not in OPEN_PATHS:
                     self._check_key(request)
+                if path in GENERATING_PATHS and not getattr(self.model, "causal", True):
+                    raise NotGenerative(f"model {self.model_id!r} is an encoder: it serves /v1/embeddings only")
                 response = await handler(request)
             except Exception as exc:  # every failure is an HTTP answer, never a dropped connection
                 response = shape(_api_error(exc))
@@ -239,6 +244,12 @@ class Server:
 
         return await self._run(request, [req], opts,
                                lambda i: anthropic.MessageEvents(head, parts, len(req.ids), stop_of), complete)
+
+    async def embeddings(self, request: Request) -> Response:
+        """OpenAI's embeddings (archrun.serve.embeddings): every input checked, then one pass each."""
+        ids, fmt = self.embedder.parse(await self._json(request))
+        vectors = await run_in_threadpool(self.embedder.compute, ids)
+        return JSONResponse(self.embedder.answer(ids, vectors, fmt))
 
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic's token count of a Messages request: {"input_tokens": prompt tokens}."""

@@ -42,6 +42,14 @@ class ServeConfig:
     # most thinking tokens of a chat reply unless a request says (None: no bound; 0: thinking off)
     reasoning_budget: int | None = attrs.field(default=None, validator=_int_in(0))
 
+    # how /v1/embeddings pools a sequence: "mean", "cls" or "last" (None: as the file states); --pooling
+    pooling: str | None = attrs.field(default=None)
+
+    @pooling.validator
+    def _pooling(self, _attr, value) -> None:
+        if value is not None and value not in ("mean", "cls", "last"):
+            raise InvalidRequest(f"--pooling must be mean, cls or last, got {value!r}")
+
     @kv_type.validator
     def _kv(self, _attr, value) -> None:
         kv_options(value)  # KvTypeUnsupported for an unknown name (the model's ops are checked at load)
