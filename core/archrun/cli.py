@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     _kv_arg(chat)
     chat.set_defaults(func=_cmd_chat)
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
-    _model_args(serve)
+    _model_args(serve, several=True)
     _serve_args(serve)
     _speculative_args(serve)
     _kv_arg(serve)
@@ -103,8 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="path to a .gguf file")
+def _model_args(p: argparse.ArgumentParser, several: bool = False) -> None:
+    if several:
+        p.add_argument("model", nargs="*", help="paths to .gguf files (a request's `model` picks one by file name)")
+    else:
+        p.add_argument("model", help="path to a .gguf file")
     p.add_argument("--threads", type=int, default=None, help="compute threads (default: all cores)")
     p.add_argument("--backend", choices=("fast", "reference"), default=None,
                    help="op implementations (default: fast; while a model's fast kernels are not compiled yet, "
@@ -150,6 +153,19 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "tokens when nothing else decodes, else about one decode step's worth, measured)")
     p.add_argument("--max-body", type=int, default=d.max_body, help=f"request body limit in bytes ({d.max_body})")
     p.add_argument("--model-name", default=None, help="the model id clients see (default: the file's name)")
+    p.add_argument("--models-dir", default=None, metavar="DIR",
+                   help="serve every .gguf file in DIR too (each loads on its first request)")
+    p.add_argument("--max-memory", default=None, metavar="BYTES",
+                   help="bound on the loaded models' weights and KV caches together, e.g. 8GB or 6GiB: the least "
+                        "recently used idle model is unloaded to make room; a request that cannot get memory "
+                        "is answered 503 (default: no bound)")
+    p.add_argument("--max-kv", default=None, metavar="BYTES",
+                   help="bound on each model's KV caches, e.g. 512MB (a request needing more: 400; default: none)")
+    p.add_argument("--watchdog", type=float, default=d.watchdog,
+                   help=f"seconds an inference step may run before /health answers 503 ({d.watchdog:g})")
+    p.add_argument("--reasoning-budget", type=int, default=None,
+                   help="most thinking tokens of a chat reply unless the request says (-1: no bound, the default; "
+                        "0: thinking off)")
     p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
                    help="how /v1/embeddings pools a sequence's hidden states (default: as the file states; "
                         "decoder files state none)")
@@ -179,7 +195,9 @@ def _kv_arg(p: argparse.ArgumentParser) -> None:
                         "(ggml's 8-bit blocks, ~0.27 of f32)")
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace, path: Any = None):
+    """The model of args.model (or of `path`), loaded with the command's options."""
+    path = args.model if path is None else path
     from archrun.api import load
     from archrun.family import parse_hints
     from archrun.progress import LoadProgress
@@ -193,8 +211,8 @@ def _load(args: argparse.Namespace):
         if args.backend is None and args.block_style is None and tiered_ok:
             from archrun import tiered
 
-            return tiered.load(args.model, **kwargs)
-        return load(args.model, backend=args.backend, **kwargs)
+            return tiered.load(path, **kwargs)
+        return load(path, backend=args.backend, **kwargs)
 
 
 def _stream(gen) -> None:
@@ -276,15 +294,35 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
+    from archrun.errors import InvalidRequest
     from archrun.family import parse_hints
     from archrun.serve.config import ServeConfig
+    from archrun.serve.memory import parse_bytes
+    from archrun.serve.models import model_files
 
     key = args.api_key if args.api_key is not None else os.environ.get("ARCHRUN_API_KEY")
+    budget = None if args.reasoning_budget is None or args.reasoning_budget == -1 else args.reasoning_budget
     config = ServeConfig(host=args.host, port=args.port, api_key=key,
                          parallel=args.parallel, ctx=args.ctx, queue=args.queue, prefill_chunk=args.prefill_chunk,
                          max_body=args.max_body, model_name=args.model_name,
                          speculative=args.speculative, draft_max=args.draft_max,
-                         kv_type=args.kv_type, pooling=args.pooling)  # validated before the model loads
+                         kv_type=args.kv_type, watchdog=args.watchdog, reasoning_budget=budget,
+                         max_memory=None if args.max_memory is None else parse_bytes(args.max_memory),
+                         max_kv=None if args.max_kv is None else parse_bytes(args.max_kv),
+                         pooling=args.pooling,
+                         )  # validated before the model loads
+    files = model_files(args.model, args.models_dir, args.model_name)
+    if len(files) > 1:
+        if args.ray:
+            raise InvalidRequest("--ray serves one model")
+        import uvicorn
+
+        from archrun.serve.front import create_pool_app
+
+        app = create_pool_app(files, lambda path: _load(args, path), config)
+        uvicorn.run(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)
+        return 0
+    args.model = str(files[0][1])
     if args.ray:
         from archrun.serve import ray
 

@@ -37,6 +37,7 @@ from archrun.serve import anthropic, protocol, responses
 from archrun.serve.config import ServeConfig
 from archrun.serve.embeddings import Embedder
 from archrun.serve.engine import Engine, EngineDown, Event, QueueFull, Ticket
+from archrun.serve.memory import MemoryBudget, weights_bytes
 from archrun.serve.metrics import Metrics
 from archrun.serve.reply import PROMPT_TAIL, Blocks, Part, ReplyParts, reasoning_stream, split_reply, stop_sequence
 from archrun.tools import ToolPlan, plan_tool_chat
@@ -73,8 +74,8 @@ def _api_error(exc: BaseException) -> ApiError:
         return ApiError(429, str(exc), "rate_limit_error")
     if isinstance(exc, EngineDown):
         return ApiError(503, str(exc), "server_error")
-    if isinstance(exc, ArchrunError):
-        return ApiError(400, str(exc))
+    if isinstance(exc, ArchrunError):  # 400 unless the error names its status (archrun.serve.memory, models)
+        return ApiError(getattr(exc, "http_status", 400), str(exc), getattr(exc, "http_kind", "invalid_request_error"))
     return ApiError(500, f"internal error ({type(exc).__name__})", "server_error")
 
 
@@ -122,20 +123,29 @@ def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
 class Server:
     """The routes' shared state: model, engine, options, metrics."""
 
-    def __init__(self, model: Any, config: ServeConfig, model_id: str):
+    def __init__(self, model: Any, config: ServeConfig, model_id: str, metrics: Metrics | None = None,
+                 memory: MemoryBudget | None = None):
+        """memory: the budget (--max-memory) this model's weights are already reserved in and its KV caches
+        are reserved from (None: a budget of config.max_memory of its own, when set)."""
         self.model, self.config, self.model_id = model, config, model_id
         self.ctx = config.context_for(model.descriptor.n_ctx)
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
         self.mailbox = _Mailbox()
+        budgets, limit = kv_budgets(model, config, memory)
         self.engine = Engine(model, parallel=config.parallel, ctx=self.ctx, queue=config.queue,
                              prefill_chunk=config.prefill_chunk, metrics=self.metrics,
                              drafter=_drafter(model, config.speculative), draft_max=config.draft_max,
-                             kv_type=config.kv_type, flushed=self.mailbox.flush)
+                             kv_type=config.kv_type, flushed=self.mailbox.flush, kv_budgets=budgets, kv_limit=limit)
         self.embedder = Embedder(model, model_id, config.pooling)
         self.logprobs = protocol.LogprobFormatter(model.tokenizer)
         self.reasoning = reasoning_format(model)  # how the model marks its thinking (None: it does not)
         self.created = int(time.time())
         self.fingerprint()  # reads the weights file once, at start rather than in the first request
+
+    def close(self) -> None:
+        """Stop the engine and give back its caches' memory reservations."""
+        self.engine.stop()
+        self.engine.release_memory()
 
     def fingerprint(self) -> str:
         """The responses' system_fingerprint (it changes when a tiered start goes fast)."""
@@ -169,34 +179,11 @@ class Server:
         return endpoint
 
     def _check_key(self, request: Request) -> None:
-        key = self.config.api_key
-        if key is None:
-            return
-        given = request.headers.get("authorization", "")
-        bearer = hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
-        if not (bearer or hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key.encode())):
-            raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
-                           "authentication_error")
+        check_api_key(self.config.api_key, request)
 
     async def _json(self, request: Request) -> dict[str, Any]:
         """The request body as a JSON object; 413 past max_body (before parsing), 400 if malformed."""
-        limit = self.config.max_body
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > limit):
-            raise ApiError(413 if length.isdigit() else 400, f"the request body exceeds {limit} bytes"
-                           if length.isdigit() else "bad Content-Length")
-        raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > limit:
-                raise ApiError(413, f"the request body exceeds {limit} bytes")
-        try:
-            body = json.loads(raw, parse_constant=_no_constants)
-        except (ValueError, RecursionError) as exc:
-            raise ApiError(400, f"malformed JSON: {exc}"[:300]) from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        return body
+        return json_body(await read_body(request, self.config.max_body))
 
     # -- routes ----------------------------------------------------------------------------------
 
@@ -518,6 +505,61 @@ def _sse(data: str) -> str:
 
 def _no_constants(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def check_api_key(key: str | None, request: Request) -> None:
+    """ApiError 401 unless the request carries `key` (or no key is set)."""
+    if key is None:
+        return
+    given = request.headers.get("authorization", "")
+    bearer = hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+    if not (bearer or hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key.encode())):
+        raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
+                       "authentication_error")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body: 413 past `limit` bytes (before reading it all), 400 for a bad Content-Length."""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        raise ApiError(413 if length.isdigit() else 400, f"the request body exceeds {limit} bytes"
+                       if length.isdigit() else "bad Content-Length")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise ApiError(413, f"the request body exceeds {limit} bytes")
+    return bytes(raw)
+
+
+def json_body(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; ApiError 400 if malformed or not an object."""
+    try:
+        body = json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, f"malformed JSON: {exc}"[:300]) from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def kv_budgets(model: Any, config: ServeConfig, memory: MemoryBudget | None) -> tuple[tuple[MemoryBudget, ...],
+                                                                                    int | None]:
+    """The budgets a model's KV caches are reserved from (--max-kv's own, --max-memory's shared one) and the
+    most KV bytes it could ever hold (None: no bound)."""
+    budgets, limits = [], []
+    if config.max_kv is not None:
+        budgets.append(MemoryBudget(config.max_kv, "--max-kv"))
+        limits.append(config.max_kv)
+    if memory is None and config.max_memory is not None:  # a single model: its own budget, its weights in it
+        memory = MemoryBudget(config.max_memory)
+        memory.try_reserve(min(weights_bytes(model), config.max_memory))
+        limits.append(config.max_memory - memory.used)
+    elif memory is not None and memory.limit is not None:
+        limits.append(memory.limit - weights_bytes(model))
+    if memory is not None and memory.limit is not None:
+        budgets.append(memory)
+    return tuple(budgets), (max(0, min(limits)) if limits else None)
 
 
 def create_app(model: Any, config: ServeConfig, model_id: str) -> Starlette:

@@ -37,6 +37,10 @@ class ServeConfig:
     speculative: str | None = None          # a drafter spec ("lookup", "draft:PATH"): decode speculatively
     draft_max: int = attrs.field(default=5, validator=_int_in(1, 16))  # most drafts per verify step
     kv_type: str = attrs.field(default="f32")  # how each sequence's cache stores K/V: f32, f16, q8_0
+    # bytes the loaded models' weights and KV caches may hold together (None: no bound); --max-memory
+    max_memory: int | None = attrs.field(default=None, validator=_int_in(1))
+    # bytes each model's KV caches may hold (None: no bound); --max-kv
+    max_kv: int | None = attrs.field(default=None, validator=_int_in(1))
     # seconds one inference step may run before /health reports the engine stalled (503)
     watchdog: float = attrs.field(default=120.0)
     # most thinking tokens of a chat reply unless a request says (None: no bound; 0: thinking off)

@@ -37,6 +37,7 @@ import numpy as np
 from archrun.cache import PrefixCache, common_prefix, kv_options
 from archrun.errors import ArchrunError, InvalidRequest
 from archrun.generation import Decoding, GenerationRequest, GenerationResult, TokenLogprob
+from archrun.serve.memory import KvCacheTooLarge, MemoryBudget, MemoryBudgetExceeded
 from archrun.serve.metrics import Metrics
 
 AUTO_MAX_CHUNK = 512  # prompt tokens of a step when no sequence is decoding (one prefill, bounded memory)
@@ -123,6 +124,8 @@ class _Slot:
     def __init__(self) -> None:
         self.cache: PrefixCache | None = None
         self.last_used = 0.0
+        self.capacity = 0   # tokens its cache holds
+        self.reserved = 0   # bytes reserved in the engine's memory budgets for its cache
 
 
 class _Running:
@@ -149,7 +152,8 @@ class Engine:
 
     def __init__(self, model: Any, *, parallel: int, ctx: int, queue: int, prefill_chunk: int | None = None,
                  metrics: Metrics | None = None, drafter: Any = None, draft_max: int = 5, kv_type: str = "f32",
-                 flushed: Callable[[], None] | None = None):
+                 flushed: Callable[[], None] | None = None, kv_budgets: tuple[MemoryBudget, ...] = (),
+                 kv_limit: int | None = None):
         self.model, self.ctx, self.queue_bound = model, ctx, queue
         self.parallel, self._flushed = parallel, flushed
         self.kv = kv_options(kv_type)  # init_cache's kv type keyword
@@ -162,6 +166,11 @@ class Engine:
             raise InvalidRequest(f"drafter {drafter.name!r} must see every target step itself; the server's "
                                  "batched steps cannot host it (use it with archrun run)")
         self.metrics = metrics or Metrics()
+        # budgets each slot's KV cache is reserved from before it is made; kv_limit: the most KV bytes this
+        # engine could ever hold (a request needing more is refused at once)
+        self.kv_budgets, self.kv_limit = tuple(kv_budgets), kv_limit
+        self._kv_reserved = 0
+        self.slot_bytes, self.token_bytes = self._kv_sizes() if self.kv_budgets or kv_limit is not None else (0, 0)
         self._free = [_Slot() for _ in range(parallel)]
         self._waiting: deque[Ticket] = deque()
         self._running: list[_Running] = []       # touched only by the inference thread
@@ -193,6 +202,78 @@ class Engine:
             self._forward([[0] * span for _ in range(n)], caches)
         except ArchrunError:  # only a head start: a real step reports the problem to its requests
             return
+
+    def _kv_sizes(self) -> tuple[int, int]:
+        """(bytes of a slot's cache of ctx tokens, bytes it adds per token), measured on empty caches (their
+        memory is not touched: nothing is committed)."""
+        full = self.model.init_cache(self.ctx, **self.kv).nbytes
+        half = self.model.init_cache(max(1, self.ctx // 2), **self.kv).nbytes
+        per_token = max(0, (full - half) // max(1, self.ctx - max(1, self.ctx // 2)))
+        return full, per_token
+
+    def kv_need(self, request: GenerationRequest) -> int:
+        """The KV bytes `request` fills: its prompt and its token budget, at most the context."""
+        return self.kv_bytes(min(self.ctx, len(request.ids) + request.budget))
+
+    def release_memory(self) -> None:
+        """Give back the budgets' reservations of this engine's caches (after stop())."""
+        for budget in self.kv_budgets:
+            budget.free(self._kv_reserved)
+        self._kv_reserved = 0
+
+    def kv_bytes(self, tokens: int) -> int:
+        """Bytes of a slot cache holding `tokens` tokens."""
+        return self.slot_bytes - self.token_bytes * (self.ctx - tokens)
+
+    def _reserve(self, n: int) -> bool:
+        """Reserve n bytes in every budget (all or none)."""
+        done = []
+        for budget in self.kv_budgets:
+            if not budget.try_reserve(n):
+                for b in done:
+                    b.free(n)
+                return False
+            done.append(budget)
+        self._kv_reserved += n
+        return True
+
+    def _unreserve(self, n: int) -> None:
+        for budget in self.kv_budgets:
+            budget.free(n)
+        self._kv_reserved -= n
+
+    def _slot_for(self, request: GenerationRequest) -> _Slot | None:
+        """A free slot whose cache can hold `request`, its cache made now if need be: the one sharing most of
+        its prompt (LRU on ties). Within memory budgets, a cache is made only when its bytes can be reserved:
+        one of the full context, else one just big enough for this request (a too small idle cache gives way);
+        None when none can be now but running sequences will free memory; MemoryBudgetExceeded when none will."""
+        def rank(s: _Slot) -> tuple[int, float]:
+            return self._shared(s, request.ids), -s.last_used
+
+        if not self.kv_budgets:
+            slot = max(self._free, key=rank)
+            if slot.cache is None:
+                slot.cache, slot.capacity = PrefixCache(self.model.init_cache(self.ctx, **self.kv)), self.ctx
+            return slot
+        tokens = min(self.ctx, len(request.ids) + request.budget)
+        ready = [s for s in self._free if s.cache is not None and s.capacity >= tokens]
+        if ready:
+            return max(ready, key=rank)
+        empty = [s for s in self._free if s.cache is None]
+        slot = empty[0] if empty else min(self._free, key=lambda s: s.last_used)
+        if slot.cache is not None:  # too small for this request: its memory goes to the new cache
+            slot.cache = None
+            self._unreserve(slot.reserved)
+            slot.reserved = slot.capacity = 0
+        for capacity in (self.ctx, tokens):
+            if self._reserve(self.kv_bytes(capacity)):
+                slot.cache = PrefixCache(self.model.init_cache(capacity, **self.kv))
+                slot.capacity, slot.reserved = capacity, self.kv_bytes(capacity)
+                return slot
+        if self._running:
+            return None
+        raise MemoryBudgetExceeded(f"this request's KV cache ({self.kv_bytes(tokens)} bytes for {tokens} tokens) "
+                                   "does not fit now: " + "; ".join(b.describe() for b in self.kv_budgets))
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the current step, fail what is left, and end the thread."""
@@ -227,6 +308,10 @@ class Engine:
                 raise QueueFull("the server is shutting down")
             if self._died is not None:
                 raise EngineDown(self.stalled(0.0) or "the inference thread has stopped")
+            ceiling = self.kv_limit
+            if ceiling is not None and (need := max(self.kv_need(r) for r in requests)) > ceiling:
+                raise KvCacheTooLarge(f"this request's KV cache needs {need} bytes (prompt and max_tokens, "
+                                      f"{self.token_bytes} bytes a token); at most {ceiling} can ever be held here")
             over = len(self._waiting) + len(tickets) - len(self._free) > self.queue_bound if len(tickets) > 1 \
                 else len(self._waiting) >= self.queue_bound and not self._free_now()
             if over:
@@ -317,10 +402,15 @@ class Engine:
             if source is False:
                 held.append(ticket)
                 continue
-            slot = max(self._free, key=lambda s: (self._shared(s, ticket.request.ids), -s.last_used))  # LRU on ties
+            try:
+                slot = self._slot_for(ticket.request)
+            except MemoryBudgetExceeded as exc:  # nothing running will give memory back: answered now
+                ticket.sink(Event(error=exc))
+                continue
+            if slot is None:  # memory comes back when a running sequence ends: wait for it
+                held.append(ticket)
+                break
             self._free.remove(slot)
-            if slot.cache is None:
-                slot.cache = PrefixCache(self.model.init_cache(self.ctx, **self.kv))
             if not (ticket.reuse_prefix and self.model.caps.rewind):
                 slot.cache.reset()
             elif source is not None and self._shared(slot, ticket.request.ids) < len(ticket.request.ids) - 1:
@@ -333,7 +423,8 @@ class Engine:
                 continue
             feed = slot.cache.prepare(ticket.request.ids)
             spec = None
-            if self.drafter is not None and ticket.request.grammar is None and ticket.steer is None:
+            if self.drafter is not None and ticket.request.grammar is None and ticket.steer is None and \
+                    slot.capacity == self.ctx:
                 # constrained or steered: one token a step
                 from archrun.speculative import Speculation
 
