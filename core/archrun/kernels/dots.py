@@ -334,7 +334,7 @@ def _q4_1_loops(W, D, M, X, DX, QH, g0, g1, out):
 
 
 @njit(**JIT)
-def q5_0(W, D, X, DX, QH, g0, g1, out):
+def _q5_0_loops(W, D, X, DX, QH, g0, g1, out):
     """Q5_0: d * (q - 16)."""
     n, nb = DX.shape
     sa = np.empty(LANES, np.int16)
@@ -493,9 +493,6 @@ def _q8_0_tiles(W, D, X, DX, QH, g0, g1, out):
             t0 += rows
 
 
-# the decode kernels of these types: tiles where the host has AVX-512 VNNI, else the lane loops
-q4_1 = _q4_1_tiles if simd.VNNI else _q4_1_loops
-q8_0 = _q8_0_tiles if simd.VNNI else _q8_0_loops
 
 
 @njit(**JIT)
@@ -555,7 +552,7 @@ def q3_k(W, D, SC, X, DX, QH, g0, g1, out):
 
 
 @njit(**JIT)
-def q4_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
+def _q4_k_loops(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
     """Q4_K: d * sc * q - dmin * mn, per 32 elements."""
     n, nb = DX.shape
     s = np.empty(LANES, np.int16)
@@ -610,7 +607,7 @@ def q5_k(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
 
 
 @njit(**JIT)
-def q6_k(W, D, SC, X, DX, QH, g0, g1, out):
+def _q6_k_loops(W, D, SC, X, DX, QH, g0, g1, out):
     """Q6_K: d * sc * (q - 32), per 16 elements, q in 0..63 (bytes, element-major)."""
     n, nb = DX.shape
     X8 = _bytes(X)
@@ -636,6 +633,80 @@ def q6_k(W, D, SC, X, DX, QH, g0, g1, out):
                     sb = _F32(ib[g]) - ob
                     a[g] += d[g] * (dx * (_F32(ca[g]) * sa + _F32(cb[g]) * sb))
         _store(out, acc, grp)
+
+
+# -- AVX2: a row at a time, its float accumulators in registers over the row's blocks (simd.*_row_avx2) ---
+# The same integer sums and float steps as the lane loops above, so the same bits as theirs; a row takes
+# the same steps alone, in a batch or in a verification span.
+
+
+@njit(**JIT)
+def _q4_1_avx2_rows(W, D, M, X, DX, QH, g0, g1, out):
+    """Q4_1 (as _q4_1_loops) on AVX2 row tiles."""
+    XP = nibble_pairs(X)
+    acc = np.empty((1, LANES), _F32)
+    for grp in range(g0, g1):
+        w, d, m = W[grp], D[grp], M[grp]
+        for t in range(DX.shape[0]):
+            simd.q4_1_row_avx2(w, d, m, XP, DX, QH, t, acc)
+            _store_tile(out, acc, grp, t, 1)
+
+
+@njit(**JIT)
+def _q4_k_avx2_rows(W, D, DM, SC, MN, X, DX, QH, g0, g1, out):
+    """Q4_K (as _q4_k_loops) on AVX2 row tiles."""
+    XP = nibble_pairs(X)
+    acc = np.empty((1, LANES), _F32)
+    for grp in range(g0, g1):
+        w, d, dm, sc, mn = W[grp], D[grp], DM[grp], SC[grp], MN[grp]
+        for t in range(DX.shape[0]):
+            simd.q4_k_row_avx2(w, d, dm, sc, mn, XP, DX, QH, t, acc)
+            _store_tile(out, acc, grp, t, 1)
+
+
+@njit(**JIT)
+def _q5_0_avx2_rows(W, D, X, DX, QH, g0, g1, out):
+    """Q5_0 (as _q5_0_loops) on AVX2 row tiles."""
+    XP = five_pairs(X)
+    acc = np.empty((1, LANES), _F32)
+    for grp in range(g0, g1):
+        w, d = W[grp], D[grp]
+        for t in range(DX.shape[0]):
+            simd.q5_0_row_avx2(w, d, XP, DX, QH, t, acc)
+            _store_tile(out, acc, grp, t, 1)
+
+
+@njit(**JIT)
+def _q8_0_avx2_rows(W, D, X, DX, QH, g0, g1, out):
+    """Q8_0 (as _q8_0_loops) on AVX2 row tiles."""
+    X8 = _bytes(X)
+    acc = np.empty((1, LANES), _F32)
+    for grp in range(g0, g1):
+        w, d = W[grp], D[grp]
+        for t in range(DX.shape[0]):
+            simd.q8_0_row_avx2(w, d, X8, DX, t, acc)
+            _store_tile(out, acc, grp, t, 1)
+
+
+@njit(**JIT)
+def _q6_k_avx2_rows(W, D, SC, X, DX, QH, g0, g1, out):
+    """Q6_K (as _q6_k_loops) on AVX2 row tiles."""
+    X8 = _bytes(X)
+    acc = np.empty((1, LANES), _F32)
+    for grp in range(g0, g1):
+        w, d, sc = W[grp], D[grp], SC[grp]
+        for t in range(DX.shape[0]):
+            simd.q6_k_row_avx2(w, d, sc, X8, DX, QH, t, acc)
+            _store_tile(out, acc, grp, t, 1)
+
+
+# the decode kernels of these types: tiles where the host has AVX-512 VNNI, row tiles on AVX2 (bytes_halves
+# needs LANES = 32), else the lane loops
+q4_1 = _q4_1_tiles if simd.VNNI else _q4_1_avx2_rows if simd.AVX2 else _q4_1_loops
+q8_0 = _q8_0_tiles if simd.VNNI else _q8_0_avx2_rows if simd.AVX2 else _q8_0_loops
+q5_0 = _q5_0_avx2_rows if simd.AVX2 else _q5_0_loops  # (the VNNI hosts' too)
+q4_k = _q4_k_avx2_rows if simd.AVX2 else _q4_k_loops  # no VNNI tile: the AVX2 one serves those hosts too
+q6_k = _q6_k_avx2_rows if simd.AVX2 and LANES == 32 else _q6_k_loops
 
 
 # -- entries: quantize x, then split the row groups into `chunks` ranges over the threads ----
@@ -767,12 +838,12 @@ def q6_k_run(W, D, SC, x, out, chunks):
 _SIMD = simd.AVX2
 DOT_PATHS = {
     2: "simd.nibbles_dot" if _SIMD else "loops",
-    3: "simd.q4_1_rows" if simd.VNNI else "simd.nibbles_dot" if _SIMD else "loops",
-    6: "simd.fives_dot" if _SIMD else "loops", 7: "simd.fives_dot" if _SIMD else "loops",
-    8: "simd.q8_0_rows" if simd.VNNI else "simd.q8_quads_dot" if _SIMD else "loops",
+    3: "simd.q4_1_rows" if simd.VNNI else "simd.q4_1_row_avx2" if _SIMD else "loops",
+    6: "simd.q5_0_row_avx2" if _SIMD else "loops", 7: "simd.fives_dot" if _SIMD else "loops",
+    8: "simd.q8_0_rows" if simd.VNNI else "simd.q8_0_row_avx2" if _SIMD else "loops",
     10: "simd.crumbs_dot" if _SIMD else "loops",
-    11: "simd.nibbles_halves_dot" if _SIMD else "loops", 12: "simd.nibbles_dot" if _SIMD else "loops",
-    13: "simd.fives_dot" if _SIMD else "loops", 14: "simd.bytes_halves_dot" if _SIMD and LANES == 32 else "loops",
+    11: "simd.nibbles_halves_dot" if _SIMD else "loops", 12: "simd.q4_k_row_avx2" if _SIMD else "loops",
+    13: "simd.fives_dot" if _SIMD else "loops", 14: "simd.q6_k_row_avx2" if _SIMD and LANES == 32 else "loops",
 }
 
 # ggml type -> entry (words, *scales, x, out, chunks)

@@ -753,6 +753,318 @@ def _q4_1_rows_intrinsic(rows: int):
 q4_1_rows_1, q4_1_rows_2, q4_1_rows_4 = (_q4_1_rows_intrinsic(r) for r in (1, 2, 4))
 
 
+# -- decode rows on AVX2: a row's float accumulators in registers over all its blocks (kernels.dots) ------
+# The lane loops (dots._q4_1_loops, ...) store each block's integer sums and reload their float accumulators
+# per block: ~15 G multiply-adds/s a thread, the same with the weights in L2 as from memory (compute-bound).
+# These tiles keep one row's 32 float accumulators in 4 ymm registers over the group's blocks, take each
+# block's exact integer sums as the loops' simd dots do (the same unpacking and vpmaddubsw, kept in
+# registers), and then apply the loops' own float steps per lane in the loops' order, with no fused or
+# reassociated operation the loops do not have: each type's bits are the loops' (and the VNNI tiles' where
+# those exist). Types: Q4_1 and Q4_K (4-bit words), Q8_0 (quads), Q6_K (bytes, element-major).
+
+_ROW_REGS = LANES // 8  # ymm registers of 8 lanes a row group
+
+
+def _row_avx2_loop(context, builder, nb, acc, lines, wline, block):
+    """The row tile's frame: float accumulators (4 x <8 x float>) over blocks b < nb, `block(b, facc)` adding
+    block b; the next group's `lines` 64-byte lines of block b prefetched first; acc f32 [1, LANES] = the
+    sums at the end."""
+    k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    facc = [cgutils.alloca_once_value(builder, ir.Constant(_V8F32, None)) for _ in range(_ROW_REGS)]
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        _prefetch_next(builder, wline, builder.mul(b, k(lines)), builder.mul(nb, k(lines)), lines)
+        block(b, facc)
+    out = _ptr(builder, acc, _V8F32)
+    for r in range(_ROW_REGS):
+        builder.store(builder.load(facc[r]), builder.gep(out, [k(r)]), align=4)
+
+
+def _row_scalars(builder, dxp, hp, tb):
+    """Row t's block scalars: dx (float) and Sx (int32: its integer sum, the two half sums added)."""
+    k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    h0 = builder.sext(builder.load(builder.gep(hp, [builder.mul(tb, k(2))])), _I32)
+    h1 = builder.sext(builder.load(builder.gep(hp, [builder.add(builder.mul(tb, k(2)), k(1))])), _I32)
+    return builder.load(builder.gep(dxp, [tb])), h0, h1
+
+
+def _lane_vec(builder, ptr, index, elem, to_float):
+    """8 lanes of a scale array at vector `index` (elem: <8 x float>, <8 x i8> unsigned or signed) as floats."""
+    v = builder.load(builder.gep(ptr, [index]), align=1)
+    if elem == _V8F32:
+        return v
+    return builder.uitofp(v, _V8F32) if to_float == "u" else builder.sitofp(v, _V8F32)
+
+
+def _nibble_sums(builder, wp, pp, b, tb, sxi):
+    """Exact int32 sum(q x) of one block of 4-bit words (as nibbles_dot: the int16 sum from -8 Sx, wrapped,
+    then 8 Sx given back in int32), 4 registers of 8 lanes."""
+    k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+    mask, four = ir.Constant(_V16I16, [0x0F0F] * 16), ir.Constant(_V16I16, [4] * 16)
+    halves = [ir.Constant(ir.VectorType(_I32, 8), list(range(8 * q, 8 * q + 8))) for q in range(2)]
+    pairs = [_broadcast16(builder, builder.load(builder.gep(pp, [builder.add(builder.mul(tb, k(QB // 2)), k(i))]),
+                                                align=2)) for i in range(QB // 2)]
+    c8 = builder.mul(sxi, ir.Constant(_I32, 8))
+    back = _splat(builder, c8, _V8I32)
+    sums = []
+    for h in range(LANES // 16):  # lanes 16h .. 16h + 15
+        s = _broadcast16(builder, builder.neg(builder.trunc(c8, _I16)))
+        for j in range(QB // 4):
+            v = builder.load(builder.gep(wp, [builder.add(builder.mul(b, k(QB // 2)), k(2 * j + h))]), align=2)
+            lo = builder.bitcast(builder.and_(v, mask), _V32I8)
+            hi = builder.bitcast(builder.and_(builder.lshr(v, four), mask), _V32I8)
+            s = builder.add(s, builder.call(pmaddubs, [lo, builder.bitcast(pairs[2 * j], _V32I8)]))
+            s = builder.add(s, builder.call(pmaddubs, [hi, builder.bitcast(pairs[2 * j + 1], _V32I8)]))
+        sums += [builder.add(builder.sext(builder.shuffle_vector(s, s, halves[q]), _V8I32), back) for q in range(2)]
+    return sums
+
+
+def _q4_1_row_codegen(context, builder, sig, args):
+    """q4_1_row_avx2(W, D, M, XP, DX, QH, t, acc): Q4_1 group W uint16 [nb, 8 * LANES], scales D and minima
+    M f32 [nb, LANES], activation pairs XP int16 [n, nb, 16] (dots.nibble_pairs), DX f32 [n, nb], QH int16
+    [n, nb, 2]; per lane acc = fma(m, dx * Sx, fma(d, float(sum) * dx, acc)) (dots._q4_1_loops)."""
+    W, D, M, XP, DX, QH, acc = _arrays(context, builder, sig, args)
+    t, nb = args[6], cgutils.unpack_tuple(builder, W.shape)[0]
+    wp, dp, mp = _ptr(builder, W, _V16I16), _ptr(builder, D, _V8F32), _ptr(builder, M, _V8F32)
+    pp, dxp, hp = _ptr(builder, XP, _I16), _ptr(builder, DX, _F32T), _ptr(builder, QH, _I16)
+    fma = _declare(builder, "llvm.fma.v8f32", _V8F32, [_V8F32] * 3)
+    k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+
+    def block(b, facc):
+        tb = builder.add(builder.mul(t, nb), b)
+        dx, h0, h1 = _row_scalars(builder, dxp, hp, tb)
+        sxi = builder.add(h0, h1)
+        dxv = _splat(builder, dx, _V8F32)
+        dsx = _splat(builder, builder.fmul(dx, builder.sitofp(sxi, _F32T), flags=_EXACT), _V8F32)
+        for r, isum in enumerate(_nibble_sums(builder, wp, pp, b, tb, sxi)):
+            at = builder.add(builder.mul(b, k(_ROW_REGS)), k(r))
+            f = builder.fmul(builder.sitofp(isum, _V8F32), dxv, flags=_EXACT)
+            a = builder.call(fma, [_lane_vec(builder, dp, at, _V8F32, ""), f, builder.load(facc[r])])
+            builder.store(builder.call(fma, [_lane_vec(builder, mp, at, _V8F32, ""), dsx, a]), facc[r])
+
+    _row_avx2_loop(context, builder, nb, acc, 8, _ptr(builder, W, ir.VectorType(_I16, 32)), block)
+    return context.get_dummy_value()
+
+
+def _q4_k_row_codegen(context, builder, sig, args):
+    """q4_k_row_avx2(W, D, DM, SC, MN, XP, DX, QH, t, acc): Q4_K group W uint16 [nb, 8 * LANES], super-block
+    scales D and DM f32 [nb / 8, LANES], block scales SC and minima MN uint8 [nb, LANES]; per lane
+    acc = acc + dx * ((d * sc) * sum - (dm * mn) * Sx), unfused (dots.q4_k)."""
+    W, D, DM, SC, MN, XP, DX, QH, acc = _arrays(context, builder, sig, args)
+    t, nb = args[8], cgutils.unpack_tuple(builder, W.shape)[0]
+    wp, dp, dmp = _ptr(builder, W, _V16I16), _ptr(builder, D, _V8F32), _ptr(builder, DM, _V8F32)
+    v8i8 = ir.VectorType(_I8, 8)
+    scp, mnp = _ptr(builder, SC, v8i8), _ptr(builder, MN, v8i8)
+    pp, dxp, hp = _ptr(builder, XP, _I16), _ptr(builder, DX, _F32T), _ptr(builder, QH, _I16)
+    k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+
+    def block(b, facc):
+        tb = builder.add(builder.mul(t, nb), b)
+        dx, h0, h1 = _row_scalars(builder, dxp, hp, tb)
+        sxi = builder.add(h0, h1)
+        dxv = _splat(builder, dx, _V8F32)
+        sxv = _splat(builder, builder.sitofp(sxi, _F32T), _V8F32)
+        sup = builder.lshr(b, k(3))
+        for r, isum in enumerate(_nibble_sums(builder, wp, pp, b, tb, sxi)):
+            at = builder.add(builder.mul(b, k(_ROW_REGS)), k(r))
+            st = builder.add(builder.mul(sup, k(_ROW_REGS)), k(r))
+            dsc = builder.fmul(_lane_vec(builder, dp, st, _V8F32, ""), _lane_vec(builder, scp, at, v8i8, "u"),
+                               flags=_EXACT)
+            dmn = builder.fmul(_lane_vec(builder, dmp, st, _V8F32, ""), _lane_vec(builder, mnp, at, v8i8, "u"),
+                               flags=_EXACT)
+            u = builder.fsub(builder.fmul(dsc, builder.sitofp(isum, _V8F32), flags=_EXACT),
+                             builder.fmul(dmn, sxv, flags=_EXACT), flags=_EXACT)
+            builder.store(builder.fadd(builder.load(facc[r]), builder.fmul(dxv, u, flags=_EXACT), flags=_EXACT),
+                          facc[r])
+
+    _row_avx2_loop(context, builder, nb, acc, 8, _ptr(builder, W, ir.VectorType(_I16, 32)), block)
+    return context.get_dummy_value()
+
+
+def _q8_0_row_codegen(context, builder, sig, args):
+    """q8_0_row_avx2(W, D, X8, DX, t, acc): Q8_0 group W int8 [nb, 32 * LANES] (quads), scales D f32
+    [nb, LANES], activation bytes X8 int8 [n, nb, 32]; per lane acc = acc + d * (dx * float(sum)), unfused
+    (dots._q8_0_loops); the sums as simd.q8_quads_dot's."""
+    W, D, X8, DX, acc = _arrays(context, builder, sig, args)
+    t, nb = args[4], cgutils.unpack_tuple(builder, W.shape)[0]
+    wp, dp, xp, dxp = _ptr(builder, W, _V32I8), _ptr(builder, D, _V8F32), _ptr(builder, X8, _I32), \
+        _ptr(builder, DX, _F32T)
+    pabs = _declare(builder, "llvm.abs.v32i8", _V32I8, [_V32I8, _I1])
+    psign = _declare(builder, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
+    pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+    pmaddwd = _declare(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+    ones = ir.Constant(_V16I16, [1] * 16)
+    k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+
+    def block(b, facc):
+        tb = builder.add(builder.mul(t, nb), b)
+        isum = [ir.Constant(_V8I32, [0] * 8)] * _ROW_REGS
+        for q in range(QB // 4):
+            xq = builder.bitcast(_broadcast32(builder, builder.load(
+                builder.gep(xp, [builder.add(builder.mul(tb, k(QB // 4)), k(q))]), align=1)), _V32I8)
+            for r in range(_ROW_REGS):
+                wv = builder.load(builder.gep(wp, [builder.add(builder.mul(b, k(QB)), k(q * _ROW_REGS + r))]),
+                                  align=1)
+                prod = builder.call(pmaddubs, [builder.call(pabs, [wv, ir.Constant(_I1, 0)]),
+                                               builder.call(psign, [xq, wv])])
+                isum[r] = builder.add(isum[r], builder.call(pmaddwd, [prod, ones]))
+        dxv = _splat(builder, builder.load(builder.gep(dxp, [tb])), _V8F32)
+        for r in range(_ROW_REGS):
+            d = _lane_vec(builder, dp, builder.add(builder.mul(b, k(_ROW_REGS)), k(r)), _V8F32, "")
+            y = builder.fmul(d, builder.fmul(dxv, builder.sitofp(isum[r], _V8F32), flags=_EXACT), flags=_EXACT)
+            builder.store(builder.fadd(builder.load(facc[r]), y, flags=_EXACT), facc[r])
+
+    _row_avx2_loop(context, builder, nb, acc, 16, _ptr(builder, W, ir.VectorType(_I8, 64)), block)
+    return context.get_dummy_value()
+
+
+def _q5_0_row_codegen(context, builder, sig, args):
+    """q5_0_row_avx2(W, D, XP, DX, QH, t, acc): Q5_0 group W uint16 [nb, 11 * LANES] (5-bit words), scales
+    D f32 [nb, LANES], activation pairs XP int16 [n, nb, FIVE_PAIR_SLOTS] (dots.five_pairs); per lane
+    acc = acc + d * (dx * float(sa + sb)), unfused (dots.q5_0), with sa, sb the halves' sums from -16 Sa and
+    -16 Sb as fives_dot's (wrapped int16, exact)."""
+    W, D, XP, DX, QH, acc = _arrays(context, builder, sig, args)
+    t, nb = args[5], cgutils.unpack_tuple(builder, W.shape)[0]
+    wp, dp, pp = _ptr(builder, W, _V16I16), _ptr(builder, D, _V8F32), _ptr(builder, XP, _I16)
+    dxp, hp = _ptr(builder, DX, _F32T), _ptr(builder, QH, _I16)
+    pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+    k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    halves8 = [ir.Constant(ir.VectorType(_I32, 8), list(range(8 * q, 8 * q + 8))) for q in range(2)]
+    words = 11
+
+    def block(b, facc):
+        tb = builder.add(builder.mul(t, nb), b)
+        pairs = [builder.bitcast(_broadcast16(builder, builder.load(builder.gep(
+            pp, [builder.add(builder.mul(tb, k(FIVE_PAIR_SLOTS)), k(i))]), align=2)), _V32I8)
+            for i in range(len(FIVE_PAIRS))]
+        cs = [builder.trunc(builder.mul(builder.sext(builder.load(builder.gep(
+            hp, [builder.add(builder.mul(tb, k(2)), k(h))])), _I32), ir.Constant(_I32, 16)), _I16) for h in range(2)]
+        dxv = _splat(builder, builder.load(builder.gep(dxp, [tb])), _V8F32)
+        isums = []
+        for h in range(LANES // 16):  # lanes 16h .. 16h + 15
+            s = [_broadcast16(builder, builder.neg(c)) for c in cs]
+            loaded = {}
+            for i, (j, recipe, half) in enumerate(FIVE_PAIRS):
+                if j not in loaded:
+                    loaded[j] = builder.load(builder.gep(wp, [builder.add(builder.mul(b, k(2 * words)), k(2 * j + h))]),
+                                             align=2)
+                q = builder.bitcast(_five_bytes(builder, loaded[j], recipe), _V32I8)
+                s[half] = builder.add(s[half], builder.call(pmaddubs, [q, pairs[i]]))
+            for q in range(2):
+                isums.append(builder.add(builder.sext(builder.shuffle_vector(s[0], s[0], halves8[q]), _V8I32),
+                                         builder.sext(builder.shuffle_vector(s[1], s[1], halves8[q]), _V8I32)))
+        for r, isum in enumerate(isums):
+            d = _lane_vec(builder, dp, builder.add(builder.mul(b, k(_ROW_REGS)), k(r)), _V8F32, "")
+            y = builder.fmul(d, builder.fmul(dxv, builder.sitofp(isum, _V8F32), flags=_EXACT), flags=_EXACT)
+            builder.store(builder.fadd(builder.load(facc[r]), y, flags=_EXACT), facc[r])
+
+    _row_avx2_loop(context, builder, nb, acc, words, _ptr(builder, W, ir.VectorType(_I16, 32)), block)
+    return context.get_dummy_value()
+
+def _byte_quads(builder, wp, base, q):
+    """The 4 registers of elements 4q..4q+3 of a block of byte fields (element-major, 32 lanes a 32-byte
+    vector at base + element) transposed to lane quads (bytes_halves_dot's order)."""
+    a = [builder.load(builder.gep(wp, [builder.add(base, ir.Constant(_I64, 4 * q + i))]), align=1) for i in range(4)]
+    b01 = [builder.bitcast(_shuffle(builder, a[0], a[1], _UNPACK_B[hi]), _V16I16) for hi in (0, 1)]
+    b23 = [builder.bitcast(_shuffle(builder, a[2], a[3], _UNPACK_B[hi]), _V16I16) for hi in (0, 1)]
+    return [builder.bitcast(_shuffle(builder, b01[lohi], b23[lohi], _UNPACK_W[hi]), _V32I8)
+            for lohi in (0, 1) for hi in (0, 1)]
+
+
+def _q6_k_row_codegen(context, builder, sig, args):
+    """q6_k_row_avx2(W, D, SC, X8, DX, QH, t, acc): Q6_K group W uint8 [nb, 32 * LANES] (element-major),
+    super-block scales D f32 [nb / 8, LANES], half-block scales SC int8 [2 nb, LANES]; per lane
+    acc = acc + d * (dx * (ca * (ia - 32 Sa) + cb * (ib - 32 Sb))), unfused (dots.q6_k); the sums as
+    simd.bytes_halves_dot's."""
+    W, D, SC, X8, DX, QH, acc = _arrays(context, builder, sig, args)
+    t, nb = args[6], cgutils.unpack_tuple(builder, W.shape)[0]
+    wp, dp, xp, dxp, hp = _ptr(builder, W, _V32I8), _ptr(builder, D, _V8F32), _ptr(builder, X8, _I32), \
+        _ptr(builder, DX, _F32T), _ptr(builder, QH, _I16)
+    v8i8 = ir.VectorType(_I8, 8)
+    scp = _ptr(builder, SC, v8i8)
+    pmaddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+    pmaddwd = _declare(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+    ones = ir.Constant(_V16I16, [1] * 16)
+    k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    lo = list(range(4)) + list(range(8, 12))
+    hi = list(range(4, 8)) + list(range(12, 16))
+    c32 = ir.Constant(_F32T, 32.0)
+
+    def block(b, facc):
+        tb = builder.add(builder.mul(t, nb), b)
+        base = builder.mul(b, k(QB))
+        halves = []
+        for half in range(2):
+            sums = [ir.Constant(_V8I32, [0] * 8)] * 4
+            for pair in range(2):
+                p16 = None
+                for q in (4 * half + 2 * pair, 4 * half + 2 * pair + 1):
+                    xq = builder.bitcast(_broadcast32(builder, builder.load(
+                        builder.gep(xp, [builder.add(builder.mul(tb, k(QB // 4)), k(q))]), align=1)), _V32I8)
+                    prods = [builder.call(pmaddubs, [v, xq]) for v in _byte_quads(builder, wp, base, q)]
+                    p16 = prods if p16 is None else [builder.add(u, v) for u, v in zip(p16, prods, strict=True)]
+                sums = [builder.add(s, builder.call(pmaddwd, [p, ones])) for s, p in zip(sums, p16, strict=True)]
+            halves.append([_shuffle(builder, sums[0], sums[1], lo), _shuffle(builder, sums[2], sums[3], lo),
+                           _shuffle(builder, sums[0], sums[1], hi), _shuffle(builder, sums[2], sums[3], hi)])
+        dx = builder.load(builder.gep(dxp, [tb]))
+        offs = [_splat(builder, builder.fmul(c32, builder.sitofp(builder.load(builder.gep(
+            hp, [builder.add(builder.mul(tb, k(2)), k(h))])), _F32T), flags=_EXACT), _V8F32) for h in range(2)]
+        dxv = _splat(builder, dx, _V8F32)
+        sup = builder.lshr(b, k(3))
+        for r in range(_ROW_REGS):
+            sa = builder.fsub(builder.sitofp(halves[0][r], _V8F32), offs[0], flags=_EXACT)
+            sb = builder.fsub(builder.sitofp(halves[1][r], _V8F32), offs[1], flags=_EXACT)
+            ca = _lane_vec(builder, scp, builder.add(builder.mul(builder.mul(b, k(2)), k(_ROW_REGS)), k(r)), v8i8, "s")
+            cb = _lane_vec(builder, scp, builder.add(builder.mul(builder.add(builder.mul(b, k(2)), k(1)),
+                                                                 k(_ROW_REGS)), k(r)), v8i8, "s")
+            s = builder.fadd(builder.fmul(ca, sa, flags=_EXACT), builder.fmul(cb, sb, flags=_EXACT), flags=_EXACT)
+            d = _lane_vec(builder, dp, builder.add(builder.mul(sup, k(_ROW_REGS)), k(r)), _V8F32, "")
+            y = builder.fmul(d, builder.fmul(dxv, s, flags=_EXACT), flags=_EXACT)
+            builder.store(builder.fadd(builder.load(facc[r]), y, flags=_EXACT), facc[r])
+
+    _row_avx2_loop(context, builder, nb, acc, 16, _ptr(builder, W, ir.VectorType(_I8, 64)), block)
+    return context.get_dummy_value()
+
+
+def _row_avx2_typed(args, t, codegen):
+    """A row tile's typing: every argument but the row t an array (acc last), t an integer."""
+    if not all(isinstance(a, types.Array) for a in args) or not isinstance(t, types.Integer):
+        return None
+    return types.void(*args[:-1], types.int64, args[-1]), codegen
+
+
+# <type>_row_avx2(..., t, acc): acc f32 [1, LANES] = the row group times activation row t (AVX2 hosts)
+@intrinsic
+def q4_1_row_avx2(typingctx, W, D, M, XP, DX, QH, t, acc):
+    """Q4_1 row tile (AVX2): see _q4_1_row_codegen."""
+    return _row_avx2_typed((W, D, M, XP, DX, QH, acc), t, _q4_1_row_codegen)
+
+
+@intrinsic
+def q4_k_row_avx2(typingctx, W, D, DM, SC, MN, XP, DX, QH, t, acc):
+    """Q4_K row tile (AVX2): see _q4_k_row_codegen."""
+    return _row_avx2_typed((W, D, DM, SC, MN, XP, DX, QH, acc), t, _q4_k_row_codegen)
+
+
+@intrinsic
+def q5_0_row_avx2(typingctx, W, D, XP, DX, QH, t, acc):
+    """Q5_0 row tile (AVX2): see _q5_0_row_codegen."""
+    return _row_avx2_typed((W, D, XP, DX, QH, acc), t, _q5_0_row_codegen)
+
+
+@intrinsic
+def q8_0_row_avx2(typingctx, W, D, X8, DX, t, acc):
+    """Q8_0 row tile (AVX2): see _q8_0_row_codegen."""
+    return _row_avx2_typed((W, D, X8, DX, acc), t, _q8_0_row_codegen)
+
+
+@intrinsic
+def q6_k_row_avx2(typingctx, W, D, SC, X8, DX, QH, t, acc):
+    """Q6_K row tile (AVX2): see _q6_k_row_codegen."""
+    return _row_avx2_typed((W, D, SC, X8, DX, QH, acc), t, _q6_k_row_codegen)
+
+
 # -- decode rows of Q8_0 on AVX-512 VNNI: the block read once for a tile of rows (kernels.dots) ----------
 # A row group's Q8_0 bytes in quads (W int8 [nb, QB * LANES]: element e of lane l at (e // 4) * 4 * LANES
 # + 4 * l + e % 4, so 64 bytes hold 4 elements of 16 lanes, one int32 each) go into `vpdpbusd` as
