@@ -31,6 +31,7 @@ from archrun.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = ROOT / "families/archrun-llama/tests/goldens/llama_gqa.gguf"
+NOMIC = ROOT / "families/archrun-bert/tests/goldens/nomic_bert_tiny.gguf"  # states its pooling (mean)
 USER = [{"role": "user", "content": "hi"}]
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -90,6 +91,7 @@ def _targets(model, host_model) -> list[tuple[str, Callable[..., Any], dict[str,
         return make_request(model, [1, 2], max_tokens=2)
 
     logits = np.zeros(n_vocab, np.float32)
+    encoder = archrun.load(NOMIC, backend="reference")
     return [
         ("load", archrun.load, {"path": LLAMA, "backend": "reference"}),
         ("describe", describe, {"source": LLAMA}),
@@ -98,7 +100,7 @@ def _targets(model, host_model) -> list[tuple[str, Callable[..., Any], dict[str,
         ("forward_step_hidden", model.forward_step_hidden, {"token_ids": [1], "cache": Fresh(fresh_cache)}),
         ("logits", model.logits, {"token_ids": [1, 2]}),
         ("hidden_states", model.hidden_states, {"token_ids": [1, 2]}),
-        ("embed", archrun.embed, {"model": model, "texts": [[1, 2]], "pooling": "mean", "normalize": True}),
+        ("embed", archrun.embed, {"model": encoder, "texts": [[1, 2]], "pooling": "mean", "normalize": True}),
         ("forward_step_batch", model.forward_step_batch,
          {"batch": [[1], [2]], "caches": Fresh(lambda: [fresh_cache(), fresh_cache()])}),
         ("forward_step_batch_spans", model.forward_step_batch_spans,
