@@ -9,6 +9,7 @@ from typing import Any
 from archrun.compile import compile_gguf
 from archrun.errors import InvalidRequest, shown
 from archrun.ggufio import open_gguf
+from archrun.lora import apply_adapters
 from archrun.model import Interpreter, build_plan
 from archrun.plugins import checked_plugin_manager
 from archrun.vocab import BACKENDS, build_vocabulary
@@ -19,7 +20,7 @@ Model = Interpreter  # every loaded model is an Interpreter of its block style (
 def load(path: str | os.PathLike, block_style: str | None = None, backend: str | None = None,
          plugins: Any = None, threads: int | None = None,
          progress: Callable[[str, int, int], None] | None = None,
-         hints: Mapping[str, Any] | None = None) -> Interpreter:
+         hints: Mapping[str, Any] | None = None, lora: Any = None, lora_scale: float = 1.0) -> Interpreter:
     """Load a GGUF file into a runnable model.
 
     block_style: a registered block style, e.g. "fused" | "host_reference" (default: what the
@@ -32,6 +33,10 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     plugins: a pluggy PluginManager (default: every installed archrun plugin).
     threads: compute threads for the fast kernels (default: numba's default).
     progress: called as progress(stage, done, total) during slow steps (the CLI shows a bar).
+    lora: LoRA adapter files (GGUF, llama.cpp's convert_lora_to_gguf.py) merged into the weights at
+    load: a path, or a list of paths and (path, scale) pairs; lora_scale is the scale of those given
+    without one (archrun.lora: the adapted weights become float32, the others keep their encoding).
+    path may name any part of a split model (archrun.ggufset).
     """
     backend = "fast" if backend is None or (isinstance(backend, str) and not backend) else backend
     if not isinstance(backend, str) or backend not in BACKENDS:
@@ -48,6 +53,7 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
         raise InvalidRequest(f"block_style must be one of {styles}, got {shown(block_style)}")
     gguf = open_gguf(path)
     try:
+        gguf = apply_adapters(gguf, lora, lora_scale)
         compiled = compile_gguf(gguf, plugins=pm, block_style=block_style, hints=hints)
         plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress)  # refuses bad input first
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()

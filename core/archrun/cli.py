@@ -115,6 +115,9 @@ def _model_args(p: argparse.ArgumentParser, several: bool = False) -> None:
     p.add_argument("--block-style", default=None, help="a registered block style (see `archrun plugins`)")
     p.add_argument("--hint", action="append", default=[], metavar="NAME=VALUE",
                    help="a convention the file does not state, e.g. rope_pairing=norm (repeatable)")
+    p.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]",
+                   help="a LoRA adapter (GGUF) merged into the weights at load, scaled by SCALE (default 1; "
+                        "repeatable)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -205,14 +208,23 @@ def _load(args: argparse.Namespace, path: Any = None):
     with LoadProgress() as progress:
         kwargs = dict(block_style=args.block_style, hints=parse_hints(args.hint), threads=args.threads,
                       progress=progress)
+        lora = _lora(args)
+        if lora:
+            kwargs["lora"] = lora
         # fast, or tiered while its kernels compile (ARCHRUN_TIERED=0: wait for them instead)
-        # (not for --hash: a tiered start's first tokens come from the reference backend)
-        tiered_ok = not getattr(args, "hash", False) and os.environ.get("ARCHRUN_TIERED", "1") != "0"
+        # (not for --hash: a tiered start's first tokens come from the reference backend; not with adapters)
+        tiered_ok = not getattr(args, "hash", False) and os.environ.get("ARCHRUN_TIERED", "1") != "0" and not lora
         if args.backend is None and args.block_style is None and tiered_ok:
             from archrun import tiered
 
             return tiered.load(path, **kwargs)
         return load(path, backend=args.backend, **kwargs)
+
+
+def _lora(args: argparse.Namespace) -> list[tuple[str, float]]:
+    from archrun.lora import parse_lora_arg
+
+    return [(os.path.abspath(path), scale) for path, scale in map(parse_lora_arg, getattr(args, "lora", None) or [])]
 
 
 def _stream(gen) -> None:
@@ -327,7 +339,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from archrun.serve import ray
 
         load_options = dict(threads=args.threads, backend=args.backend, block_style=args.block_style,
-                            hints=parse_hints(args.hint))
+                            hints=parse_hints(args.hint), lora=_lora(args))
         ray.run(args.model, config, args.replicas, args.ray_address, load_options)
         return 0
     from archrun.serve import serve

@@ -55,6 +55,7 @@ from archrun.family import (
 )
 from archrun.ggufio import GGUFFile, open_gguf
 from archrun.ggufset import GGUFSet
+from archrun.lora import AdaptedFile
 
 # Sanity bounds (BAD_INPUTS M1): larger values are hostile or corrupt, not models.
 MAX_LAYERS = 1024
@@ -202,7 +203,7 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
     hints: conventions (archrun.family.FamilyHints fields) given by the caller, on top of the
     family's; for an architecture no plugin describes they are the only source.
     """
-    if not isinstance(source, GGUFFile | GGUFSet):  # a path (open_gguf refuses anything else with InvalidRequest)
+    if not isinstance(source, GGUFFile | GGUFSet | AdaptedFile):  # a path (open_gguf refuses anything else with InvalidRequest)
         with open_gguf(source) as gguf:
             return compile_gguf(gguf, plugins, block_style, hints)
     from archrun.plugins import checked_plugin_manager

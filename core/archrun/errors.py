@@ -47,6 +47,14 @@ class SplitSetError(ModelLoadError):
     count that disagrees with split.tensors.count, a tensor in two parts."""
 
 
+class AdapterError(ModelLoadError):
+    """A LoRA adapter file is not one archrun can apply: not an adapter, not LoRA, a half of a pair missing."""
+
+
+class AdapterMismatch(AdapterError):
+    """A LoRA adapter does not fit the model: another architecture, a tensor the model lacks, another shape."""
+
+
 class UnexpectedTensor(ModelLoadError):
     """The file holds tensors the model's plan does not use (it would run without them: wrong)."""
 

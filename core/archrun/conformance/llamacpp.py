@@ -4,7 +4,7 @@ Fixtures of families whose ``HfArch`` says ``converter="llama.cpp"`` are convert
 ``convert_hf_to_gguf.py`` (not by archrun's re-statement of it in ``hf.convert``), so a fixture
 shows what llama.cpp's users get. The converter's source is the sdist of llama-cpp-python
 ``LLAMA_CPP_PYTHON``, a PyPI package: ``fetch_source()`` downloads it with pip once and keeps the
-converter (``convert_hf_to_gguf.py``, ``conversion/``, ``gguf-py/``) and the tokenizer test
+converter (``convert_hf_to_gguf.py``, ``convert_lora_to_gguf.py``, ``conversion/``, ``gguf-py/``) and the tokenizer test
 vocabularies (``models/ggml-vocab-*``) under ``~/.cache/archrun/llama.cpp/<version>``
 (``ARCHRUN_LLAMACPP_SRC`` names another folder).
 
@@ -26,7 +26,7 @@ from typing import Any
 LLAMA_CPP_PYTHON = "0.3.36"
 _SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
 _VENDOR = f"{_SDIST}/vendor/llama.cpp/"
-_KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-", "LICENSE")
+_KEEP = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-", "LICENSE")
 _DRIVER = Path(__file__).with_name("llamacpp_driver.py")
 
 
@@ -44,7 +44,7 @@ def source_dir() -> Path:
 
 def available() -> bool:
     """True when the converter source is present (fetched)."""
-    return (source_dir() / "convert_hf_to_gguf.py").is_file()
+    return (source_dir() / "convert_hf_to_gguf.py").is_file() and (source_dir() / "convert_lora_to_gguf.py").is_file()
 
 
 def fetch_source() -> Path:
@@ -64,11 +64,13 @@ def fetch_source() -> Path:
                     member.name = rel
                     tar.extract(member, staging, filter="data")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if (dest / "convert_hf_to_gguf.py").is_file():  # fetched before the LoRA converter was kept
+        for name in ("convert_lora_to_gguf.py",):
+            os.replace(staging / name, dest / name)  # one file, atomically: readers of the tree go on
     if not available():
         shutil.rmtree(dest, ignore_errors=True)
         staging.rename(dest)  # atomic on one file system: concurrent fetches never see half a tree
-    else:
-        shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)
     return dest
 
 
@@ -98,6 +100,29 @@ def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32"
                               capture_output=True, text=True)
     if proc.returncode != 0 or not path.is_file():
         raise RuntimeError(f"llama.cpp's converter failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return path
+
+
+def convert_lora(peft_model, path: str | Path, outtype: str = "f32") -> Path:
+    """Convert an in-memory PEFT LoRA model with llama.cpp's ``convert_lora_to_gguf.py``; return the path.
+
+    The adapter (``save_pretrained``: adapter_config.json, adapter_model.safetensors) and its base
+    model's config are saved to a temporary folder; the converter reads the base's config from there
+    (``--base``) and writes the adapter's GGUF (``general.type = adapter``).
+    """
+    if not available():
+        raise ConverterUnavailable(f"llama.cpp's LoRA converter is not in {source_dir()}: run "
+                                   "`python -m archrun.conformance.llamacpp` to fetch it")
+    path = Path(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        base_dir, lora_dir = Path(tmp) / "base", Path(tmp) / "lora"
+        peft_model.get_base_model().config.save_pretrained(base_dir)
+        peft_model.save_pretrained(lora_dir)
+        args = ["--base", str(base_dir), "--outfile", str(path), "--outtype", outtype, str(lora_dir)]
+        proc = subprocess.run([sys.executable, str(source_dir() / "convert_lora_to_gguf.py"), *args],
+                              capture_output=True, text=True)
+    if proc.returncode != 0 or not path.is_file():
+        raise RuntimeError(f"llama.cpp's LoRA converter failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return path
 
 
