@@ -102,6 +102,17 @@ def test_a_model_too_large_for_the_budget_is_503_and_the_server_goes_on(front, o
     assert HUGE not in loaded(front) and ask(oai, SMOL).choices[0].message.content
 
 
+def test_a_model_larger_than_the_available_memory_is_503(front, oai, monkeypatch):
+    from archrun.serve import models
+
+    assert models.memory_available() > 0
+    monkeypatch.setattr(models, "memory_available", lambda: 1000)
+    with pytest.raises(openai.InternalServerError) as err:
+        ask(oai, TWIN)
+    assert err.value.status_code == 503 and "MemAvailable" in err.value.message
+    assert loaded(front) == {SMOL}  # nothing was unloaded for it
+
+
 def wait_for(check, seconds: float = 60.0):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -140,15 +151,15 @@ def test_a_stalled_engine_is_reported_by_health_and_holds_its_memory(front, oai)
 
 def test_a_kv_cap_answers_400_for_a_request_that_never_fits(front, oai):
     model = dict(front[1].pool.servers())[SMOL].model  # the loaded SmolLM2, served alone with a KV cap
-    with live_server(model, parallel=2, ctx=256, max_kv=200_000) as (url, server):
+    with live_server(model, parallel=2, ctx=256, max_kv=3_000_000) as (url, server):  # 46 kB a token
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
         with pytest.raises(openai.BadRequestError) as err:
-            ask(client, "m", max_tokens=200)  # prompt + 200 tokens: about 330 kB of KV cache
-        assert "KV cache" in err.value.message and "200000" in err.value.message
+            ask(client, "m", max_tokens=200)  # prompt + 200 tokens: about 11 MB of KV cache
+        assert "KV cache" in err.value.message and "3000000" in err.value.message
         whole = {"extra_body": {"cache_prompt": False}}  # the whole prompt computed in both
         small = ask(client, "m", max_tokens=8, **whole)  # fits: a cache just big enough for it (a full one does not)
         assert small.choices[0].message.content == ask(oai, SMOL, max_tokens=8, **whole).choices[0].message.content
-        assert server.engine.slot_bytes > 200_000 and server.engine.kv_budgets[0].used <= 200_000
+        assert server.engine.slot_bytes > 3_000_000 >= server.engine.kv_budgets[0].used > 0
 
 
 def test_a_kv_cache_that_cannot_fit_now_is_503_before_allocation(front):

@@ -103,6 +103,18 @@ def model_files(paths: Sequence[str | os.PathLike], models_dir: str | os.PathLik
     return list(out.items())
 
 
+def memory_available() -> int | None:
+    """The kernel's estimate of memory available without swapping (/proc/meminfo MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 class _Entry:
     """One model of the pool: its facts, its Server once loaded, who uses it."""
 
@@ -176,6 +188,10 @@ class ModelPool:
         if limit is not None and need > limit:
             raise MemoryBudgetExceeded(f"the model {entry.facts.id!r} needs {size_text(need)} for its weights alone, "
                                        f"more than --max-memory ({size_text(limit)})")
+        free = memory_available()
+        if free is not None and need > free:
+            raise MemoryBudgetExceeded(f"the model {entry.facts.id!r} needs {size_text(need)}; the system has "
+                                       f"{size_text(free)} available (MemAvailable)")
         while not self.budget.try_reserve(need):
             victim = self._take_idle_lru(entry)
             if victim is None:
