@@ -32,7 +32,7 @@ from archrun.serve.memory import MemoryBudget, MemoryBudgetExceeded, size_text
 class ModelNotFound(InvalidRequest):
     """The request names a model this server does not serve (HTTP 404)."""
 
-    http_status, http_kind = 404, "not_found_error"
+    http_status, http_kind = 404, "invalid_request_error"  # as OpenAI answers an unknown model
 
 
 
