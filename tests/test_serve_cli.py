@@ -28,6 +28,39 @@ def test_serve_refuses_bad_options_in_one_line_before_loading(tmp_path, flag, ca
     assert len(err) == 1 and flag[0] in err[0]
 
 
+@pytest.mark.parametrize("flag, message", [(["--max-memory", "2XB"], "memory size"), (["--max-kv", "0"], "memory size"),
+                                           (["--watchdog", "0"], "--watchdog"),
+                                           (["--reasoning-budget", "-2"], "--reasoning-budget")])
+def test_serve_refuses_bad_memory_watchdog_and_budget_options(tmp_path, flag, message, capsys):
+    assert main(["serve", str(tmp_path / "absent.gguf"), *flag]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_serve_needs_a_model_and_refuses_an_empty_models_dir(tmp_path, capsys):
+    assert main(["serve"]) == 1
+    assert "no model to serve" in capsys.readouterr().err
+    assert main(["serve", "--models-dir", str(tmp_path)]) == 1
+    assert "no model to serve" in capsys.readouterr().err
+    assert main(["serve", "--models-dir", str(tmp_path / "absent")]) == 1
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_serve_several_models_runs_the_front(synth_model, tmp_path, monkeypatch):
+    import uvicorn
+
+    from archrun.serve.front import Front
+
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **k: started.append(app))
+    one, two = synth_model(), tmp_path / "two.gguf"
+    two.symlink_to(one)
+    assert main(["serve", str(one), str(two), "--max-memory", "1GiB", "--port", "0"]) == 0
+    front = started[0]
+    assert isinstance(front, Front) and front.pool.budget.limit == 2**30
+    assert [e.facts.id for e in front.pool.entries.values()] == [one.name, "two.gguf"]
+
+
 def test_serve_refuses_a_context_beyond_the_models(synth_model, capsys, monkeypatch):
     import uvicorn
 
