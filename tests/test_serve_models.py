@@ -195,3 +195,29 @@ def test_memory_sizes(text, expected):
 def test_bad_memory_sizes(text):
     with pytest.raises(archrun.errors.InvalidRequest):
         parse_bytes(text)
+
+
+class _Crash(BaseException):
+    """Escapes the engine's per-step error handling (as a bug in the loop itself would)."""
+
+
+def test_a_stopped_inference_thread_is_reported_and_refuses_new_work(front):
+    from archrun.serve.engine import EngineDown
+
+    model = dict(front[1].pool.servers())[SMOL].model
+    engine = Engine(model, parallel=1, ctx=64, queue=2)
+    engine.start()
+    events, done = [], threading.Event()
+
+    def crash():
+        raise _Crash("injected")
+
+    engine.before_step = crash
+    req = make_request(model, model.tokenizer.encode("Hello"), context=64, max_tokens=4)
+    engine.submit(req, lambda e: (events.append(e), done.set() if e.error else None))
+    assert done.wait(60) and isinstance(events[-1].error, EngineDown)  # the request in it fails, not hangs
+    engine._thread.join(30)
+    why = engine.stalled(1.0)
+    assert why is not None and "inference thread has stopped" in why and "_Crash" in why
+    with pytest.raises(EngineDown):
+        engine.submit(req, lambda e: None)
