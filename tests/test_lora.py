@@ -165,6 +165,27 @@ def test_bad_lora_arguments(synth_model, lora):
         archrun.load(synth_model(), backend="reference", lora=lora)
 
 
+def test_cli_lora_option(synth_model, tmp_path, capsys):
+    from archrun.cli import main
+
+    base = synth_model()
+    adapter = tmp_path / "adapter.gguf"
+    w = gguf.GGUFWriter(adapter, "qwen3")
+    w.add_type("adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", 0.0)
+    w.add_tensor("blk.0.attn_q.weight.lora_a", np.full((2, 32), 0.3, np.float32))
+    w.add_tensor("blk.0.attn_q.weight.lora_b", np.full((64, 2), 0.3, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    args = ["run", str(base), "-p", "<t5><t7>", "-n", "4", "--temp", "0", "--backend", "reference"]
+    assert main([*args, "--lora", f"{adapter}:2"]) == 0
+    assert main([*args, "--lora", str(base)]) == 1
+    assert "is not an adapter" in capsys.readouterr().err
+
+
 def test_cli_lora_argument():
     assert parse_lora_arg("a.gguf") == ("a.gguf", 1.0)
     assert parse_lora_arg("a.gguf:0.5") == ("a.gguf", 0.5)
