@@ -26,7 +26,7 @@ from pathlib import Path
 
 from archrun.conformance.llamacpp import LLAMA_CPP_PYTHON
 
-TOOLS = ("llama-bench", "llama-batched-bench")
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-gguf-split")  # the last: tests/test_ggufset.py
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 _SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
 
@@ -57,7 +57,7 @@ def _source(into: Path) -> Path:
 
 
 def build(jobs: int | None = None) -> dict[str, Path]:
-    """Build llama-bench and llama-batched-bench if needed; {name: path}."""
+    """Build the TOOLS if needed; {name: path}."""
     if all(tool(t) for t in TOOLS):
         return {t: tool(t) for t in TOOLS}
     root = tools_dir()
