@@ -203,7 +203,7 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
     hints: conventions (archrun.family.FamilyHints fields) given by the caller, on top of the
     family's; for an architecture no plugin describes they are the only source.
     """
-    if not isinstance(source, GGUFFile | GGUFSet | AdaptedFile):  # a path (open_gguf refuses anything else with InvalidRequest)
+    if not isinstance(source, GGUFFile | GGUFSet | AdaptedFile):  # a path (open_gguf refuses anything else)
         with open_gguf(source) as gguf:
             return compile_gguf(gguf, plugins, block_style, hints)
     from archrun.plugins import checked_plugin_manager
