@@ -13,7 +13,9 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
@@ -125,24 +127,30 @@ def test_diverge_names_the_first_op_per_layer(tmp_path, capsys):
 # ------------------------------------------------------------------------------ recovery
 
 
+@pytest.fixture(scope="module")
+def recovered(tmp_path_factory):
+    """case -> (the renamed file, its recovery): one search per case, shared by the backends' checks."""
+    done: dict[str, tuple[Path, Any]] = {}
+
+    def get(case: str) -> tuple[Path, Any]:
+        if case not in done:
+            path = renamed(case, tmp_path_factory.mktemp(case))
+            with pytest.raises(archrun.ArchrunError):  # unknown conventions (or the tensors a guess would need)
+                archrun.load(path, backend="reference")
+            done[case] = path, recover(path, hf_reference(case), budget=120)
+        return done[case]
+    return get
+
+
+@pytest.mark.parametrize("backend", ["reference", "fast"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_recovers_an_unknown_architecture(case, tmp_path):
+def test_recovers_an_unknown_architecture(case, backend, recovered):
     ref = hf_reference(case)
-    path = renamed(case, tmp_path)
-    with pytest.raises(archrun.ArchrunError):  # unknown conventions (or the tensors a guess would need)
-        archrun.load(path, backend="reference")
-    found = recover(path, ref, budget=120)
+    path, found = recovered(case)
     assert found.report.logits_rel <= 1e-4, found.describe()
-    model = archrun.load(path, backend="reference", hints=found.stated())
-    assert hf.rel_err(model.logits(ref.ids), ref.logits) <= 1e-4
-
-
-def test_recovered_hints_match_on_the_fast_backend(tmp_path):
-    ref = hf_reference("gemma2")
-    path = renamed("gemma2", tmp_path)
-    found = recover(path, ref, budget=120)
-    model = archrun.load(path, backend="fast", hints=found.stated())
-    assert hf.rel_err(model.logits(ref.ids), ref.logits) <= 1e-4
+    json.loads(json.dumps(found.stated()))  # the hints as `--json` prints them
+    model = archrun.load(path, backend=backend, hints=found.stated())
+    assert hf.rel_err(model.logits(ref.ids), ref.logits) <= 1e-4, found.describe()
 
 
 # convention flipped in the family's own hints -> (case, where the first divergence is)
@@ -192,14 +200,41 @@ def test_cli_recover_writes_hints_and_a_package_that_passes(tmp_path, capsys):
     assert hints["pre_norms"] is False and hints["activation"] == "silu" and hints["rope_pairing"] == "neox"
     assert (pkg / "archrun_mystery" / "__init__.py").is_file() and (pkg / "tests" / "conftest.py").is_file()
     archrun.load(path, backend="reference", hints=hints)  # the printed hints load the model
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(pkg)], check=True)
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    # the reference backend here (the fast one compiles this model's kernels: see the fast-backend test)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests"),
-                           "-k", "not fast"], cwd=pkg, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    python = fresh_venv(tmp_path / "venv", pkg)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run([python, "-c", "import archrun_mystery; print(archrun_mystery.__file__)"], env=env,
+                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(tmp_path / "venv")), where  # installed, not read from the package folder
+    proc = subprocess.run([python, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", str(pkg / "tests")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0 and " failed" not in out, out[-3000:] + proc.stderr[-2000:]
+    passed = [line for line in out.splitlines() if line.startswith("PASSED ")]
+    for backend in ("reference", "fast"):  # the fixture recorded from the reference, on both backends
+        test = f"test_mystery_reference.py::test_matches_reference[{backend}]"
+        assert any(line.endswith(test) for line in passed), out
+    assert any("conftest.py::TestArchrunConformance::" in line for line in passed), out  # the kit's conftest line
+
+
+def fresh_venv(where: Path, *packages: Path) -> Path:
+    """A new virtual environment (no pip) with archrun's core and vocabulary plugins installed editable
+    and ``packages`` installed, offline; no family plugin. Its third-party dependencies (numpy, numba,
+    gguf, pytest, ...) are this environment's, linked (installing them would download). Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    python = where / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    deps = where / "deps"
+    deps.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(("archrun", "__editable__")) and entry.suffix != ".pth":
+            (deps / entry.name).symlink_to(entry)
+    (site / "deps.pth").write_text(f"{deps}\n")
+    editable = [ROOT, *sorted(p.parent for p in ROOT.glob("plugins/*/pyproject.toml"))]
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--no-index", *[a for p in editable for a in ("-e", str(p))],
+                    *map(str, packages)], check=True, capture_output=True)
+    return python
 
 
 def test_diagnose_finds_two_faults_with_the_same_engine():

@@ -16,6 +16,7 @@ model does not load. Values of vocabulary conventions are names in the registry'
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -161,8 +162,7 @@ class FamilyHints:
             raise InvalidRequest(f"hints must be a mapping of convention name -> value, got {shown(hints)}")
         if not hints:
             return self
-        names = {a.name for a in attrs.fields(FamilyHints)} - {"name", "generic", "tensor_names", "defaults",
-                                                                 "caller"}
+        names = {a.name for a in attrs.fields(FamilyHints)} - {"name", "generic", "caller"}
         unknown = sorted(set(hints) - names)
         if unknown:
             raise InvalidRequest(f"unknown hint(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
@@ -175,8 +175,18 @@ class FamilyHints:
 
 def _hint_value(name: str, value: Any) -> Any:
     """A hint from a command line arrives as a string: convert the non-string fields."""
+    if name == "tensor_names" and isinstance(value, Mapping):  # JSON gives lists where a tuple means "the first found"
+        return {k: tuple(t) if isinstance(t, list) else t for k, t in value.items()}
     if not isinstance(value, str):
         return value
+    if name in ("defaults", "tensor_names"):  # a JSON object: {"attention.max_alibi_bias": 8.0}
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            raise ValueError(f"{name} must be a JSON object, got {value!r}") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"{name} must be a JSON object, got {value!r}")
+        return _hint_value(name, parsed)
     if name in ("moe_weights_norm", "pre_norms", "norm_weights", "nope_global", "qk_norm_after_rope",
                 "yarn_truncate"):
         return value.lower() in ("1", "true", "yes")

@@ -36,8 +36,6 @@ def _init_py(recovery: Recovery, module: str) -> str:
     args = "".join(f"\n        {k}={v!r}," for k, v in hints.items())
     steps = "\n".join(f"- {', '.join(f'{k}={v!r}' for k, v in s.changes.items())}: first divergence "
                       f"{s.before} -> {s.after}" for s in recovery.steps) or "- (the first guess matched)"
-    defaults = f"\n        defaults={dict(recovery.hints.defaults)!r}," if recovery.hints.defaults else ""
-    names = f"\n        tensor_names={dict(recovery.hints.tensor_names)!r}," if recovery.hints.tensor_names else ""
     return f'''"""archrun family plugin for {recovery.architecture} (descriptions only, no math).
 
 Written by `archrun recover` from a reference trace: these conventions make archrun's logits match
@@ -52,7 +50,7 @@ from archrun.family import FamilyHints, FamilyPlugin
 
 HINTS = {{
     {recovery.architecture!r}: FamilyHints(
-        name={recovery.architecture!r},{args}{defaults}{names}
+        name={recovery.architecture!r},{args}
     ),
 }}
 

@@ -17,6 +17,7 @@ installed vocabulary registers in each slot: the loop knows no family and no mat
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -32,9 +33,13 @@ from archrun.errors import ArchrunError, NotRecovered
 from archrun.family import CONVENTIONS, TRANSFORMER, FamilyHints
 from archrun.hookspecs import hookimpl
 
+#: Conventions whose values are token mixers (attention-slot ops with their own projections).
+MIXER_FIELDS = ("recurrent", "parallel")
 #: Conventions named by a registry slot: hint field -> slot.
 SLOT_FIELDS = {name: slot for name, (_, slot) in CONVENTIONS.items()
-               if slot is not None and name not in ("recurrent", "parallel", "moe")}
+               if slot is not None and name not in MIXER_FIELDS}
+#: Conventions whose candidate values are what the installed family plugins declare (``Declared``).
+DECLARED_FIELDS = ("tensor_names", "defaults")
 #: Conventions with a fixed set of values: hint field -> values.
 VALUE_FIELDS: Mapping[str, tuple[Any, ...]] = {
     "embed_scale": (1.0, "sqrt_n_embd"),
@@ -52,10 +57,12 @@ VALUE_FIELDS: Mapping[str, tuple[Any, ...]] = {
 #: the final logits differ). The guide orders the search, it never limits it.
 GUIDE: Mapping[str, tuple[str, ...]] = {
     "attn_out": ("rope_pairing", "attention", "qk_norm_after_rope", "swa_period", "swa_rope", "nope_period",
-                 "nope_global", "norm", "norm_weights", "pre_norms", "embed_scale", "residual"),
-    "ffn_out": ("activation", "gating", "moe_weights_norm", "norm", "pre_norms", "residual", "embed_scale"),
-    "block": ("residual", "pre_norms", "norm", "embed_scale"),
-    "final_norm": ("norm", "norm_weights", "embed_scale"),
+                 "nope_global", "norm", "norm_weights", "pre_norms", "embed_scale", "residual", "defaults",
+                 "tensor_names", "recurrent", "parallel"),
+    "ffn_out": ("activation", "gating", "moe_weights_norm", "moe", "norm", "pre_norms", "residual", "embed_scale",
+                "tensor_names", "defaults"),
+    "block": ("residual", "pre_norms", "norm", "embed_scale", "tensor_names", "parallel"),
+    "final_norm": ("norm", "norm_weights", "embed_scale", "tensor_names"),
     "output": ("logit_scale_key", "norm"),
     "logits": ("softcap", "logit_scale_key", "embed_scale"),
 }
@@ -95,16 +102,56 @@ class Recovery:
         for s in self.steps:
             what = ", ".join(f"{k}={v}" for k, v in s.changes.items())
             lines.append(f"  {what}: first divergence {s.before} -> {s.after}")
-        lines.append("hints: " + " ".join(f"--hint {k}={v}" for k, v in self.stated().items()))
+        lines.append("hints: " + " ".join(f"--hint '{k}={json.dumps(v)}'" if isinstance(v, Mapping)
+                                          else f"--hint {k}={v}" for k, v in self.stated().items()))
         return "\n".join(lines)
 
 
 def hint_dict(hints: FamilyHints) -> dict[str, Any]:
-    """The convention fields of ``hints`` that differ from FamilyHints' defaults (caller-hint form)."""
-    skip = {"name", "generic", "caller", "defaults", "tensor_names", "ignored_tensors", "chat_template"}
+    """The convention fields of ``hints`` that differ from FamilyHints' defaults (caller-hint form;
+    ``defaults`` and ``tensor_names`` as plain dicts)."""
+    skip = {"name", "generic", "caller", "ignored_tensors", "chat_template"}
     blank = FamilyHints(name=hints.name)
-    return {a.name: getattr(hints, a.name) for a in attrs.fields(FamilyHints)
+    return {a.name: dict(v) if isinstance(v := getattr(hints, a.name), Mapping) else v
+            for a in attrs.fields(FamilyHints)
             if a.name not in skip and getattr(hints, a.name) != getattr(blank, a.name)}
+
+
+@attrs.frozen
+class Declared:
+    """Candidate values no registry names: the key defaults and tensor-role remaps the installed
+    family plugins declare (``FamilyHints.defaults`` and ``tensor_names``), kept when they can apply
+    to the file (a default for a key it lacks; a remap whose tensors it has)."""
+
+    defaults: tuple[tuple[str, Any], ...] = ()
+    tensor_names: tuple[Mapping[str, Any], ...] = ()
+
+
+def declared(pm: Any, path: str | Path) -> Declared:
+    """What the installed family plugins declare that could apply to the model at ``path``."""
+    from archrun.ggufio import open_gguf
+
+    g = open_gguf(path)
+    arch = str(g.metadata["general.architecture"])
+    n_layer = int(g.metadata.get(f"{arch}.block_count", 0) or 0)
+
+    def present(target: Any) -> bool:
+        alternatives = target if isinstance(target, tuple) else (target,)
+        return any(t is None or any(t.format(i=i) in g.tensors for i in range(max(n_layer, 1)))
+                   for t in alternatives)
+
+    defaults: dict[tuple[str, str], tuple[str, Any]] = {}
+    remaps: dict[str, Mapping[str, Any]] = {}
+    for family in sorted({a for names in pm.hook.archrun_families() for a in names}):
+        hints = pm.hook.archrun_describe_family(architecture=family)
+        if hints is None:
+            continue
+        for key, value in hints.defaults.items():
+            if f"{arch}.{key}" not in g.metadata:
+                defaults.setdefault((key, repr(value)), (key, value))
+        if hints.tensor_names and all(present(t) for t in hints.tensor_names.values()):
+            remaps.setdefault(repr(sorted(hints.tensor_names.items())), dict(hints.tensor_names))
+    return Declared(tuple(defaults.values()), tuple(remaps.values()))
 
 
 class _Probe:
@@ -142,6 +189,7 @@ class _Search:
         self.pm = plugins if plugins is not None else make_plugin_manager()
         self.architecture = str(open_gguf(path).metadata["general.architecture"])
         self.family = self.pm.hook.archrun_describe_family(architecture=self.architecture)
+        self.known = declared(self.pm, path)
         self.probe = _Probe(self.architecture)
         self.pm.register(self.probe)
         self.skipped: list[str] = []
@@ -180,10 +228,30 @@ def where(report: Report) -> str:
     return "none (logits match)" if report.matches else "the final logits"
 
 
-def moves(hints: FamilyHints, vocab_names: Mapping[str, list[str]], fields: Iterable[str]) -> Iterator[tuple[str, Any]]:
-    """(field, value) for every other value of each field in ``fields`` (registry names or VALUE_FIELDS)."""
+def moves(hints: FamilyHints, vocab_names: Mapping[str, list[str]], fields: Iterable[str],
+          known: Declared = Declared()) -> Iterator[tuple[str, Any]]:
+    """(field, value) for every other value of each field in ``fields``: registry names (SLOT_FIELDS;
+    MIXER_FIELDS and, after the standard ops, "attention": the token mixers), VALUE_FIELDS, or what
+    installed families declare (``known``: one more key default, or another tensor-role remap)."""
     for name in fields:
-        values = vocab_names.get(SLOT_FIELDS[name], []) if name in SLOT_FIELDS else VALUE_FIELDS.get(name, ())
+        if name == "defaults":
+            for key, value in known.defaults:
+                if key not in hints.defaults or hints.defaults[key] != value:
+                    yield name, {**hints.defaults, key: value}
+            continue
+        if name == "tensor_names":
+            for remap in [*known.tensor_names, *([{}] if hints.tensor_names else [])]:
+                if dict(remap) != dict(hints.tensor_names):
+                    yield name, remap
+            continue
+        if name in MIXER_FIELDS:
+            values = vocab_names.get(MIXERS, [])
+        elif name in SLOT_FIELDS:
+            values = vocab_names.get(SLOT_FIELDS[name], [])
+            if name == "attention":
+                values = [*values, *vocab_names.get(MIXERS, [])]
+        else:
+            values = VALUE_FIELDS.get(name, ())
         if name == "rope_pairing":
             values = [*values, NO_ROPE]  # the descriptor's "no rotary embedding" (learned positions, ALiBi)
         for value in dict.fromkeys(values):
@@ -191,25 +259,31 @@ def moves(hints: FamilyHints, vocab_names: Mapping[str, list[str]], fields: Iter
                 yield name, value
 
 
+#: vocab_names' key of the attention-slot ops with their own projections (MLA, token mixers).
+MIXERS = "attention/own projections"
+
+
 def vocab_names(pm: Any) -> dict[str, list[str]]:
-    """slot -> registered names; attention ops only those that read the standard projections."""
+    """slot -> registered names; under "attention" the ops that read the standard projections, under
+    ``MIXERS`` those with their own (MLA, a short convolution, a state-space scan: they need tensors a
+    standard layer does not carry)."""
     from archrun.vocab import build_vocabulary
 
     names: dict[str, list[str]] = {}
     for entry in build_vocabulary(pm):
         op = entry.op
-        if op.slot == "attention" and getattr(op, "layout", None) is not None:
-            continue  # an op with its own projections (MLA, a token mixer) needs tensors a layer does not carry
-        names.setdefault(op.slot, []).append(op.name)
+        own = op.slot == "attention" and getattr(op, "layout", None) is not None
+        names.setdefault(MIXERS if own else op.slot, []).append(op.name)
     return names
 
 
 def starting_hints(architecture: str, family: FamilyHints | None, vocab_names: Mapping[str, list[str]]) -> FamilyHints:
     """The family's hints, or for an architecture no family describes, a first guess for each convention
-    (the shared transformer choices, the first registered rope pairing and activation, no embedding scale)."""
+    (the shared transformer choices, the first registered rope pairing, activation and expert gating,
+    no embedding scale)."""
     if family is not None:
         return attrs.evolve(family, caller=frozenset())
-    first = {f: vocab_names[SLOT_FIELDS[f]][0] for f in ("rope_pairing", "activation")
+    first = {f: vocab_names[SLOT_FIELDS[f]][0] for f in ("rope_pairing", "activation", "gating")
              if vocab_names.get(SLOT_FIELDS[f])}
     return FamilyHints(name=architecture, embed_scale=1.0, **{**TRANSFORMER, **first})
 
@@ -221,6 +295,21 @@ def _combos(options: list[tuple[str, Any]], size: int) -> Iterator[tuple[tuple[s
             yield combo
 
 
+def _with_a_default(options: list[tuple[str, Any]]) -> Iterator[tuple[tuple[str, Any], ...]]:
+    """Every two moves on distinct fields other than "defaults", with one more key default (a number a
+    file omits matters only with the op that reads it: ALiBi's maximum bias with the ALiBi op)."""
+    plain = [m for m in options if m[0] != "defaults"]
+    extra = [m for m in options if m[0] == "defaults"]
+    for pair in _combos(plain, 2):
+        for d in extra:
+            yield (*pair, d)
+
+
+def every_field() -> list[str]:
+    """Every convention the loop searches."""
+    return [*SLOT_FIELDS, *VALUE_FIELDS, *MIXER_FIELDS, *DECLARED_FIELDS]
+
+
 def _step(search: _Search, cur: FamilyHints, rep: Report, names: Mapping[str, list[str]],
           changed: Sequence[str]) -> tuple[FamilyHints, Report, dict[str, Any]] | None:
     """The best change that moves the first divergence of ``rep`` later: one field (guided, then the
@@ -229,7 +318,7 @@ def _step(search: _Search, cur: FamilyHints, rep: Report, names: Mapping[str, li
     can be revised)."""
     first = rep.first
     op = "logits" if first is None else first.op.split("#")[0]
-    every = list(SLOT_FIELDS) + list(VALUE_FIELDS)
+    every = every_field()
     # a reference of logits alone guides nothing: every convention is a candidate
     guided = [f for f in GUIDE.get(op, ()) if f in every] if rep.ops else every
     rest = [f for f in every if f not in guided]
@@ -242,17 +331,23 @@ def _step(search: _Search, cur: FamilyHints, rep: Report, names: Mapping[str, li
         return score(got)[0] == base[0] and score(got)[1] > base[1] + math.log10(REDUCE)
 
     revisable = list(dict.fromkeys([*guided, *changed]))
-    stages = ((guided, 1, advances), (rest, 1, advances), (revisable, 1, reduces), (revisable, 2, advances))
-    for fields, size, good in stages:
+    # (fields, how the moves combine, what counts, whether the first hit ends the stage)
+    stages = ((guided, 1, advances, False), (rest, 1, advances, False), (revisable, 1, reduces, False),
+              (revisable, 2, advances, False), (revisable, "pair and a default", advances, True))
+    for fields, size, good, first_hit in stages:
         best: tuple[FamilyHints, Report, dict[str, Any]] | None = None
-        for combo in _combos(list(moves(cur, names, fields)), size):
+        options = list(moves(cur, names, fields, search.known))
+        combos = _with_a_default(options) if size == "pair and a default" else _combos(options, size)
+        for combo in combos:
             if search.out_of_time():
                 return best
             cand = attrs.evolve(cur, **dict(combo))
             got = search.evaluate(cand)
+            if got is not None and got.matches:  # the logits match: done, whatever an aligned op says
+                return cand, got, dict(combo)
             if got is not None and good(got) and (best is None or score(got) > score(best[1])):
                 best = (cand, got, dict(combo))
-                if got.matches:
+                if first_hit:
                     return best
         if best is not None:
             return best
@@ -262,18 +357,22 @@ def _step(search: _Search, cur: FamilyHints, rep: Report, names: Mapping[str, li
 def _first_runnable(search: _Search, cur: FamilyHints, names: Mapping[str, list[str]]
                     ) -> tuple[FamilyHints, Report, dict[str, Any]]:
     """The closest single change of ``cur`` that runs at all (a model may not load without one: e.g.
-    blocks without pre-norms have no pre-norm tensors)."""
+    blocks without pre-norms have no pre-norm tensors), else the closest pair of changes."""
     why = search.skipped[-1]
-    best: tuple[FamilyHints, Report, dict[str, Any]] | None = None
-    for combo in _combos(list(moves(cur, names, list(SLOT_FIELDS) + list(VALUE_FIELDS))), 1):
-        cand = attrs.evolve(cur, **dict(combo))
-        got = search.evaluate(cand)
-        if got is not None and (best is None or score(got) > score(best[1])):
-            best = (cand, got, dict(combo))
-    if best is None:
-        raise NotRecovered(f"{search.architecture}: the model does not run with the starting conventions ({why}), "
-                           "nor with any one of them changed")
-    return best
+    options = list(moves(cur, names, every_field(), search.known))
+    for size in (1, 2):
+        best: tuple[FamilyHints, Report, dict[str, Any]] | None = None
+        for combo in _combos(options, size):
+            if search.out_of_time():
+                break
+            cand = attrs.evolve(cur, **dict(combo))
+            got = search.evaluate(cand)
+            if got is not None and (best is None or score(got) > score(best[1])):
+                best = (cand, got, dict(combo))
+        if best is not None:
+            return best
+    raise NotRecovered(f"{search.architecture}: the model does not run with the starting conventions ({why}), "
+                       "nor with any one or two of them changed")
 
 
 def _not_recovered(search: _Search, rep: Report, steps: list[Step]) -> NotRecovered:
@@ -283,8 +382,8 @@ def _not_recovered(search: _Search, rep: Report, steps: list[Step]) -> NotRecove
           else f"in the final logits (rel {rep.logits_rel:.3g}; the reference has no per-op activations)")
     done = "; ".join(", ".join(f"{k}={v}" for k, v in s.changes.items()) for s in steps) or "none"
     why = ("the time budget ran out" if search.out_of_time() else
-           "no installed vocabulary reproduces it with any one or two convention changes (the math of an op, "
-           "a weight layout or a key may differ)")
+           "no installed vocabulary reproduces it with any one or two convention changes (nor two and a key "
+           "default an installed family declares; the math of an op, a weight layout or a key may differ)")
     return NotRecovered(f"{search.architecture}: the first diverging op is {at}: {why}; changes kept: {done}; "
                         f"{search.evaluations} traced runs in {time.monotonic() - search.started:.1f} s")
 
