@@ -14,7 +14,8 @@ thinking (templates that open it for the model), and streams a reply as reasonin
 A reasoning budget (`ReasoningBudget`) watches a reply as it is generated and, once the thinking
 has used its tokens, has the close text forced as the next tokens (llama-server's
 `--reasoning-budget`): the model then answers. A format with `answer_open` (gpt-oss's harmony
-channels) also drops that text where a reply starts with its answer, skipping the thinking.
+channels) also drops that text where the answer starts with it (after the thinking or in its
+place).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from archrun.errors import InvalidRequest, PluginError
 @attrs.frozen
 class ReasoningFormat:
     """Thinking written between `open` and `close` at the start of a reply; `answer_open`, when
-    given, is markup that opens the answer (dropped where a reply starts with it)."""
+    given, is markup that opens the answer (dropped where the answer starts with it: at the start
+    of a reply that skips the thinking, or right after the close). An answer that starts with
+    other markup (e.g. a tool call's header) keeps it, for the tool-call format to read."""
 
     open: str
     close: str
@@ -88,16 +91,18 @@ class ReasoningStream:
         self.buf = ""
         self.reasoning = ""   # all reasoning passed on
         self.content = ""     # all content passed on
+        self.marked = False   # the answer's markup (answer_open) was seen and dropped
 
     def push(self, piece: str) -> tuple[str, str]:
         self.buf += piece
         reasoning = content = ""
+        answer = self.fmt.answer_open
         if self.state == "start":
-            head, answer = self.buf.lstrip(), self.fmt.answer_open
+            head = self.buf.lstrip()
             if head.startswith(self.fmt.open):
                 self.state, self.buf = "reasoning", head[len(self.fmt.open):]
             elif answer and head.startswith(answer):
-                self.state, self.buf = "answer", head[len(answer):]
+                self.state, self.buf, self.marked = "answer", head[len(answer):], True
             elif not (self.fmt.open.startswith(head) or answer.startswith(head)):
                 self.state = "content"
         if self.state == "reasoning":
@@ -111,7 +116,9 @@ class ReasoningStream:
                 reasoning, self.buf = self.buf[:safe], self.buf[safe:]
         if self.state == "answer":  # the whitespace that separates thinking from the answer is neither
             self.buf = self.buf.lstrip()
-            if self.buf:
+            if answer and not self.marked and self.buf.startswith(answer):  # the answer's own markup
+                self.buf, self.marked = self.buf[len(answer):].lstrip(), True
+            if self.buf and (self.marked or not answer.startswith(self.buf)):
                 self.state = "content"
         if self.state == "content":
             content, self.buf = self.buf, ""

@@ -12,18 +12,23 @@ Q/K/V/O, router and expert biases are found by tensor presence.
 
 Replies use OpenAI's harmony format: thinking in the analysis channel, the answer in the final one
 (`<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...`); the
-markup tokens are written out as text, so HARMONY splits a reply like any open/close format.
+markup tokens are written out as text, so HARMONY splits a reply like any open/close format: the
+analysis closes at `<|end|><|start|>assistant`, the final channel's header is dropped, and a tool
+call's header (commentary channel, `to=functions.NAME`) is kept for HarmonyToolCalls (tools.py).
 """
 
 from __future__ import annotations
 
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
 from archrun.reasoning import ReasoningFormat
+from archrun_gpt_oss.tools import HarmonyToolCalls
 
-# the analysis channel, closed by the final channel's header; a reply may also start with the final channel
-HARMONY = ReasoningFormat(open="<|channel|>analysis<|message|>",
-                          close="<|end|><|start|>assistant<|channel|>final<|message|>", name="harmony",
-                          answer_open="<|channel|>final<|message|>")
+__all__ = ["HARMONY", "HINTS", "HarmonyToolCalls", "plugin"]
+
+# the analysis channel, closed where the next assistant message starts (the final channel, whose header
+# is dropped, or a tool call on the commentary channel); a reply may also start with the final channel
+HARMONY = ReasoningFormat(open="<|channel|>analysis<|message|>", close="<|end|><|start|>assistant",
+                          name="harmony", answer_open="<|channel|>final<|message|>")
 
 HINTS = {
     "gpt-oss": FamilyHints(name="gpt-oss", rope_pairing="neox", activation="swiglu_oai", embed_scale=1.0,
@@ -33,4 +38,4 @@ HINTS = {
                            **TRANSFORMER),
 }
 
-plugin = FamilyPlugin(HINTS, reasoning=HARMONY)
+plugin = FamilyPlugin(HINTS, tool_calls=HarmonyToolCalls(), reasoning=HARMONY)
