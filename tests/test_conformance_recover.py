@@ -28,7 +28,7 @@ from archrun.conformance.diverge import compare
 from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.conformance.recover import recover, trace_gguf
 from archrun.errors import BadTrace, NotRecovered
-from archrun.ggufio import open_gguf
+from archrun.ggufset import open_gguf
 from archrun.plugins import make_plugin_manager
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,7 +20,8 @@ from gguf_fixtures import QuantTensor, RawGGUF, enc_str, random_quant_tensor, wr
 
 from archrun import ggufio, quant
 from archrun.errors import MissingTensor, ModelLoadError, UnsupportedQuantType
-from archrun.ggufio import GGUFFile, TensorInfo, open_gguf
+from archrun.ggufio import GGUFFile, TensorInfo
+from archrun.ggufset import open_gguf
 
 T = GGMLQuantizationType
 V = GGUFValueType

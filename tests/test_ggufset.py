@@ -21,8 +21,8 @@ from conftest import real_model
 import archrun
 from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.errors import ModelLoadError, SplitSetError
-from archrun.ggufio import GGUFFile, open_gguf
-from archrun.ggufset import GGUFSet
+from archrun.ggufio import GGUFFile
+from archrun.ggufset import GGUFSet, open_gguf
 
 TOKENS = [1, 504, 3458, 314, 260, 1789, 28, 253, 42, 7]
 

@@ -515,7 +515,7 @@ def test_loader_and_tokenizer_memory_is_bounded_by_the_file_size(tmp_path) -> No
     out = _python(f"""
         import json, os, resource, archrun
         from archrun.compile import compile_gguf
-        from archrun.ggufio import open_gguf
+        from archrun.ggufset import open_gguf
         for backend in ("fast", "reference"):
             archrun.load({str(LLAMA)!r}, backend=backend).tokenizer.encode("warm up")
         def vm():

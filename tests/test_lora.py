@@ -19,7 +19,7 @@ import archrun
 from archrun.conformance import hf, llamacpp
 from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.errors import AdapterError, AdapterMismatch, InvalidRequest
-from archrun.ggufio import open_gguf
+from archrun.ggufset import open_gguf
 from archrun.lora import parse_lora_arg
 
 FAMILIES = Path(__file__).resolve().parents[1] / "families"

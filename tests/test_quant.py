@@ -12,7 +12,7 @@ from gguf_fixtures import random_blocks
 
 from archrun import quant
 from archrun.errors import UnsupportedQuantType
-from archrun.ggufio import open_gguf
+from archrun.ggufset import open_gguf
 from archrun.weights import Matrix
 
 T = GGMLQuantizationType

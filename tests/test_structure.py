@@ -22,7 +22,7 @@ from synth import attn_output_bias, chain, fuse_qkv, norm_biases, pack_gate_up, 
 
 import archrun
 from archrun.compile import describe
-from archrun.ggufio import open_gguf
+from archrun.ggufset import open_gguf
 from archrun.model import Interpreter
 
 IDS = [5, 17, 3, 42, 8, 60, 11, 2, 29, 77, 1, 50]

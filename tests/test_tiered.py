@@ -13,7 +13,7 @@ import pytest
 import archrun
 from archrun import tiered
 from archrun.errors import ArchrunWarning
-from archrun.ggufio import open_gguf
+from archrun.ggufset import open_gguf
 
 FIXTURE = Path(__file__).parents[1] / "families/archrun-llama/tests/goldens/llama_gqa.gguf"
 

@@ -167,7 +167,7 @@ def test_llamacpp_vocab_stress(name: str):
 def test_llamacpp_pre_tokenizer_variants(pre: str):
     """Pre-tokenizers no test vocabulary uses: a test vocabulary with `tokenizer.ggml.pre` (and the
     model, gpt2) replaced tokenizes the first 40 stress strings as llama.cpp did on such a copy."""
-    from archrun.ggufio import open_gguf
+    from archrun.ggufset import open_gguf
 
     golden = _recorded()
     want = golden["pre_variants"][pre]

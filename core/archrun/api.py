@@ -8,7 +8,7 @@ from typing import Any
 
 from archrun.compile import compile_gguf
 from archrun.errors import InvalidRequest, shown
-from archrun.ggufio import open_gguf
+from archrun.ggufset import open_gguf
 from archrun.lora import apply_adapters
 from archrun.model import Interpreter, build_plan
 from archrun.plugins import checked_plugin_manager

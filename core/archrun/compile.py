@@ -53,8 +53,8 @@ from archrun.family import (
     RESIDUAL_BY_PARALLEL_KEY,
     FamilyHints,
 )
-from archrun.ggufio import GGUFFile, open_gguf
-from archrun.ggufset import GGUFSet
+from archrun.ggufio import GGUFFile
+from archrun.ggufset import GGUFSet, open_gguf
 from archrun.lora import AdaptedFile
 
 # Sanity bounds (BAD_INPUTS M1): larger values are hostile or corrupt, not models.

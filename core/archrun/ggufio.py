@@ -34,7 +34,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from archrun import quant
 from archrun.errors import InvalidRequest, MissingTensor, ModelLoadError
 
-__all__ = ["GGUFFile", "TensorInfo", "open_gguf", "release_view"]
+__all__ = ["GGUFFile", "TensorInfo", "release_view"]
 
 _V = GGUFValueType
 _MAGIC = b"GGUF"
@@ -635,11 +635,3 @@ def release_view(view: np.ndarray) -> None:
     page = mmap.PAGESIZE
     first = start // page * page
     mm.madvise(mmap.MADV_DONTNEED, first, end - first)
-
-
-def open_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Open and validate a GGUF file (see GGUFFile); a part of a split model opens the whole set as one
-    (archrun.ggufset.GGUFSet, which answers like a GGUFFile)."""
-    from archrun.ggufset import open_model_file
-
-    return open_model_file(path)

@@ -27,7 +27,7 @@ import numpy as np
 from archrun.errors import MissingTensor, ModelLoadError, SplitSetError
 from archrun.ggufio import GGUFFile, TensorInfo
 
-__all__ = ["GGUFSet", "SPLIT_COUNT", "SPLIT_NO", "SPLIT_TENSORS", "open_model_file", "part_path", "split_of"]
+__all__ = ["GGUFSet", "SPLIT_COUNT", "SPLIT_NO", "SPLIT_TENSORS", "open_gguf", "part_path", "split_of"]
 
 SPLIT_NO = "split.no"
 SPLIT_COUNT = "split.count"
@@ -140,8 +140,9 @@ class GGUFSet:
         return f"GGUFSet({str(self.path)!r}, {len(self.parts)} parts, {len(self.tensors)} tensors)"
 
 
-def open_model_file(path: str | os.PathLike) -> GGUFFile | GGUFSet:
-    """A GGUF file, or the whole set when it is a part of a split model (any part's path)."""
+def open_gguf(path: str | os.PathLike) -> GGUFFile | GGUFSet:
+    """Open and validate a GGUF file (archrun.ggufio.GGUFFile), or the whole set when it is a part of a split
+    model (any part's path; a GGUFSet answers like a GGUFFile)."""
     gguf = GGUFFile(path)
     try:
         split = split_of(gguf)

@@ -11,7 +11,7 @@ from archrun.cache import KV_TYPES, kv_options
 from archrun.compile import compile_gguf
 from archrun.errors import UnknownVocabulary
 from archrun.family import CONVENTIONS
-from archrun.ggufio import open_gguf
+from archrun.ggufset import open_gguf
 from archrun.model import kv_types_of, vocabulary_of
 from archrun.plugins import default_plugin_manager, installed_plugins
 from archrun.vocab import build_vocabulary

@@ -42,7 +42,7 @@ class LoraAdapter:
     """A validated LoRA adapter file: alpha, architecture and the (A, B) pair of each base tensor."""
 
     def __init__(self, path: str | os.PathLike) -> None:
-        from archrun.ggufio import open_gguf
+        from archrun.ggufset import open_gguf
 
         self.file = open_gguf(path)
         self.path = self.file.path

@@ -207,7 +207,7 @@ def available_memory() -> int | None:
 def tiered_bytes(path: str | os.PathLike) -> int:
     """Memory a tiered start needs at once: this process on the reference backend (every weight as
     float32) plus the warm-up process on the fast one (about the file, repacked), each with its runtime."""
-    from archrun.ggufio import open_gguf
+    from archrun.ggufset import open_gguf
 
     with open_gguf(path) as g:
         float32 = sum(4 * math.prod(t.shape) for t in g.tensors.values())

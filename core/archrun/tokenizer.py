@@ -1168,7 +1168,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: Any) -> Tokenizer:
         """Tokenizer of the GGUF file at `path` (read through archrun's validating reader)."""
-        from archrun.ggufio import open_gguf
+        from archrun.ggufset import open_gguf
 
         gguf = open_gguf(path)
         try:

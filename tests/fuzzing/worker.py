@@ -576,7 +576,7 @@ def scenario_special(case: dict, steps: Steps, tmp: Path) -> None:
         return
     path = _special_path(what, tmp, case["seed"])
     steps.run("load", archrun.load, path, backend=case["backend"])
-    from archrun.ggufio import open_gguf
+    from archrun.ggufset import open_gguf
 
     steps.run("open_gguf", lambda: open_gguf(path).close())
     steps.run("tokenizer_from_gguf", archrun.Tokenizer.from_gguf, path)

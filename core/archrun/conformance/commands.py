@@ -114,7 +114,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 def _start(args: argparse.Namespace) -> Any:
     """The family's hints (or the first guess) with the caller's --hint values on top."""
     from archrun.conformance.recover import starting_hints, vocab_names
-    from archrun.ggufio import open_gguf
+    from archrun.ggufset import open_gguf
     from archrun.plugins import default_plugin_manager
 
     pm = default_plugin_manager()

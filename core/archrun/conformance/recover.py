@@ -129,7 +129,7 @@ class Declared:
 
 def declared(pm: Any, path: str | Path) -> Declared:
     """What the installed family plugins declare that could apply to the model at ``path``."""
-    from archrun.ggufio import open_gguf
+    from archrun.ggufset import open_gguf
 
     g = open_gguf(path)
     arch = str(g.metadata["general.architecture"])
@@ -181,7 +181,7 @@ class _Search:
 
     def __init__(self, path: Path, reference: Trace, plugins: Any, backend: str, tolerance: float,
                  budget: float):
-        from archrun.ggufio import open_gguf
+        from archrun.ggufset import open_gguf
         from archrun.plugins import make_plugin_manager
 
         self.path, self.reference, self.backend, self.tolerance = path, reference, backend, tolerance
