@@ -58,10 +58,10 @@ VALUE_FIELDS: Mapping[str, tuple[Any, ...]] = {
 GUIDE: Mapping[str, tuple[str, ...]] = {
     "attn_out": ("rope_pairing", "attention", "qk_norm_after_rope", "swa_period", "swa_rope", "nope_period",
                  "nope_global", "norm", "norm_weights", "pre_norms", "embed_scale", "residual", "defaults",
-                 "tensor_names", "recurrent", "parallel"),
+                 "tensor_names"),
     "ffn_out": ("activation", "gating", "moe_weights_norm", "moe", "norm", "pre_norms", "residual", "embed_scale",
                 "tensor_names", "defaults"),
-    "block": ("residual", "pre_norms", "norm", "embed_scale", "tensor_names", "parallel"),
+    "block": ("residual", "pre_norms", "norm", "embed_scale", "tensor_names"),
     "final_norm": ("norm", "norm_weights", "embed_scale", "tensor_names"),
     "output": ("logit_scale_key", "norm"),
     "logits": ("softcap", "logit_scale_key", "embed_scale"),
@@ -305,6 +305,10 @@ def _with_a_default(options: list[tuple[str, Any]]) -> Iterator[tuple[tuple[str,
             yield (*pair, d)
 
 
+def _key(move: tuple[str, Any]) -> tuple[str, str]:
+    return move[0], repr(move[1])
+
+
 def every_field() -> list[str]:
     """Every convention the loop searches."""
     return [*SLOT_FIELDS, *VALUE_FIELDS, *MIXER_FIELDS, *DECLARED_FIELDS]
@@ -334,6 +338,8 @@ def _step(search: _Search, cur: FamilyHints, rep: Report, names: Mapping[str, li
     # (fields, how the moves combine, what counts, whether the first hit ends the stage)
     stages = ((guided, 1, advances, False), (rest, 1, advances, False), (revisable, 1, reduces, False),
               (revisable, 2, advances, False), (revisable, "pair and a default", advances, True))
+    failed: set[tuple[str, str]] = set()  # the single moves the model cannot run with
+    seen: dict[tuple[tuple[str, str], ...], Report | None] = {}  # a stage repeats an earlier one's moves
     for fields, size, good, first_hit in stages:
         best: tuple[FamilyHints, Report, dict[str, Any]] | None = None
         options = list(moves(cur, names, fields, search.known))
@@ -341,8 +347,14 @@ def _step(search: _Search, cur: FamilyHints, rep: Report, names: Mapping[str, li
         for combo in combos:
             if search.out_of_time():
                 return best
+            if size != 1 and sum(_key(m) in failed for m in combo[:2]) == 2:
+                continue  # two changes the model cannot run with, each alone: seldom a pair that runs
             cand = attrs.evolve(cur, **dict(combo))
-            got = search.evaluate(cand)
+            key = tuple(map(_key, combo))
+            got = seen[key] if key in seen else search.evaluate(cand)
+            seen[key] = got
+            if got is None and size == 1:
+                failed.add(_key(combo[0]))
             if got is not None and got.matches:  # the logits match: done, whatever an aligned op says
                 return cand, got, dict(combo)
             if got is not None and good(got) and (best is None or score(got) > score(best[1])):
