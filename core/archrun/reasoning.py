@@ -167,3 +167,21 @@ class ReasoningBudget:
             self.done = True
             return list(self.close_ids)
         return []
+
+
+# the share of a reply's token budget that a reasoning effort lets the thinking use, for models whose
+# template has no `reasoning_effort` variable to tell them (OpenRouter's mapping to a token budget)
+EFFORT_SHARE = {"minimal": 0.1, "low": 0.2, "medium": 0.5, "high": 0.8, "xhigh": 0.95}
+EFFORTS = ("none", *EFFORT_SHARE)
+
+
+def effort_budget(effort: str, max_tokens: int) -> int | None:
+    """The thinking-token budget of OpenAI's reasoning `effort` for a reply of at most `max_tokens`
+    tokens: its EFFORT_SHARE of them, at least 1; None for an effort that names no share."""
+    share = EFFORT_SHARE.get(effort) if isinstance(effort, str) else None
+    return None if share is None else max(1, int(share * max_tokens))
+
+
+def says_effort(chat_template: str | None) -> bool:
+    """Whether a chat template reads the `reasoning_effort` variable (gpt-oss's tells the model)."""
+    return chat_template is not None and "reasoning_effort" in chat_template

@@ -32,7 +32,7 @@ from archrun.errors import ArchrunError, NotGenerative
 from archrun.fingerprint import system_fingerprint
 from archrun.generation import GenerationRequest, GenerationResult, make_request
 from archrun.grammar import vocabulary
-from archrun.reasoning import ReasoningBudget, reasoning_format
+from archrun.reasoning import ReasoningBudget, effort_budget, reasoning_format, says_effort
 from archrun.serve import anthropic, protocol, responses
 from archrun.serve.config import ServeConfig
 from archrun.serve.embeddings import Embedder
@@ -265,7 +265,8 @@ class Server:
     async def _chat_request(self, body: dict[str, Any]) -> tuple[GenerationRequest, protocol.Options, ToolPlan]:
         """The engine request of a chat-completions body, its options and its tool plan."""
         opts = await run_in_threadpool(protocol.chat_options, body)  # compiles a response_format grammar
-        if opts.reasoning_budget is None:
+        asked = opts.reasoning_budget is not None  # the request's own budget comes first, then its effort's
+        if not asked:
             opts = attrs.evolve(opts, reasoning_budget=self.config.reasoning_budget)
         messages = protocol.chat_messages(body)
         tools, choice, template_vars = protocol.chat_tools(body)
@@ -277,6 +278,10 @@ class Server:
                 raise ApiError(400, "a forced tool call (tool_choice) cannot also take a response_format")
             opts = attrs.evolve(opts, generation={**opts.generation, "grammar": plan.grammar})
         req = await run_in_threadpool(self._request, plan.ids, opts)
+        effort = template_vars.get("reasoning_effort")
+        if not asked and effort is not None and not says_effort(self.model.chat_template):
+            budget = effort_budget(effort, req.budget)  # a model the template cannot tell: the thinking is cut
+            opts = attrs.evolve(opts, reasoning_budget=budget if budget is not None else opts.reasoning_budget)
         return req, opts, plan
 
     def _parts(self, plan: ToolPlan, opts: protocol.Options) -> ReplyParts:

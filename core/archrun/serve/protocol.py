@@ -19,6 +19,7 @@ import attrs
 from archrun.errors import InvalidRequest
 from archrun.generation import GenerationResult, TokenLogprob
 from archrun.grammar import Grammar
+from archrun.reasoning import EFFORTS
 
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
@@ -209,6 +210,8 @@ def chat_tools(body: dict) -> tuple[Any, Any, dict[str, Any]]:
     if reserved:
         raise InvalidRequest(f"chat_template_kwargs cannot set {', '.join(sorted(reserved))}")
     effort = _get(body, "reasoning_effort", str)  # OpenAI's: "none" turns a thinking template's thinking off
+    if effort is not None and effort not in EFFORTS:
+        raise InvalidRequest(f"reasoning_effort must be one of {', '.join(EFFORTS)}")
     if effort is not None and "enable_thinking" not in kwargs:
         kwargs = {**kwargs, "enable_thinking": effort != "none"}
     if effort not in (None, "none") and "reasoning_effort" not in kwargs:

@@ -16,6 +16,7 @@ from typing import Any
 
 from archrun.errors import InvalidRequest
 from archrun.generation import GenerationResult
+from archrun.reasoning import EFFORTS
 from archrun.serve import protocol
 from archrun.serve.reply import Blocks, Part, ReplyParts
 
@@ -57,6 +58,8 @@ def chat_body(body: dict) -> dict[str, Any]:
     reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
     if reasoning.get("effort") is not None:
         effort = reasoning["effort"]
+        if effort not in EFFORTS:
+            raise InvalidRequest(f"reasoning.effort must be one of {', '.join(EFFORTS)}")
         chat["chat_template_kwargs"] = {"enable_thinking": effort != "none",
                                         **({"reasoning_effort": effort} if effort != "none" else {})}
     if reasoning.get("max_tokens") is not None:  # OpenRouter's reasoning budget: the thinking is cut there
