@@ -138,6 +138,7 @@ def test_models_health_metrics(server, client):
                  "archrun_batch_size", "archrun_generation_tokens_per_second", "archrun_prompt_tokens_computed_total"):
         assert name in text
     assert 'endpoint="/v1/chat/completions",status="200"' in text
+    assert "model=" not in text  # one model: its series carry no model label
 
 
 def test_concurrent_streams_batch_and_match_single_runs(model):

@@ -85,6 +85,27 @@ def test_the_requests_model_selects_and_the_lru_idle_model_unloads(front, oai):
     assert front[1].pool.budget.used <= BUDGET
 
 
+def series(url: str) -> dict[str, float]:
+    """/metrics as {series with its labels: value}; each family's HELP and TYPE once."""
+    lines = httpx.get(url + "/metrics", timeout=30).text.splitlines()
+    heads = [line.split()[2] for line in lines if line.startswith("# TYPE")]
+    assert len(heads) == len(set(heads))
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if not line.startswith("#")}
+
+
+def test_metrics_label_each_models_series(front, oai):
+    tokens = sum(ask(oai, name).usage.completion_tokens for name in (TWIN, SMOL))  # TWIN is unloaded after
+    before = series(front[0])
+    assert before[f'archrun_generation_tokens_total{{model="{TWIN}"}}'] >= tokens / 2 > 0  # kept while unloaded
+    chat = f'archrun_requests_total{{model="{SMOL}",endpoint="/v1/chat/completions",status="200"}}'
+    assert before[chat] >= 1 and before[f'archrun_queue_depth{{model="{SMOL}"}}'] == 0
+    assert not any(key.startswith("archrun_generation_tokens_total ") for key in before)  # only per model
+    ask(oai, SMOL)
+    after = series(front[0])
+    scrapes = 'archrun_requests_total{endpoint="/metrics",status="200"}'  # the front's own: no model label
+    assert after[chat] == before[chat] + 1 and after[scrapes] == before.get(scrapes, 0) + 1
+
+
 def test_an_unknown_model_is_404_in_each_apis_shape(front, oai):
     with pytest.raises(openai.NotFoundError) as err:
         ask(oai, "no-such-model")

@@ -4,7 +4,8 @@ The front answers /, /health, /metrics and /v1/models itself; any other request'
 (bounded by max_body), its `model` looked up in the ModelPool (archrun.serve.models: 404 for an
 unknown one, 503 when memory cannot be made for it), and the request replayed, body and all,
 into that model's Server app (archrun.serve.app), which answers it as a one-model server would.
-The models share one Metrics; /health is 503 while any loaded model's engine is stalled or stopped.
+Each model counts in its own Metrics (kept while it is unloaded), the front in its own: /metrics labels
+every model's series with `model`. /health is 503 while any loaded model's engine is stalled or stopped.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from starlette.routing import Route
 from archrun.serve import anthropic
 from archrun.serve.app import PAGE_POLICY, ApiError, Server, _api_error, _chat_page, check_api_key, read_body
 from archrun.serve.config import ServeConfig
-from archrun.serve.metrics import Metrics
+from archrun.serve.metrics import Metrics, render_metrics
 from archrun.serve.models import ModelPool
 
 LOCAL_PATHS = ("/", "/health", "/metrics", "/v1/models")
@@ -33,8 +34,9 @@ LOCAL_PATHS = ("/", "/health", "/metrics", "/v1/models")
 class Front:
     """The ASGI app over a ModelPool (see the module docstring)."""
 
-    def __init__(self, pool: ModelPool, config: ServeConfig, metrics: Metrics):
-        self.pool, self.config, self.metrics = pool, config, metrics
+    def __init__(self, pool: ModelPool, config: ServeConfig, metrics: Metrics, per_model: dict[str, Metrics]):
+        self.pool, self.config, self.metrics = pool, config, metrics  # metrics: the front's own requests
+        self.per_model = per_model  # each model's Metrics by id (its Server's, from its first load on)
         routes = [Route(path, fn, methods=["GET"]) for path, fn in (
             ("/", self.page), ("/health", self.health), ("/metrics", self.prometheus), ("/v1/models", self.models))]
         self.local = Starlette(routes=routes, lifespan=self.lifespan)
@@ -91,11 +93,15 @@ class Front:
         if bad:
             return JSONResponse({"status": "unavailable", "reason": "; ".join(f"{n}: {w}" for n, w in bad.items()),
                                  "models": bad}, status_code=503)
-        return JSONResponse({"status": "ok", "loaded": sorted(models), "waiting": self.metrics.queue_depth})
+        return JSONResponse({"status": "ok", "loaded": sorted(models),
+                             "waiting": sum(m.queue_depth for m in list(self.per_model.values()))})
 
     async def prometheus(self, request: Request) -> Response:
-        return await self._local(request, "/metrics", lambda: PlainTextResponse(
-            self.metrics.render(), media_type="text/plain; version=0.0.4"))
+        def answer() -> Response:
+            groups = [({"model": name}, m) for name, m in sorted(self.per_model.items())]
+            return PlainTextResponse(render_metrics(groups, front=self.metrics), media_type="text/plain; version=0.0.4")
+
+        return await self._local(request, "/metrics", answer)
 
     async def models(self, request: Request) -> Response:
         return await self._local(request, "/v1/models",
@@ -123,17 +129,19 @@ def _model_of(body: bytes) -> Any:
 
 def create_pool_app(files: Sequence[tuple[str, Path]], load: Callable[[Path], Any], config: ServeConfig) -> Front:
     """The ASGI app serving the models of `files` ((id, path), archrun.serve.models.model_files), each
-    loaded with `load(path)` on first use; their Servers share one Metrics."""
-    metrics = Metrics()
-    pool = ModelPool(files, load, server_factory(config, metrics), config.max_memory, config.context_for)
-    return Front(pool, config, metrics)
+    loaded with `load(path)` on first use; each model's Servers count in one Metrics of its own."""
+    per_model: dict[str, Metrics] = {}
+    pool = ModelPool(files, load, server_factory(config, lambda name: per_model.setdefault(name, Metrics())),
+                     config.max_memory, config.context_for)
+    return Front(pool, config, Metrics(), per_model)
 
 
-def server_factory(config: ServeConfig, metrics: Metrics) -> Any:
-    """ModelPool's serve(model, id, budget): the model's started Server, with its own ASGI app."""
+def server_factory(config: ServeConfig, metrics_of: Callable[[str], Metrics]) -> Any:
+    """ModelPool's serve(model, id, budget): the model's started Server, with its own ASGI app, counting
+    in `metrics_of(id)`."""
 
     def serve(model: Any, model_id: str, budget: Any) -> Server:
-        server = Server(model, config, model_id, metrics=metrics, memory=budget)
+        server = Server(model, config, model_id, metrics=metrics_of(model_id), memory=budget)
         server.asgi = Starlette(routes=server.routes())
         server.engine.start()
         return server

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
 
 RATE_WINDOW_S = 10.0  # tok/s is measured over the last this many seconds
 
@@ -52,15 +53,13 @@ class Metrics:
             recent = [n for t, n in self._recent if t >= now - RATE_WINDOW_S]
         return sum(recent) / RATE_WINDOW_S
 
-    def render(self) -> str:
-        """The Prometheus text format (version 0.0.4)."""
+    def families(self) -> list[tuple[str, str, str, list[tuple[dict[str, str], float]]]]:
+        """Each metric as (name, type, help, [(labels, value)])."""
         rate = self.tokens_per_second()
         with self._lock:
-            lines = ["# HELP archrun_requests_total HTTP requests by endpoint and status.",
-                     "# TYPE archrun_requests_total counter"]
-            lines += [f'archrun_requests_total{{endpoint="{e}",status="{s}"}} {n}'
-                      for (e, s), n in sorted(self.requests.items())]
-            for name, kind, value, text in (
+            out = [("requests_total", "counter", "HTTP requests by endpoint and status.",
+                    [({"endpoint": e, "status": str(s)}, n) for (e, s), n in sorted(self.requests.items())])]
+            out += [(name, kind, text, [({}, value)]) for name, kind, value, text in (
                 ("prompt_tokens_total", "counter", self.prompt_tokens, "Prompt tokens of finished requests."),
                 ("prompt_tokens_computed_total", "counter", self.prefilled_tokens,
                  "Prompt tokens computed (not reused from a cached prefix)."),
@@ -70,6 +69,34 @@ class Metrics:
                 ("batch_size", "gauge", self.batch_size, "Sequences in the latest batch step."),
                 ("generation_tokens_per_second", "gauge", round(rate, 3),
                  f"Tokens generated per second over the last {RATE_WINDOW_S:g} s."),
-            ):
-                lines += [f"# HELP archrun_{name} {text}", f"# TYPE archrun_{name} {kind}", f"archrun_{name} {value}"]
-        return "\n".join(lines) + "\n"
+            )]
+        return out
+
+    def render(self) -> str:
+        """The Prometheus text format (version 0.0.4)."""
+        return render_metrics([({}, self)])
+
+
+def render_metrics(groups: Sequence[tuple[dict[str, str], Metrics]], front: Metrics | None = None) -> str:
+    """Several Metrics in one Prometheus text (version 0.0.4): each group's series carry its labels (a
+    server with several models labels each model's series with `model`); `front`'s requests (answered
+    before any model was chosen) carry none."""
+    merged: dict[str, tuple[str, str, list[str]]] = {}
+    for labels, metrics in ([({}, front)] if front is not None else []) + list(groups):
+        for name, kind, text, samples in metrics.families():
+            if metrics is front and name != "requests_total":
+                continue
+            merged.setdefault(name, (kind, text, []))[2].extend(
+                f"archrun_{name}{_labels({**labels, **own})} {value}" for own, value in samples)
+    out = []
+    for name, (kind, text, lines) in merged.items():
+        out += [f"# HELP archrun_{name} {text}", f"# TYPE archrun_{name} {kind}", *lines]
+    return "\n".join(out) + "\n"
+
+
+def _labels(labels: dict[str, str]) -> str:
+    """{k="v",...} with Prometheus' escapes (backslash, double quote, newline)."""
+    def escaped(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    return "{" + ",".join(f'{k}="{escaped(v)}"' for k, v in labels.items()) + "}" if labels else ""
