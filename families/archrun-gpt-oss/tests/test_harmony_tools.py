@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from archrun.grammar import Constraint
-from archrun.reasoning import ReasoningStream
+from archrun.reasoning import ReasoningBudget, ReasoningStream
 from archrun.serve.reply import ReplyParts
 from archrun.tools import Tool
 from archrun_gpt_oss import HARMONY, HarmonyToolCalls
@@ -48,6 +48,17 @@ def test_harmony_replies_split_at_every_cut(text, expected):
     assert split(text, []) == expected
     for cut in range(1, len(text)):
         assert split(text, [cut]) == expected, cut
+
+
+def test_a_budget_closes_the_analysis_and_the_model_may_still_call():
+    budget, text, n = ReasoningBudget(HARMONY, [99], 2), "", 0
+    for piece in ["<|channel|>analysis<|message|>", "a", " b", " c", " d"]:
+        if budget.forced(text, n):
+            break
+        text, n = text + piece, n + 1
+    assert text == "<|channel|>analysis<|message|>a b" and budget.forced(text, n) == []  # forced once
+    reply = text + HARMONY.close + "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{}"
+    assert split(reply, []) == ("a b", "", [("get_weather", {})])
 
 
 def test_a_call_that_does_not_parse_is_given_back_as_text():
