@@ -122,6 +122,18 @@ def test_responses_function_call_and_reasoning_items(url, stream):
     assert (r.output[1].name, json.loads(r.output[1].arguments)) == ("get_weather", ARGS)
 
 
+def test_a_forced_call_is_written_in_harmony(gpt_oss):
+    """tool_choice "required": the grammar admits only the commentary channel's call (no analysis first)."""
+    forced = Harmony(gpt_oss, REPLY[REPLY.index("<|channel|>commentary"):])
+    with live_server(forced, parallel=1) as (base, _srv):
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+        choice = client.chat.completions.create(model="m", messages=[{"role": "user", "content": ASK}], tools=TOOLS,
+                                                tool_choice="required", max_tokens=80, temperature=0).choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == \
+        [("get_weather", ARGS)]
+
+
 def test_a_call_and_its_result_render_through_the_template(gpt_oss):
     """What each API makes of the call it returned and the tool's result is what the template renders."""
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(ARGS)}}

@@ -64,11 +64,13 @@ class HarmonyToolCalls(ToolCallFormat):
         return calls
 
     def grammar(self, tools: Sequence[Tool]) -> Grammar:
-        """One call to one of `tools` on the commentary channel, the markup as gpt-oss's special tokens."""
+        """One call to one of `tools` on the commentary channel. The markup is text: gpt-oss's vocabulary
+        has `<|channel|>`, `<|constrain|>` and `<|message|>` as user-defined tokens (archrun.tokenizer, as
+        llama.cpp renders them), so each is one token the grammar admits as its text."""
         rules = [f"start: {' | '.join(f'call{i}' for i in range(len(tools)))}"]
         for i, tool in enumerate(tools):
-            rules.append(f'call{i}: <|channel|> {json.dumps(f"commentary to={FUNCTIONS}{tool.name} ")} <|constrain|> '
-                         f'"json" <|message|> %json{json.dumps(_strict(tool.parameters))}')
+            head = f"<|channel|>commentary to={FUNCTIONS}{tool.name} <|constrain|>json<|message|>"
+            rules.append(f"call{i}: {json.dumps(head)} %json{json.dumps(_strict(tool.parameters))}")
         return Grammar.lark("\n".join(rules))
 
     def describe(self, tools: Sequence[Tool]) -> str:

@@ -1,13 +1,13 @@
 """gpt-oss's tool calls in harmony, on hand-written replies (no gpt-oss checkpoint needed): the
 analysis channel is reasoning, a commentary-channel message to `functions.NAME` is a call, the final
-channel is the answer, however the reply is cut into streamed pieces; a forced call's grammar walks
-gpt-oss's markup as special tokens."""
+channel is the answer, however the reply is cut into streamed pieces; a forced call's grammar admits
+gpt-oss's markup tokens."""
 
 from __future__ import annotations
 
 import json
+import re
 
-import numpy as np
 import pytest
 
 from archrun.grammar import Constraint
@@ -76,36 +76,41 @@ def test_the_family_declares_the_format():
 
 
 class Vocab:
-    """Bytes as tokens 0-255, then harmony's markup as control tokens, and an end token."""
+    """Bytes as tokens 0-255, then harmony's markup as user-defined tokens (as archrun's tokenizer makes
+    gpt-oss's: text, one token each), and an end token."""
 
-    SPECIALS = ("<|channel|>", "<|constrain|>", "<|message|>", "<|call|>")
+    MARKUP = ("<|channel|>", "<|constrain|>", "<|message|>")
 
     def __init__(self):
-        self.n_vocab = 256 + len(self.SPECIALS)
+        self.n_vocab = 256 + len(self.MARKUP) + 1
         self.eos_id = self.n_vocab - 1
         self.bos_id = None
         self.eog_ids = {self.eos_id}
 
     def is_control(self, i: int) -> bool:
-        return i >= 256
+        return i == self.eos_id
 
     def token_to_piece(self, i: int) -> bytes:
-        return bytes([i]) if i < 256 else self.SPECIALS[i - 256].encode()
+        return bytes([i]) if i < 256 else (*self.MARKUP, "<|call|>")[i - 256].encode()
 
     def encode(self, text: str, add_special: bool = False) -> list[int]:
-        return list(text.encode())
+        """User-defined tokens first (as llama.cpp's tokenizers match them), bytes between."""
+        out = []
+        for piece in re.split("(" + "|".join(map(re.escape, self.MARKUP)) + ")", text):
+            out += [256 + self.MARKUP.index(piece)] if piece in self.MARKUP else list(piece.encode())
+        return out
 
 
-def test_a_forced_call_walks_the_markup_as_special_tokens():
+def test_a_forced_call_admits_the_markup_tokens():
     vocab = Vocab()
     tool = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
     constraint = Constraint(HarmonyToolCalls().grammar([tool]), vocab, vocab.n_vocab)
-    channel, constrain, message = (256 + Vocab.SPECIALS.index(s) for s in Vocab.SPECIALS[:3])
-    assert np.flatnonzero(constraint.allowed()).tolist() == [channel]  # the markup is the token, never its letters
+    channel, constrain, message = range(256, 259)
+    assert constraint.allowed()[channel]  # the markup's own token
     script = [channel, *b"commentary to=functions.get_weather ", constrain, *b"json", message, *b'{"city":"Paris"}']
     for token in script:
-        assert constraint.allowed()[token], bytes([token]) if token < 256 else Vocab.SPECIALS[token - 256]
+        assert constraint.allowed()[token], vocab.token_to_piece(token)
         constraint.consume(token)
     assert constraint.finished
-    text = "".join(vocab.token_to_piece(t).decode() for t in script)
+    text = b"".join(vocab.token_to_piece(t) for t in script).decode()
     assert HarmonyToolCalls().parse(text, final=True) == [("get_weather", {"city": "Paris"})]
