@@ -23,13 +23,24 @@ from archrun.cache import PrefixCache
 from archrun.decoder import Caps
 from archrun.errors import InvalidRequest, MissingTensor, ModelLoadError, PluginError, VocabularyMismatch
 from archrun.generation import Generation, make_request
+from archrun.ggufset import open_gguf
 from archrun.sampling import Sampler, SamplingParams
 from archrun.speculative import AdaptiveLength, Draft, Drafter, LookupDrafter, decide
 
 FAMILIES = Path(__file__).resolve().parents[1] / "families"
-# one fixture per family package (the first of its goldens), so every family is covered quickly
+
+
+def _generates(path: Path) -> bool:
+    """Whether the fixture's file describes a model that generates: not an encoder, whose file states
+    `<arch>.attention.causal = false` (it embeds and refuses to decode)."""
+    with open_gguf(path) as g:
+        return bool(g.metadata.get(f"{g.metadata['general.architecture']}.attention.causal", True))
+
+
+# one fixture per family package that generates (the first of its goldens), so every family is covered quickly
 ONE_PER_FAMILY = sorted({p.parent.parent.parent.name: p.stem
-                         for p in sorted(FAMILIES.glob("*/tests/goldens/*.gguf"), reverse=True)}.values())
+                         for p in sorted(FAMILIES.glob("*/tests/goldens/*.gguf"), reverse=True)
+                         if _generates(p)}.values())
 DRAFT = "llama_gqa"              # every tiny fixture shares one 288-token vocabulary
 MTP = "glm4moe_base"             # a tiny glm4moe with an MTP (nextn) head
 GREEDY = dict(max_tokens=24, temperature=0.0)
