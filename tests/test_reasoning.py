@@ -12,8 +12,9 @@ from archrun.serve.reply import Blocks, ReplyParts, split_reply
 REPLY = "<think>\nThe user wants a colour.\n</think>\n\nBlue."
 
 
-def run(text: str, cuts: list[int], inside: bool = False) -> tuple[str, str]:
-    stream = ReasoningStream(THINK_TAGS, inside)
+def run(text: str, cuts: list[int], inside: bool = False, fmt=THINK_TAGS) -> tuple[str, str]:
+    """(reasoning, content) of text pushed in pieces cut at `cuts` through a ReasoningStream of fmt."""
+    stream = ReasoningStream(fmt, inside)
     reasoning = content = ""
     for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
         r, c = stream.push(text[a:b])
@@ -70,13 +71,7 @@ HARMONY_REPLY = ("<|channel|>analysis<|message|>User wants a colour.<|end|>"
 def harmony_run(text: str, cuts: list[int]) -> tuple[str, str]:
     from archrun_gpt_oss import HARMONY
 
-    stream = ReasoningStream(HARMONY)
-    reasoning = content = ""
-    for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
-        r, c = stream.push(text[a:b])
-        reasoning, content = reasoning + r, content + c
-    r, c = stream.finish()
-    return reasoning + r, content + c
+    return run(text, cuts, fmt=HARMONY)
 
 
 @pytest.mark.parametrize("text, expected", [
