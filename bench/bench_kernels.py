@@ -44,7 +44,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader  # noqa: E40
 from archrun import kernels, quant  # noqa: E402
 
 MODELS = Path.home() / ".cache" / "archrun" / "models"
-# llama.cpp llama-bench, 2 threads, this machine class (docs/PERFORMANCE.md): decode tok/s
+# llama.cpp llama-bench, 2 threads, this machine class (docs/performance.md): decode tok/s
 LLAMA_CPP_DECODE = {
     "SmolLM2-135M-Instruct.Q4_1.gguf": 121,
     "gemma-3-270m-q4_k_m.gguf": 78,

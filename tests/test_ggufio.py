@@ -1,4 +1,4 @@
-"""archrun.ggufio: round trips through gguf.GGUFWriter and every hostile container of BAD_INPUTS F1-F11.
+"""archrun.ggufio: round trips through gguf.GGUFWriter and every hostile container (sections F1-F11 below).
 
 Every hostile case is small by construction (a few hundred bytes), so a reader that loops,
 allocates by a claimed count, or follows a bogus length shows up as a failure, not a hang.

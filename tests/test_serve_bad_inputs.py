@@ -1,4 +1,4 @@
-"""The server under bad input (../docs BAD_INPUTS R1-R12) over raw HTTP: typed 4xx answers, no crash,
+"""The server under bad input (malformed HTTP, JSON and parameters) over raw HTTP: typed 4xx answers, no crash,
 no hung slot, nothing lost for the other streams."""
 
 from __future__ import annotations

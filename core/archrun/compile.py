@@ -57,7 +57,7 @@ from archrun.ggufio import GGUFFile
 from archrun.ggufset import GGUFSet, open_gguf
 from archrun.lora import AdaptedFile
 
-# Sanity bounds (BAD_INPUTS M1): larger values are hostile or corrupt, not models.
+# Sanity bounds: larger values are hostile or corrupt, not models.
 MAX_LAYERS = 1024
 MAX_CONTEXT = 1 << 24
 MAX_WIDTH = 1 << 18

@@ -10,7 +10,7 @@ The plugin then collects, under that ``conftest.py``, the class ``TestArchrunCon
 (``archrun.conformance.kit.ConformanceKit``: registration, descriptor JSON round trip and
 ``archrun inspect``, cached prefill = token by token = no cache, rewind and re-decode, batch =
 single, fused = op by op, backends, block-style guards, every fast op = its reference, the
-corruptions of BAD_INPUTS.md, the independent reference); for each ``hf_arch.py`` with a
+corruptions of ``synthetic.corruptions``, the independent reference); for each ``hf_arch.py`` with a
 ``goldens/`` folder beside it (in the folder or below), ``TestArchrunTinyHf``
 (``archrun.conformance.tiny_hf``: the recorded HF goldens, llama.cpp's agreement, the fixtures'
 sensitivity, ``-m live``); and, once the package has recorded them, ``TestArchrunBitHashes``

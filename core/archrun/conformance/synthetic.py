@@ -8,7 +8,7 @@ without norm weights when the family says ``norm_weights=False`` and without pre
 says ``pre_norms=False``. Weights are random (seeded), with larger query/key weights so attention
 is far from uniform and norm weights around 1.
 
-``corruptions(path)`` yields the bad inputs of BAD_INPUTS.md applied to such a file (truncation at
+``corruptions(path)`` yields bad inputs applied to such a file (truncation at
 every section, bad magic/version, huge counts, unknown tensor type, offsets past the end, a tensor
 whose shape contradicts the metadata, a missing key, zero heads, a missing or an unexpected
 tensor), each with the typed archrun errors a load must raise.

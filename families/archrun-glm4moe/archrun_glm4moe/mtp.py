@@ -1,7 +1,7 @@
 """glm4moe multi-token prediction (MTP, "nextn"): a draft head for speculative decoding.
 
 GLM-4.5 files carry `nextn_predict_layers` MTP blocks after the trunk (block index
-n_layer + k). One MTP step (HF transformers MtpLayer / MtpModel; ARCHITECTURES.md):
+n_layer + k). One MTP step (HF transformers MtpLayer / MtpModel):
 
     x      = eh_proj(concat(enorm(embed(tok)), hnorm(h_prev)))      [n, 2d] -> [n, d]
     x      = decoder block n_layer + k on x (own KV cache, rope position of tok)

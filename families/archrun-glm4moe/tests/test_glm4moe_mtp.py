@@ -87,7 +87,7 @@ def test_optional_nextn_copies_fall_back_to_the_trunk(tmp_path):
         assert all(rel_err(v, g["mtp"][j]) <= 1e-4 for j, v in got.items())
 
 
-# -- hand numpy (ARCHITECTURES.md formula, weights read by gguf-py) ---------------------------
+# -- hand numpy (the formula in archrun_glm4moe.mtp's docstring, weights read by gguf-py) -------
 
 
 class Hand:

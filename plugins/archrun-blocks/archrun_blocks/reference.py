@@ -471,7 +471,7 @@ def gating_sigmoid():
 
 
 def route(probs: np.ndarray, bias: np.ndarray | None, spec: MoeSpec) -> tuple[np.ndarray, np.ndarray]:
-    """llama.cpp build_moe_ffn selection: ids [n, k] and weights [n, k] (see ARCHITECTURES.md)."""
+    """llama.cpp build_moe_ffn selection: ids [n, k] and weights [n, k] (llama-graph.cpp)."""
     select = probs if bias is None else probs + bias  # bias steers the choice only
     if spec.n_group > 1:
         select = _limit_groups(select, spec.n_group, spec.n_group_used)
