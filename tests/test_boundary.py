@@ -19,19 +19,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pluggy
 import pytest
 from numba import njit
 
 import archrun
 from archrun.errors import UnsupportedArchitecture
 from archrun.family import FamilyHints
+from archrun.hookspecs import hookimpl
 from archrun.kernels.parts import SIGNATURES, part
 from archrun.model import Interpreter
 from archrun.plugins import make_plugin_manager
 from archrun.vocab import SLOTS, Op, build_vocabulary
 
-hookimpl = pluggy.HookimplMarker("archrun")
 CORE = Path(archrun.__file__).parent
 F32 = np.float32
 IDS = [5, 17, 3, 42, 8, 60, 11, 2, 29]

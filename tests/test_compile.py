@@ -142,13 +142,12 @@ def test_family_hook_supplies_what_files_omit(synth_model):
 
 
 def test_archrun_describe_family_firstresult_prefers_later_plugin(synth_model):
-    import pluggy
-
     from archrun.family import TRANSFORMER, FamilyHints
+    from archrun.hookspecs import hookimpl
     from archrun.plugins import make_plugin_manager
 
     class Override:
-        @pluggy.HookimplMarker("archrun")
+        @hookimpl
         def archrun_describe_family(self, architecture):
             if architecture != "qwen3":
                 return None

@@ -11,15 +11,14 @@ from pathlib import Path
 
 import attrs
 import numpy as np
-import pluggy
 import pytest
 
 import archrun
 from archrun import hookspecs
+from archrun.hookspecs import hookimpl
 from archrun.plugins import make_plugin_manager
 from archrun.vocab import Op
 
-hookimpl = pluggy.HookimplMarker("archrun")
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "families/archrun-llama/tests/goldens/llama_gqa.gguf"
 SPECS = sorted(n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("archrun_"))

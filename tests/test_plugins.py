@@ -1,12 +1,9 @@
-
-import pluggy
 import pytest
 
 from archrun.errors import PluginError, UnknownVocabulary
+from archrun.hookspecs import hookimpl
 from archrun.plugins import installed_plugins, make_plugin_manager
 from archrun.vocab import Op, build_vocabulary
-
-hookimpl = pluggy.HookimplMarker("archrun")
 
 
 def test_installed_plugins_are_registered():
@@ -85,3 +82,25 @@ def test_drafters_are_registered_through_a_hook():
 
     with pytest.raises(PluginError, match="'lookup' is registered by both archrun and"):
         drafters(make_plugin_manager(names=[], extra=[Dup()]))
+
+
+def test_vocabulary_hook_runs_once_per_plugin_manager():
+    """Documented in hookspecs: once per plugin manager, again only after its plugins change."""
+    from pathlib import Path
+
+    from archrun.compile import compile_gguf
+
+    calls = []
+
+    class Counting:
+        @hookimpl
+        def archrun_register_vocabulary(self, register):
+            calls.append(1)
+
+    pm = make_plugin_manager(names=["blocks", "llama"], extra=[Counting()])
+    fixture = Path(__file__).resolve().parents[1] / "families/archrun-llama/tests/goldens/llama_gqa.gguf"
+    first = build_vocabulary(pm)
+    compile_gguf(fixture, plugins=pm)
+    assert build_vocabulary(pm) is first and len(calls) == 1
+    pm.register(Counting(), name="another")
+    assert build_vocabulary(pm) is not first and len(calls) == 3  # both Counting plugins, once each

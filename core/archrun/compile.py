@@ -5,11 +5,13 @@ names and infers structure from which tensors exist (q/k norms, biases, fused QK
 gate|up, gated or plain FFN, expert stacks, router bias, shared experts, sandwich norms, a
 learned position table).
 What a file cannot say — its conventions (archrun.family.CONVENTIONS) — comes from the family
-plugin answering `archrun_describe_family`, with a caller's hints on top. The compiler knows
-no vocabulary: every op name in a descriptor comes from those hints or from what a file says
-by key (archrun.family's tables). A model whose conventions are not all stated does not
-compile (UnsupportedArchitecture lists what is missing). Every metadata key that is not used
-is reported; a required key that is missing fails loudly, naming it.
+plugin answering `archrun_describe_family`, with a caller's hints on top. The compiler names
+no op: every op name in a descriptor comes from those hints or from what a file says by key
+(archrun.family's tables). It reads the installed vocabulary only for what an attention op
+declares about its own tensors (its projection layout), and to refuse an op nobody installed.
+A model whose conventions are not all stated does not compile (UnsupportedArchitecture lists
+what is missing). Every metadata key that is not used is reported; a required key that is
+missing fails loudly, naming it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ hookimpl = pluggy.HookimplMarker("archrun")  # what plugins mark their implement
 
 @hookspec
 def archrun_register_vocabulary(register: Callable[..., None]) -> None:
-    """Register vocabulary ops.  Called once per plugin manager on every plugin.
+    """Register vocabulary ops.  Called once per plugin manager on every plugin (again only
+    after a plugin was registered into it or unregistered).
 
     Call ``register(op)`` with an `archrun.vocab.Op` for each (slot, name) the plugin
     provides. Registering a (slot, name) that another plugin already provides raises

@@ -8,14 +8,17 @@ which installed plugins load; tests pass `names=` explicitly instead.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
+from typing import Any, TypeVar
 
 import pluggy
 
 from archrun import hookspecs
 
 GROUP = "archrun"
+T = TypeVar("T")
 
 
 def installed_plugins() -> dict[str, str]:
@@ -75,3 +78,23 @@ def checked_plugin_manager(plugins: object) -> pluggy.PluginManager:
         raise InvalidRequest(f"plugins must be a pluggy PluginManager (archrun.plugins.make_plugin_manager), got "
                              f"{type(plugins).__name__}")
     return plugins
+
+
+_collected: weakref.WeakKeyDictionary[pluggy.PluginManager, dict[str, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
+
+
+def collected(pm: pluggy.PluginManager, what: str, build: Callable[[pluggy.PluginManager], T]) -> T:
+    """``build(pm)``, computed once per plugin manager and set of registered plugins.
+
+    Collect-all registries (the vocabulary, pre-tokenizers, tokenizer models, layer patterns) are
+    built through this: their hooks run once per plugin manager, and again only after a plugin
+    was registered or unregistered. ``what`` names the registry.
+    """
+    plugins = frozenset((name, id(plugin)) for name, plugin in pm.list_name_plugin())
+    per_manager = _collected.setdefault(pm, {})
+    hit = per_manager.get(what)
+    if hit is not None and hit[0] == plugins:
+        return hit[1]
+    value = build(pm)
+    per_manager[what] = (plugins, value)
+    return value

@@ -156,7 +156,14 @@ class Vocabulary:
 
 
 def build_vocabulary(pm: pluggy.PluginManager) -> Vocabulary:
-    """Collect every plugin's vocabulary, remembering which plugin registered what."""
+    """Every plugin's vocabulary, remembering which plugin registered what; the hook runs once per
+    plugin manager (and again after a plugin was registered or unregistered)."""
+    from archrun.plugins import collected
+
+    return collected(pm, "vocabulary", _collect_vocabulary)
+
+
+def _collect_vocabulary(pm: pluggy.PluginManager) -> Vocabulary:
     vocab = Vocabulary()
     for impl in pm.hook.archrun_register_vocabulary.get_hookimpls():
         def register(op: Op, _plugin: str = impl.plugin_name) -> None:

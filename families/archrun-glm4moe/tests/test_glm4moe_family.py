@@ -3,12 +3,12 @@
 from pathlib import Path
 
 import numpy as np
-import pluggy
 import pytest
 
 import archrun
 from archrun.errors import MissingTensor, UnsupportedArchitecture
 from archrun.family import TRANSFORMER, FamilyHints
+from archrun.hookspecs import hookimpl
 from archrun.plugins import make_plugin_manager
 
 TINY = Path(__file__).resolve().parent / "goldens"
@@ -52,7 +52,7 @@ class OnlyTheRemap:
     """Beyond the conventions, the one thing the family must supply: the pre-FFN norm is stored as
     post_attention_norm."""
 
-    @pluggy.HookimplMarker("archrun")
+    @hookimpl
     def archrun_describe_family(self, architecture):
         return FamilyHints(name="remap-only", **CONVENTIONS,
                            tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight", "post_attn_norm": None})

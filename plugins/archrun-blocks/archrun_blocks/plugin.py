@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import pluggy
-
+from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
 from archrun_blocks import encoder, reference
-
-hookimpl = pluggy.HookimplMarker("archrun")
 
 
 def _fast(name: str) -> Lazy:

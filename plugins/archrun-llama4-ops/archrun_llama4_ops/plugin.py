@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import pluggy
-
+from archrun.hookspecs import hookimpl
 from archrun.vocab import Op
 from archrun_llama4_ops import ops
-
-hookimpl = pluggy.HookimplMarker("archrun")
 
 
 @hookimpl

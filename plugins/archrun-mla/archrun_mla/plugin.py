@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import pluggy
-
+from archrun.hookspecs import hookimpl
 from archrun.vocab import Op
 from archrun_mla import attention
 from archrun_mla.layout import MlaLayout
-
-hookimpl = pluggy.HookimplMarker("archrun")
 
 
 @hookimpl

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import pluggy
-
+from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
 from archrun_recurrent import deltanet, gated_attention, mamba, mamba2, shortconv
-
-hookimpl = pluggy.HookimplMarker("archrun")
 
 
 @hookimpl
