@@ -78,8 +78,12 @@ class Decoder(Protocol):
         """The chat template to render conversations with: the file's, else its family's default."""
         ...
 
-    def init_cache(self, max_tokens: int | None = None, max_rewind: int = 64) -> Cache:
-        """A new, empty cache for up to max_tokens tokens (default: the context length)."""
+    def init_cache(self, max_tokens: int | None = None, max_rewind: int = 64, kv_type: str = "f32") -> Cache:
+        """A new, empty cache for up to max_tokens tokens (default: the context length).
+
+        kv_type: how K/V rows are stored ("f32", "f16", "q8_0"); a type some layer's op cannot
+        store raises archrun.errors.KvTypeUnsupported.
+        """
         ...
 
     def forward_step(self, token_ids: Sequence[int] | np.ndarray, cache: Any, all_logits: bool = False) -> np.ndarray:
