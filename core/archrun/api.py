@@ -6,6 +6,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from archrun.compile import compile_gguf
 from archrun.errors import InvalidRequest, shown
 from archrun.ggufset import open_gguf
@@ -20,7 +22,8 @@ Model = Interpreter  # every loaded model is an Interpreter of its block style (
 def load(path: str | os.PathLike, block_style: str | None = None, backend: str | None = None,
          plugins: Any = None, threads: int | None = None,
          progress: Callable[[str, int, int], None] | None = None,
-         hints: Mapping[str, Any] | None = None, lora: Any = None, lora_scale: float = 1.0) -> Interpreter:
+         hints: Mapping[str, Any] | None = None, lora: Any = None, lora_scale: float = 1.0,
+         layers: tuple[int, int] | None = None) -> Interpreter:
     """Load a GGUF file into a runnable model.
 
     block_style: a registered block style, e.g. "fused" | "host_reference" (default: what the
@@ -37,6 +40,9 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     load: a path, or a list of paths and (path, scale) pairs; lora_scale is the scale of those given
     without one (archrun.lora: the adapted weights become float32, the others keep their encoding).
     path may name any part of a split model (archrun.ggufset).
+    layers: (start, end) loads a pipeline stage, blocks start..end-1 only (archrun.pipeline): a stage after
+    the first takes hidden states float32 [n, d] where a model takes token ids, one before the last gives
+    the hidden states of every position where a model gives logits.
     """
     backend = "fast" if backend is None or (isinstance(backend, str) and not backend) else backend
     if not isinstance(backend, str) or backend not in BACKENDS:
@@ -55,7 +61,7 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     try:
         gguf = apply_adapters(gguf, lora, lora_scale)
         compiled = compile_gguf(gguf, plugins=pm, block_style=block_style, hints=hints)
-        plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress)  # refuses bad input first
+        plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress, layers)  # refuses bad input first
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
         model = style(plan, gguf, lambda: _tokenizer(gguf), compiled.chat_template)
         if backend == "fast":
@@ -90,9 +96,13 @@ def _throwaway_steps(model: Interpreter) -> None:
         model.hidden_states([0] * min(3, model.descriptor.n_ctx))
         return
     cache = model.init_cache(min(3, model.descriptor.n_ctx))
+
+    def ids(n: int) -> Any:  # a later pipeline stage takes hidden states
+        return np.zeros((n, model.descriptor.n_embd), np.float32) if model.takes_hidden else [0] * n
+
     if model.descriptor.n_ctx >= 3:
-        model.forward_step([0, 0], cache)
-    model.forward_step([0], cache)
+        model.forward_step(ids(2), cache, all_logits=model.gives_hidden)
+    model.forward_step(ids(1), cache, all_logits=model.gives_hidden)
 
 
 def _tokenizer(gguf):

@@ -249,12 +249,14 @@ class DecodeSteps:
         groups: list[tuple] = []
         self._tasks: list = []  # the attention ops' pool tasks (kernels.pool), by task id
         self.blocks = fuse_layers(plan, groups, tasks=self._tasks)
-        head = _uniforms([plan.output], 3) if self.blocks is not None else None
+        # plan.output is None on a pipeline stage before the last (archrun.pipeline): it has no head
+        head = _uniforms([plan.output], 3) if self.blocks is not None and plan.output is not None else None
         self._head_id = _group_id(groups, head, plan.output.n_in) if head is not None else -1
         self._head = head
         self._output = plan.output
         shared = self.blocks is not None and all(fb._kernel is layer.decode_layer or fb.pooled for fb in self.blocks)
-        self._groups = groups if shared and head is not None and pool.enabled() else None
+        headless = plan.output is None
+        self._groups = groups if shared and (head is not None or headless) and pool.enabled() else None
         self._pool: pool.DecodePool | None = None
         self._plan = plan
         self._by_kv_type: dict[str, list[FusedBlock] | None] = {"f32": self.blocks}

@@ -156,37 +156,64 @@ def vocabulary_of(d: Descriptor) -> list[tuple[str, str]]:
 
 
 def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = "fast",
-               progress: Callable[[str, int, int], None] | None = None) -> Plan:
+               progress: Callable[[str, int, int], None] | None = None,
+               layers: tuple[int, int] | None = None) -> Plan:
     """Resolve the descriptor's vocabulary and bind its weights (once per model).
 
     Every vocabulary value is checked first, so a missing op fails before any weight is touched.
     Tensors of the file that neither the plan nor the descriptor's MTP blocks use are reported
     (ArchrunWarning), like unused metadata keys.
+
+    layers=(start, end): a pipeline stage's plan (archrun.pipeline): only blocks start..end-1 are bound,
+    the embeddings only when start is 0 and the output head only when end is the last block's; such a
+    plan takes and gives hidden states where it does not begin or end the model.
     """
+    span = check_layer_span(d, layers)
+    first, last = span is None or span[0] == 0, span is None or span[1] == d.n_layer
     for slot, name in vocabulary_of(d):
         vocab.entry(slot, name)
     style = vocab.entry("block_style", d.block_style).op.reference()
     b = _Binder(d, gguf, vocab, backend, getattr(style, "op_backend", None) or backend)
     norm = b.op("norm", d.norm, d.norm_eps)
     ropes = [_bind_rope(b, spec) for spec in d.rope_tables]
-    layers = _bind_layers(b, gguf, progress)
-    embed = b.matrix("token_embd", lazy=not d.tied_output)
-    output = embed if d.tied_output else b.matrix("output", None, "output.bias" if d.output_bias else None)
-    softcap = b.op("softcap", d.softcap, d.logit_softcap) if d.logit_softcap else None
+    bound = _bind_layers(b, gguf, progress, span or (0, d.n_layer))
+    embed = b.matrix("token_embd", lazy=not d.tied_output) if first or (last and d.tied_output) else None
+    output = None
+    if last:
+        output = embed if d.tied_output else b.matrix("output", None, "output.bias" if d.output_bias else None)
+    softcap = b.op("softcap", d.softcap, d.logit_softcap) if d.logit_softcap and last else None
     b.op("block_style", d.block_style)
-    output_norm_b = b.vector("output_norm.bias") if d.output_norm_bias else None
-    positions = b.table("position_embd") if d.position_embedding else None  # [n_positions, d]
-    final_norm = b.norm_weight("output_norm") if d.output_norm else None
-    plan = Plan(d, embed, output, final_norm, output_norm_b, norm, ropes, layers, softcap,
-                b.providers, b, positions)
-    _check_causality(d, layers)
-    if d.token_types:  # every token is segment 0 ("sentence A"), as llama.cpp feeds BERT
+    output_norm_b = b.vector("output_norm.bias") if d.output_norm_bias and last else None
+    positions = b.table("position_embd") if d.position_embedding and first else None  # [n_positions, d]
+    final_norm = b.norm_weight("output_norm") if d.output_norm and last else None
+    plan = Plan(d, embed, output, final_norm, output_norm_b, norm, ropes, bound, softcap,
+                b.providers, b, positions, span=span)
+    _check_causality(d, bound)
+    if d.token_types and first:  # every token is segment 0 ("sentence A"), as llama.cpp feeds BERT
         plan.token_type = np.ascontiguousarray(b.table("token_types").reshape(-1, d.n_embd)[0])
-    if d.embed_norm:
+    if d.embed_norm and first:
         plan.embed_norm = b.vector("token_embd_norm")
         plan.embed_norm_b = b.vector("token_embd_norm.bias") if d.embed_norm_bias else None
-    _check_unused_tensors(d, gguf, b.bound)
+    if span is None:  # a stage leaves the other stages' tensors alone
+        _check_unused_tensors(d, gguf, b.bound)
     return plan
+
+
+def check_layer_span(d: Descriptor, layers: Any) -> tuple[int, int] | None:
+    """A stage's blocks (start, end) as ints with 0 <= start < end <= n_layer (None: the whole model), else
+    InvalidRequest; the whole model's span is None too."""
+    if layers is None:
+        return None
+    try:
+        start, end = (int(v) if isinstance(v, int | np.integer) and not isinstance(v, bool) else None for v in layers)
+    except (TypeError, ValueError):
+        start = end = None
+    if start is None or end is None or not 0 <= start < end <= d.n_layer:
+        raise InvalidRequest(f"layers must be (start, end) with 0 <= start < end <= {d.n_layer} (the model's "
+                             f"blocks), got {shown(layers)}")
+    if not d.causal:
+        raise InvalidRequest(f"{d.architecture} is an encoder: it runs in one process, not in pipeline stages")
+    return None if (start, end) == (0, d.n_layer) else (start, end)
 
 
 def _check_causality(d: Descriptor, layers: list[LayerPlan]) -> None:
@@ -216,11 +243,12 @@ def _few(names: list[str], n: int = 12) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-def _bind_layers(b: _Binder, gguf: GGUFFile, progress: Callable[[str, int, int], None] | None) -> list[LayerPlan]:
-    """Bind every trunk layer; on the fast backend two layers are repacked at a time (numpy
-    releases the GIL), and the file's pages are released as layers finish so the mapped file
+def _bind_layers(b: _Binder, gguf: GGUFFile, progress: Callable[[str, int, int], None] | None,
+                 span: tuple[int, int]) -> list[LayerPlan]:
+    """Bind the trunk layers span[0]..span[1]-1; on the fast backend two layers are repacked at a time
+    (numpy releases the GIL), and the file's pages are released as layers finish so the mapped file
     and the repacked copies do not pile up."""
-    specs = list(enumerate(b.d.layers))
+    specs = list(enumerate(b.d.layers))[span[0]:span[1]]
     workers = min(2, os.cpu_count() or 1) if b.backend == "fast" else 1
     layers: list[LayerPlan] = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -495,7 +523,34 @@ class Interpreter:
             raise InvalidRequest(f"cache must be a KvCache from init_cache(), got {type(cache).__name__}")
         cache.verify(self.cache_owner)
 
+    @property
+    def takes_hidden(self) -> bool:
+        """Whether this is a pipeline stage after the first (build_plan's layers): its steps take the previous
+        stage's hidden states, float32 [n, d], where a model takes token ids."""
+        return self.plan.span is not None and self.plan.span[0] > 0
+
+    @property
+    def gives_hidden(self) -> bool:
+        """Whether this is a pipeline stage before the last: its steps give the hidden states [n, d] of every
+        position after its last block (no final norm, no head) where a model gives logits."""
+        return self.plan.span is not None and self.plan.span[1] < self.descriptor.n_layer
+
+    def step_paths(self) -> tuple:
+        """What decides which kernel path a step takes on this model's blocks: pipeline stages of one model
+        (archrun.pipeline) must agree on it to compute what one process computes."""
+        return (type(self).__name__,)
+
+    def _check_hidden(self, x: Any) -> np.ndarray:
+        d = self.descriptor.n_embd
+        if not isinstance(x, np.ndarray) or x.ndim != 2 or not len(x) or x.shape[1] != d or x.dtype != F32:
+            got = f"{x.dtype} {list(x.shape)}" if isinstance(x, np.ndarray) else type(x).__name__
+            raise InvalidRequest(f"this pipeline stage starts at block {self.plan.span[0]}: it takes hidden states "
+                                 f"(float32 [n, {d}], n >= 1) where a model takes token ids, got {got}")
+        return x
+
     def _check_ids(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        if self.takes_hidden:
+            return self._check_hidden(token_ids)
         try:
             arr = np.asarray(token_ids)
         except (ValueError, TypeError, RecursionError):  # ragged, self-referencing, ...
@@ -530,8 +585,15 @@ class Interpreter:
         for lp, slot in zip(p.layers, cache.slots, strict=True):
             x = self.run_block(lp, x, slot, start, angles)
         cache.advance(len(ids))
-        hidden = x if p.output_norm is None else p.norm(x, p.output_norm, p.output_norm_b)
+        hidden = self._final_norm(x)
         return self.head(hidden if all_logits else hidden[-1:]), hidden
+
+    def _final_norm(self, x: np.ndarray) -> np.ndarray:
+        """The trunk's final norm on x [n, d] (x itself without one, and on a stage before the last)."""
+        p = self.plan
+        if p.output_norm is None or self.gives_hidden:
+            return x
+        return p.norm(x, p.output_norm, p.output_norm_b)
 
     @property
     def chat_template(self) -> str | None:
@@ -570,6 +632,8 @@ class Interpreter:
         """Token embeddings [n, d], scaled by the descriptor's embed_scale; a model with a learned
         position table adds its rows start..start+n-1 (start is required then)."""
         self.gguf.check_intact()  # every step starts here: a truncated file is an error, not SIGBUS
+        if self.takes_hidden:  # a later pipeline stage: the previous stage's hidden states (a copy: steps write it)
+            return np.array(ids, dtype=F32)
         x = self.plan.embed.rows(ids)
         if self.descriptor.embed_scale != 1.0:
             x *= F32(self.descriptor.embed_scale)
@@ -591,11 +655,15 @@ class Interpreter:
 
     def head(self, hidden: np.ndarray) -> np.ndarray:
         """Output head on normed hidden states [n, d] -> logits [n, vocab] (scaled and softcapped if the
-        model says so)."""
+        model says so); a stage before the last gives the hidden states back."""
+        if self.gives_hidden:
+            return hidden
         return self.finish_logits(self.plan.output(hidden))
 
     def finish_logits(self, logits: np.ndarray) -> np.ndarray:
         """The output product's logits [n, vocab] times the logit scale, then softcapped."""
+        if self.gives_hidden:  # a stage before the last: its "logits" are hidden states
+            return logits
         if self.descriptor.logit_scale != 1.0:
             logits *= F32(self.descriptor.logit_scale)
         return self.plan.softcap(logits) if self.plan.softcap is not None else logits
@@ -685,7 +753,6 @@ class FusedDecoder(Interpreter):
         if len(ids) != 1 or self.fused_blocks is None:
             self._decode.rest()  # a prefill's BLAS threads need the cores
             return super()._forward(ids, cache, all_logits)
-        p = self.plan
         start = len(cache)
         x = np.ascontiguousarray(self.embed(ids, start)[0])
         angles = self.rope_angles(np.array([start]))
@@ -696,9 +763,20 @@ class FusedDecoder(Interpreter):
             for fb, slot in zip(blocks, cache.slots, strict=True):
                 fb(x, slot, start, angles, par)
             cache.advance(1)
-            hidden = p.norm(x[None, :], p.output_norm, p.output_norm_b)
-            logits = self._decode.head(hidden, par)
+            hidden = self._final_norm(x[None, :])
+            logits = self._head_rows(hidden, par)
         return self.finish_logits(logits), hidden
+
+    def step_paths(self) -> tuple:
+        """(fused one-token steps, the multi-row kernel, every block dense, rows per product pass)."""
+        blocks = self.fused_blocks
+        return (type(self).__name__, blocks is not None, self._decode.rows_ready,
+                blocks is not None and all(fb.dense for fb in blocks), self._rows_per_pass[0])
+
+    def _head_rows(self, hidden: np.ndarray, par: tuple) -> np.ndarray:
+        """The output product of a fused step's rows (through the pool); a stage before the last gives the
+        hidden states back."""
+        return hidden if self.gives_hidden else self._decode.head(hidden, par)
 
     def rest_workers(self) -> None:
         """Send the decode worker pool's threads to sleep now, instead of ~3 ms after the last step (a
@@ -817,8 +895,8 @@ class FusedDecoder(Interpreter):
             for n, cache in zip(lengths, caches, strict=True):
                 cache.advance(n)
             rows = np.arange(len(x)) if all_logits else ends - 1
-            hidden = p.norm(x[rows], p.output_norm, p.output_norm_b)
-            logits = self.finish_logits(self._decode.head(hidden, par))
+            hidden = self._final_norm(x[rows])
+            logits = self.finish_logits(self._head_rows(hidden, par))
         return logits, hidden, ends
 
     @functools.cached_property
@@ -836,6 +914,9 @@ class FusedDecoder(Interpreter):
             return min([rows_per_pass(t) for t in types] or [1 << 30])
 
         bound = sorted(self.plan.binder.bound)
+        if self.plan.span is not None:  # a pipeline stage cuts where the whole model does: every block's types
+            blocks = tuple(f"blk.{i}." for i in range(self.descriptor.n_layer))
+            bound = sorted(n for n in self.gguf.tensors if n.startswith(blocks))
         head = self.descriptor.tensor_name("token_embd" if self.descriptor.tied_output else "output")
         return limit([n for n in bound if n.startswith("blk.")]), limit([head])
 
@@ -860,7 +941,7 @@ class FusedDecoder(Interpreter):
         for ids, cache in zip(spans, caches, strict=True):
             cache.advance(len(ids))
         rows = np.arange(len(x)) if all_logits else ends - 1
-        hidden = p.norm(x[rows], p.output_norm, p.output_norm_b)
+        hidden = self._final_norm(x[rows])
         k = self._rows_per_pass[1]
         parts = range(0, len(hidden), k) if len(hidden) <= 4 * k else [0]
         logits = np.concatenate([self.head(hidden[i:i + k] if len(parts) > 1 else hidden) for i in parts])

@@ -83,8 +83,8 @@ class Plan:
     """Everything the per-token path calls, resolved once."""
 
     descriptor: Descriptor
-    embed: Matrix
-    output: Matrix
+    embed: Matrix | None                # None: a pipeline stage that neither starts the model nor has a tied head
+    output: Matrix | None               # None: a pipeline stage that does not end the model
     output_norm: np.ndarray | None     # None: the trunk ends without a final norm (post-norm encoders)
     output_norm_b: np.ndarray | None
     norm: Callable[..., np.ndarray]    # norm(x, w, b=None)
@@ -97,3 +97,6 @@ class Plan:
     embed_norm: np.ndarray | None = None  # a norm over the embeddings (weight [d], bias [d] or None)
     embed_norm_b: np.ndarray | None = None
     token_type: np.ndarray | None = None  # f32 [d] added to every token's embedding (BERT's segment 0 row)
+    # a pipeline stage's blocks (start, end), None for the whole model: a stage that does not start the
+    # model has no embeddings (it takes hidden states), one that does not end it no output head
+    span: tuple[int, int] | None = None
