@@ -193,8 +193,96 @@ def reasoning_format(monkeypatch) -> None:
     assert stream.push("] so.") == ("", "so.")
 
 
+def _fixture_metadata() -> dict:
+    from archrun.ggufset import open_gguf
+
+    gguf = open_gguf(FIXTURE)
+    try:
+        return dict(gguf.metadata)
+    finally:
+        gguf.close()
+
+
+def register_pre_tokenizers(monkeypatch) -> None:
+    """collect-all: a file whose tokenizer.ggml.pre names a plugin's pre-tokenizer splits with it (one
+    piece per character here: no merge joins two characters)."""
+    from archrun.tokenizer import PreTokenizer, Tokenizer, pre_tokenizers
+
+    class Probe:
+        @hookimpl
+        def archrun_register_pre_tokenizers(self, register):
+            register("probe-chars", PreTokenizer((".",)))
+
+    meta = _fixture_metadata()
+    stock = Tokenizer.from_metadata(meta, make_plugin_manager())
+    pm = make_plugin_manager(extra=[Probe()])
+    assert "probe-chars" in pre_tokenizers(pm) and "probe-chars" not in pre_tokenizers(make_plugin_manager())
+    probe = Tokenizer.from_metadata({**meta, "tokenizer.ggml.pre": "probe-chars"}, pm)
+    text = "Hello world"
+    assert len(stock.encode(text, add_special=False)) < len(text)
+    assert len(probe.encode(text, add_special=False)) == len(text)
+    assert probe.decode(probe.encode(text, add_special=False)) == text
+
+
+def register_tokenizer_models(monkeypatch) -> None:
+    """collect-all: a plugin's vocabulary kind builds the tokenizer of a file whose tokenizer.ggml.model
+    names it."""
+    from archrun.errors import TokenizerError
+    from archrun.tokenizer import Tokenizer, TokenizerParts
+
+    class Reversed:
+        def __init__(self, index):
+            self.index = index
+
+        def bind(self, ids, attrs):
+            pass
+
+        def encode(self, fragments):
+            return [[self.index[c] for c in reversed(text)] for text in fragments]
+
+    class Probe:
+        @hookimpl
+        def archrun_register_tokenizer_models(self, register):
+            register("probe-reversed", lambda src: TokenizerParts(None, Reversed(src.index), {}, {
+                "add_bos": False, "force_bos": False, "clean_spaces": False, "unescape_spaces": True,
+                "add_space_prefix": False}))
+
+    meta = {"tokenizer.ggml.model": "probe-reversed", "tokenizer.ggml.tokens": ["a", "b", "c"]}
+    with pytest.raises(TokenizerError, match="unsupported tokenizer model 'probe-reversed'"):
+        Tokenizer.from_metadata(meta, make_plugin_manager())
+    tok = Tokenizer.from_metadata(meta, make_plugin_manager(extra=[Probe()]))
+    assert tok.encode("abc", add_special=False) == [2, 1, 0]
+
+
+def register_layer_patterns(monkeypatch) -> None:
+    """collect-all: a plugin's pattern, ranked above the built-in ones, decides which layers of a llama
+    file have no rope; without it every layer rotates."""
+    from archrun.compile import compile_gguf
+    from archrun.descriptor import NO_ROPE
+    from archrun.layers import LayerPattern
+
+    def first_layer(facts):
+        return [i == 0 for i in range(facts.n_layer)] if facts.arch == "llama" else None
+
+    class Probe:
+        @hookimpl
+        def archrun_register_layer_patterns(self, register):
+            register("probe-nope", LayerPattern("nope", first_layer, rank=100))
+
+    def pairings(pm):
+        d = compile_gguf(FIXTURE, plugins=pm).descriptor
+        return [d.rope_tables[layer.attention.rope].pairing for layer in d.layers]
+
+    assert NO_ROPE not in pairings(make_plugin_manager())
+    probed = pairings(make_plugin_manager(extra=[Probe()]))
+    assert probed[0] == NO_ROPE and NO_ROPE not in probed[1:]
+
+
 BEHAVIOURS = {
     "archrun_register_vocabulary": register_vocabulary,
+    "archrun_register_pre_tokenizers": register_pre_tokenizers,
+    "archrun_register_tokenizer_models": register_tokenizer_models,
+    "archrun_register_layer_patterns": register_layer_patterns,
     "archrun_describe_family": describe_family,
     "archrun_families": families,
     "archrun_register_drafters": register_drafters,

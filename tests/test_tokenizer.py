@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from archrun.errors import TokenizerError
-from archrun.tokenizer import PRE_TOKENIZERS, Tokenizer
+from archrun.tokenizer import Tokenizer, pre_tokenizers
 
 GOLDENS = pathlib.Path(__file__).parent / "goldens"
 MODEL_DIR = pathlib.Path.home() / ".cache" / "archrun" / "models"
@@ -262,7 +262,7 @@ def test_clean_spaces_like_llama_cpp():
     assert tok.decode(tok.encode(text, add_special=False)) == "a? b'c's d 't e're"
 
 
-@pytest.mark.parametrize("pre", sorted(p for p in PRE_TOKENIZERS if not PRE_TOKENIZERS[p].spm_style))
+@pytest.mark.parametrize("pre", sorted(p for p, pre in pre_tokenizers().items() if not pre.spm_style))
 def test_every_pre_tokenizer_compiles(pre):
     """Byte-level pre-tokenizers (SPM-style ones: tests/test_tokenizer_models.py)."""
     tok = Tokenizer.from_metadata(bpe_meta(**{"tokenizer.ggml.pre": pre}))

@@ -240,10 +240,10 @@ def test_ugm_long_user_defined_tokens_stay_cheap():
 def test_afmoe_digit_groups_join_the_text_before_a_run():
     """llama.cpp's afmoe/tiny_aya splitter: groups of three from the right, the text before a run
     joined to its first group (unlike the regex tokenizer.json states)."""
-    from archrun.tokenizer import _digit_group_spans
+    from archrun_blocks.pretokenizers import digit_group_spans
 
     def pieces(text):
-        return [text[a:b] for a, b in _digit_group_spans(text)]
+        return [text[a:b] for a, b in digit_group_spans(text)]
 
     assert pieces("1234567") == ["1", "234", "567"]
     assert pieces("ab1234x") == ["ab1", "234", "x"]
@@ -256,10 +256,10 @@ def test_afmoe_digit_groups_join_the_text_before_a_run():
 def test_kimi_k2_splitter():
     """llama.cpp's hand-written Kimi-K2 splitter: Han runs, non-Han words with a leading symbol
     and a contraction, numbers by three, symbol runs, whitespace."""
-    from archrun.tokenizer import _kimi_k2_spans
+    from archrun_blocks.pretokenizers import kimi_k2_spans
 
     def pieces(text):
-        return [text[a:b] for a, b in _kimi_k2_spans(text)]
+        return [text[a:b] for a, b in kimi_k2_spans(text)]
 
     assert pieces("你好world's 12345!!\n\n  x") == ["你好", "world's", " ", "123", "45", "!!\n\n", " ", " x"]
     assert pieces("(abc漢") == ["(abc", "漢"]

@@ -63,7 +63,7 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
         compiled = compile_gguf(gguf, plugins=pm, block_style=block_style, hints=hints)
         plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress, layers)  # refuses bad input first
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
-        model = style(plan, gguf, lambda: _tokenizer(gguf), compiled.chat_template)
+        model = style(plan, gguf, lambda: _tokenizer(gguf, pm), compiled.chat_template)
         if backend == "fast":
             gguf.release_pages()  # the kernels hold repacked copies; file pages would double the RSS
             from archrun.kernels.warmup import warm_up
@@ -105,10 +105,10 @@ def _throwaway_steps(model: Interpreter) -> None:
     model.forward_step(ids(1), cache, all_logits=model.gives_hidden)
 
 
-def _tokenizer(gguf):
+def _tokenizer(gguf, pm):
     from archrun.tokenizer import Tokenizer
 
-    return Tokenizer.from_metadata(gguf.metadata)
+    return Tokenizer.from_metadata(gguf.metadata, pm)
 
 
 def _set_threads(threads: int) -> None:

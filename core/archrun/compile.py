@@ -3,7 +3,8 @@
 `compile_gguf` reads the standard `<arch>.*` key layout for whatever architecture a file
 names and infers structure from which tensors exist (q/k norms, biases, fused QKV, packed
 gate|up, gated or plain FFN, expert stacks, router bias, shared experts, sandwich norms, a
-learned position table).
+learned position table). Which layers are recurrent, sliding-window or without rope, the layer
+patterns plugins register say (archrun.layers).
 What a file cannot say — its conventions (archrun.family.CONVENTIONS) — comes from the family
 plugin answering `archrun_describe_family`, with a caller's hints on top. The compiler names
 no op: every op name in a descriptor comes from those hints or from what a file says by key
@@ -57,6 +58,7 @@ from archrun.family import (
 )
 from archrun.ggufio import GGUFFile
 from archrun.ggufset import GGUFSet, open_gguf
+from archrun.layers import LayerFacts, decide, layer_patterns
 from archrun.lora import AdaptedFile
 
 # Sanity bounds: larger values are hostile or corrupt, not models.
@@ -72,8 +74,6 @@ ARCH_KEYS = frozenset(
     for group in vars(Keys).values() if isinstance(group, type)
     for value in vars(group).values() if isinstance(value, str) and value.startswith("{arch}.")
 )
-# llama.cpp's per-layer flags of recurrent layers (a bool array; gguf-py here predates the key).
-RECURRENT_LAYERS_KEY = "attention.recurrent_layers"
 # Rope scalings a RopeSpec can state (the rope ops implement them); others are refused at compile time.
 ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
 
@@ -217,7 +217,7 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
     meta = _Meta(gguf, arch, fam.defaults)
     tensors = _Tensors(gguf, {**DEFAULT_TENSOR_NAMES, **fam.tensor_names})
     try:
-        descriptor = _build(meta, tensors, fam, block_style, _attention_ops(plugins))
+        descriptor = _build(meta, tensors, fam, block_style, layer_patterns(plugins), _attention_ops(plugins))
     except (ValueError, TypeError) as e:  # a descriptor validator refused a value from the file
         raise MetadataError(f"{arch}: metadata describes an impossible model: {e.args[0]}") from None
     unused = _unused_keys(gguf, meta.used)
@@ -325,7 +325,7 @@ class LayerContext:
     n_head_kv: int
 
 
-def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None,
+def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, patterns: Mapping[str, Any],
            attention_ops: Mapping[str, Any]) -> Descriptor:
     conv = _Conventions(meta, fam)
     n_embd = _bounded(meta.key("embedding_length"), meta.get("embedding_length", int), 1, MAX_WIDTH)
@@ -351,7 +351,7 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None,
         pos = t.shape("position_embd")
         if len(pos) != 2 or pos[0] != n_embd or pos[1] < 1:
             raise ShapeMismatch(f"position_embd has shape {tuple(pos)}, expected ({n_embd}, n_positions)")
-    geo = _Geometry(meta, t, conv, n_embd, n_block, attention_ops)
+    geo = _Geometry(meta, t, conv, n_embd, n_block, patterns, attention_ops)
     layers = tuple(geo.layer(i) for i in range(n_block - n_nextn))
     nextn_layers = tuple(geo.layer(i) for i in range(n_block - n_nextn, n_block) if _has_block(t, i))
     if len(nextn_layers) < n_nextn:  # e.g. converted from a transformers-saved checkpoint, which drops them
@@ -442,14 +442,16 @@ class _Geometry:
     """Per-layer geometry from metadata plus tensor presence; vocabulary from the conventions."""
 
     def __init__(self, meta: _Meta, t: _Tensors, conv: _Conventions, n_embd: int, n_block: int,
-                 attention_ops: Mapping[str, Any]):
+                 patterns: Mapping[str, Any], attention_ops: Mapping[str, Any]):
         self.meta, self.t, self.conv, self.fam = meta, t, conv, conv.fam
         self.attention_ops = attention_ops
         self.n_embd, self.n_block = n_embd, n_block
         self.heads = meta.per_layer("attention.head_count", n_block)
         self.heads_kv = meta.per_layer("attention.head_count_kv", n_block, 0)
         self.n_ff = meta.per_layer("feed_forward_length", n_block, 0)
-        self.recurrent = self._recurrent_layers()
+        # which layers are recurrent, sliding, without rope: the registered layer patterns say
+        flags = decide(LayerFacts(meta, self.fam, n_block, self.heads, self.heads_kv, MAX_LAYERS), patterns)
+        self.recurrent = flags["recurrent"]
         for i, (h, kv) in enumerate(zip(self.heads, self.heads_kv, strict=True)):
             if self.recurrent[i]:
                 continue  # the mixer's layout states its own geometry
@@ -471,8 +473,7 @@ class _Geometry:
         if not 0.0 <= self.alibi_max_bias < 1e4:
             raise MetadataError(f"{meta.key('attention.max_alibi_bias')!r} = {self.alibi_max_bias} is not a valid bias")
         self.window = meta.get("attention.sliding_window", int, 0)
-        self.sliding = self._sliding_layers()
-        self.nope = self._nope_layers()
+        self.sliding, self.nope = flags["sliding"], flags["nope"]
         self.attention_kind = conv.need("attention")
         self.layout = self._layout()
         self.recurrent_kind = conv.need("recurrent") if any(self.recurrent) else None
@@ -501,52 +502,6 @@ class _Geometry:
             raise UnknownVocabulary(f"no installed plugin provides attention={kind!r}, which {self.meta.arch!r} "
                                     "files need (install the vocabulary package that registers it)")
         return None
-
-    def _recurrent_layers(self) -> tuple[bool, ...]:
-        """Layers the file marks recurrent: with `full_attention_interval` P every layer but each
-        P-th; else those whose per-layer `attention.head_count_kv` is 0; every layer of a file
-        without attention heads (`attention.head_count` 0). An explicit per-layer
-        `attention.recurrent_layers` (llama.cpp's key, newer than this gguf-py) comes first."""
-        meta, n = self.meta, self.n_block
-        key = f"{meta.arch}.{RECURRENT_LAYERS_KEY}"
-        marked = meta.gguf.metadata.get(key)
-        if marked is not None:
-            meta.used.add(key)
-            if not isinstance(marked, np.ndarray) or marked.ndim != 1 or len(marked) < n:
-                raise MetadataError(f"{key!r} must hold a flag per layer ({n})")
-            return tuple(bool(x) for x in marked[:n])
-        if not any(self.heads) and self.fam.recurrent is not None:
-            return (True,) * n
-        if meta.has("full_attention_interval"):
-            period = _bounded(meta.key("full_attention_interval"), meta.get("full_attention_interval", int),
-                              1, MAX_LAYERS)
-            return tuple((i + 1) % period != 0 for i in range(n))
-        if isinstance(meta.gguf.metadata.get(meta.key("attention.head_count_kv")), np.ndarray):
-            return tuple(kv == 0 for kv in self.heads_kv)
-        return (False,) * n
-
-    def _sliding_layers(self) -> tuple[bool, ...]:
-        n = self.n_block
-        pattern = self.meta.gguf.metadata.get(self.meta.key("attention.sliding_window_pattern"))
-        if pattern is not None:
-            self.meta.used.add(self.meta.key("attention.sliding_window_pattern"))
-            if isinstance(pattern, np.ndarray):
-                if len(pattern) != n:
-                    raise MetadataError("attention.sliding_window_pattern must have one entry per layer")
-                return tuple(bool(x) for x in pattern)
-            period = _bounded("attention.sliding_window_pattern", _typed("pattern", pattern, int), 1, MAX_LAYERS)
-        else:
-            period = self.fam.swa_period
-        if not self.window or not period:
-            return (False,) * n
-        return tuple(i % period < period - 1 for i in range(n))
-
-    def _nope_layers(self) -> tuple[bool, ...]:
-        """Layers without rotary embedding: every nope_period-th layer, and with nope_global the
-        full-attention layers of a model that has sliding-window ones (the family says)."""
-        period, glob = self.fam.nope_period, self.fam.nope_global and any(self.sliding)
-        return tuple((bool(period) and i % period == period - 1) or (glob and not self.sliding[i])
-                     for i in range(self.n_block))
 
     def rope_tables(self) -> tuple[RopeSpec, ...]:
         """Table 0: global layers; 1: sliding layers (when any); last: NO_ROPE (when any NoPE layer).

@@ -31,6 +31,42 @@ def archrun_register_vocabulary(register: Callable[..., None]) -> None:
     """
 
 
+# -- text and layer data (load time, collect-all) --------------------------------------------
+
+
+@hookspec
+def archrun_register_pre_tokenizers(register: Callable[..., None]) -> None:
+    """Register pre-tokenizers.  Called once per plugin manager on every plugin.
+
+    Call ``register(name, pre)`` with a `tokenizer.ggml.pre` value and an
+    `archrun.tokenizer.PreTokenizer` (its regexes or splitters and llama.cpp's flags for it).
+    Registering a name another plugin already provides raises `archrun.errors.PluginError`
+    naming both plugins.
+    """
+
+
+@hookspec
+def archrun_register_tokenizer_models(register: Callable[..., None]) -> None:
+    """Register vocabulary kinds.  Called once per plugin manager on every plugin.
+
+    Call ``register(name, build)`` with a `tokenizer.ggml.model` value and its builder:
+    ``build(source: archrun.tokenizer.TokenizerSource) -> archrun.tokenizer.TokenizerParts``.
+    Registering a name another plugin already provides raises `archrun.errors.PluginError`
+    naming both plugins.
+    """
+
+
+@hookspec
+def archrun_register_layer_patterns(register: Callable[..., None]) -> None:
+    """Register layer patterns.  Called once per plugin manager on every plugin.
+
+    Call ``register(name, pattern)`` with an `archrun.layers.LayerPattern`: a rule that says, from
+    a file's metadata and its family's hints, which layers have a property (recurrent, sliding,
+    nope). Registering a name another plugin already provides raises
+    `archrun.errors.PluginError` naming both plugins.
+    """
+
+
 # -- families (compile time) ----------------------------------------------------------------
 
 

@@ -29,14 +29,14 @@ import math
 import re
 import unicodedata
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from gguf.constants import Keys
 
-from archrun.errors import ArchrunWarning, InvalidRequest, TokenizerError, check_flag, shown
+from archrun.errors import ArchrunWarning, InvalidRequest, PluginError, TokenizerError, check_flag, shown
 
 # --- token attributes (llama.cpp's llama_token_attr bit flags; GGUF token_type maps onto them) ---
 
@@ -58,178 +58,22 @@ _PREFIX = 3  # characters of a special token's text used to pre-filter candidate
 MAX_TOKEN_BYTES = 4096  # longest token text accepted; real vocabularies stay below ~300 bytes
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
-# --- pre-tokenizers: the regexes of llama.cpp src/llama-vocab.cpp (llm_tokenizer_bpe), verbatim ---
+# --- what plugins register: pre-tokenizers (archrun_register_pre_tokenizers) and vocabulary kinds
+#     (archrun_register_tokenizer_models); the core holds none of them ---
 
-_GPT2_RE = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
-_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3_RE = (
-    _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
-    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-)
-_QWEN2_RE = (
-    _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
-    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-)
-# llama.cpp matches regexes without \p{..} through std::wregex on text whose non-ASCII whitespace
-# was replaced by \x0b, so those characters never fall in a literal range: the ranges below that
-# cover some (U+0800-U+4E00, U+3000) exclude them explicitly (Oniguruma's && class intersection)
-_WIDE_SPACES = "\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-_CJK = f"[一-龥ࠀ-一가-\ud7ff&&[^{_WIDE_SPACES}]]+"
-_LETTER_CASE = (
-    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+@C"
-    "|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*@C"
-)
-# letters of deepseek-llm's second regex; escaped because editors NFC-normalize e.g. U+1F7D
-_DEEPSEEK_LETTERS = (
-    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
-    "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
-    "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
-    "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45"
-    "\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-"
-    "\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107"
-    "\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f"
-    "\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d"
-    "\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17"
-    "\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb"
-    "\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+"
-)
-# llama.cpp runs these two "regexes" with a hand-written splitter (unicode.cpp, afmoe's): runs of
-# numbers in groups of three from the right, the text before a run joined to its first group
-_DIGIT_GROUPS = "\\p{AFMoE_digits}"
-_DIGIT_GROUPS_AYA = "\\d{1,3}(?=(?:\\d{3})*\\b)"
-_KIMI_K2 = "\\p{Han}+"  # the trigger of llama.cpp's Kimi-K2 splitter
-_CASED_WORDS = (
-    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" + _CONTRACTIONS + "?"
-    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" + _CONTRACTIONS + "?"
-)
-
-
-def _collapse_letters(regex: str) -> str:
-    """llama.cpp reads \\p{Lu}, \\p{Ll}, \\p{Lt}, \\p{Lm}, \\p{Lo} as "a letter" (unicode.cpp's collapsed
-    categories), while Oniguruma would honour them: rewrite them to \\p{L}."""
-    return re.sub(r"\\p\{L[ultmo]\}", r"\\p{L}", regex)
-
-
-_PORO_RE = " ?[^(\\s|.,!?…。，、।۔،)]+"
-
-_REGEXES: dict[str, tuple[str, ...]] = {
-    "default": (
-        "[\\p{P}\\$\\+<=>\\^~\\|]+",
-        _GPT2_RE,
-        "\\p{N}+",
-        "[0-9][0-9][0-9]",
-    ),
-    "llama3": (_LLAMA3_RE,),
-    "deepseek-llm": (
-        "[\r\n]",
-        _DEEPSEEK_LETTERS,
-        f"\\s?[!-/:-~！-／：-～‘-‟\u3000-。&&[^{_WIDE_SPACES}]]+",
-        "\\s+$",
-        _CJK,
-        "\\p{N}+",
-    ),
-    "deepseek-v3": (
-        "\\p{N}{1,3}",
-        "[一-龥\u3040-ゟ゠-ヿ]+",
-        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
-        "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
-    ),
-    "deepseek-coder": ("[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", _CJK, "\\p{N}"),
-    "falcon": ("[\\p{P}\\$\\+<=>\\^~\\|`]+", _GPT2_RE, "[0-9][0-9][0-9]"),
-    "starcoder": ("\\p{N}", _GPT2_RE),
-    "gpt-2": (_GPT2_RE,),
-    "qwen2": (_QWEN2_RE,),
-    "qwen35": (
-        _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
-        "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-    ),
-    "poro": (_PORO_RE,),
-    "viking": (_PORO_RE, "\\p{N}"),
-    "tekken": (
-        _LETTER_CASE.replace("@C", "")
-        + "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-    ),
-    "gpt-4o": (
-        _LETTER_CASE.replace("@C", _CONTRACTIONS + "?")
-        + "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-    ),
-    "bailingmoe": (
-        "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
-        "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",
-    ),
-    "seed-coder": (
-        _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+"
-        "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-    ),
-    "gemma4": ("[^\\n]+|[\\n]+",),  # SPM-style BPE: lines and newline runs, merged whole
-    "minicpm5": (
-        "\\p{N}{1,3}",
-        _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
-        "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-    ),
-    "exaone-moe": (
-        _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}"
-        "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",
-    ),
-    "ufakzeka": ("[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",),
-    "laguna": ("[^\\n]+|[\\n]+", _QWEN2_RE),
-    "spark2_5": (
-        "\\p{N}{1,3}",
-        "[一-龥\u3040-ゟ゠-ヿ]+",
-        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
-        "| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+",
-        "\\p{N}",
-    ),
-    "hy_v4": (
-        "\\p{N}{1,3}",
-        "[一-龥\u3040-ゟ゠-ヿ]+",
-        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
-        "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
-    ),
-    "jais-2": (
-        _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
-        "|\\s{512}(?!\\S)|\\s{256}(?!\\S)|\\s{128}(?!\\S)|\\s{64}(?!\\S)|\\s{32}(?!\\S)|\\s{16}(?!\\S)"
-        "|\\s{8}(?!\\S)|\\s{4}(?!\\S)|\\s{1,2}(?!\\S)|\\s{1}",
-    ),
-    "granite-embed-multi-97m": (
-        _LETTER_CASE.replace("\\p{L}])", "\\p{L}\\p{M}])").replace("@C", _CONTRACTIONS + "?")
-        + "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-    ),
-    "youtu": (
-        "[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥\u3040-ゟ゠-ヿ]+",
-        _collapse_letters(_CASED_WORDS + "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
-    ),
-    "tiny_aya": (
-        _DIGIT_GROUPS_AYA,
-        _collapse_letters(_CASED_WORDS + "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
-    ),
-    "afmoe": (
-        _DIGIT_GROUPS,
-        "[\u4e00-\u9fff\u3400-\u4dbf\u8c48-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f\u2f00-\u2fdf"
-        "\u0e40-\u0e7f\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af"
-        "\u1100-\u11ff]+",
-        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
-        "| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-    ),
-    # a zero-width split before each group of three digits counted from the right; llama.cpp's \d
-    # (std::wregex, POSIX digit class) is [0-9], Oniguruma's would take any decimal digit
-    "superbpe": ("\\p{N}+", "(?=([0-9]{3})+(?![0-9]))"),
-    "chameleon": (
-        "<sentinel:[0-9]+>",
-        "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
-        "([\\t\\n]|    |  )",
-        "\\p{N}",
-        "[\\p{P}!-/:-@\\[-`{-~]",
-        _GPT2_RE,
-    ),
-}
+Splitter = Callable[[str], list[tuple[int, int]]]  # text -> its pieces as [start, end) spans, in order
 
 
 @dataclass(frozen=True)
 class PreTokenizer:
-    """What llama.cpp derives from one `tokenizer.ggml.pre` value (llama_vocab::impl::load)."""
+    """What llama.cpp derives from one `tokenizer.ggml.pre` value (llama_vocab::impl::load).
 
-    regexes: tuple[str, ...]
+    regexes: applied in order, each splitting every piece so far; an entry is a regex (Oniguruma
+    syntax, as HF tokenizers runs it; matches become pieces) or a `Splitter` function for what
+    llama.cpp splits by hand instead of by a regex.
+    """
+
+    regexes: tuple[str | Splitter, ...]
     clean_spaces: bool = True  # decode drops " ?", " !", ... like clean_up_tokenization_spaces
     ignore_merges: bool = False  # a piece that is itself a token is not merged from characters
     add_bos: bool = False  # default for tokenizer.ggml.add_bos_token
@@ -239,68 +83,79 @@ class PreTokenizer:
     force_bos: bool = False  # gemma4: BOS added even when tokenizer.ggml.add_bos_token is false
 
 
-def _pre_table() -> dict[str, PreTokenizer]:
-    """`tokenizer.ggml.pre` value -> PreTokenizer, grouped as in llama.cpp's load()."""
-    r = _REGEXES
-    groups: list[tuple[tuple[str, ...], PreTokenizer]] = [
-        (("default",), PreTokenizer(r["default"])),
-        (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
-         PreTokenizer(r["llama3"], ignore_merges=True, add_bos=True)),
-        (("dbrx", "smaug-bpe"), PreTokenizer(r["llama3"])),
-        (("deepseek-llm",), PreTokenizer(r["deepseek-llm"], clean_spaces=False)),
-        (("deepseek-coder",), PreTokenizer(r["deepseek-coder"], clean_spaces=False)),
-        (("deepseek-v3", "hunyuan-dense"), PreTokenizer(r["deepseek-v3"], clean_spaces=False)),
-        (("falcon",), PreTokenizer(r["falcon"])),
-        (("starcoder", "refact", "codeshell", "exaone", "minerva-7b"), PreTokenizer(r["starcoder"])),
-        (("command-r", "smollm"), PreTokenizer(r["starcoder"], clean_spaces=False)),
-        (("gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "gigachat", "mellum", "a.x-4.0"),
-         PreTokenizer(r["gpt-2"])),
-        (("trillion", "granite-docling"), PreTokenizer(r["gpt-2"], clean_spaces=False)),
-        (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2"),
-         PreTokenizer(r["qwen2"], clean_spaces=False)),
-        (("stablelm2", "megrez"), PreTokenizer(r["qwen2"])),
-        (("qwen35",), PreTokenizer(r["qwen35"], clean_spaces=False)),
-        (("poro-chat",), PreTokenizer(r["poro"], clean_spaces=False)),
-        (("bloom", "gpt3-finnish"), PreTokenizer(r["poro"])),
-        (("viking",), PreTokenizer(r["viking"], clean_spaces=False)),
-        (("chatglm-bpe",), PreTokenizer(r["llama3"], bos_default=None)),
-        (("glm4", "glm5"), PreTokenizer(r["llama3"], ignore_merges=True, bos_default=None)),
-        (("tekken",), PreTokenizer(r["tekken"], clean_spaces=False, ignore_merges=True, add_bos=True)),
-        (("gpt-4o", "llama4", "kanana2", "minimax-m2"), PreTokenizer(r["gpt-4o"], clean_spaces=False)),
-        (("bailingmoe", "bailingmoe2", "llada-moe"), PreTokenizer(r["bailingmoe"], clean_spaces=False)),
-        (("seed-coder",), PreTokenizer(r["seed-coder"], clean_spaces=False)),
-        (("gemma4", "granite-embed-multi-311m"),
-         PreTokenizer(r["gemma4"], add_bos=True, spm_style=True, force_bos=True)),
-        (("sarvam-moe",), PreTokenizer(r["gemma4"], clean_spaces=False, spm_style=True)),
-        (("jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "modern-bert", "jina-v1-en", "jina-v2-code",
-          "roberta-bpe"), PreTokenizer(r["gpt-2"])),  # (the last three set add_sep: rerank prompts only)
-        (("jina-v5-nano",), PreTokenizer(r["llama3"], ignore_merges=True, add_bos=True)),
-        (("talkie",), PreTokenizer(r["gpt-4o"], clean_spaces=False)),
-        (("mellum2",), PreTokenizer(r["starcoder"])),
-        (("minicpm5",), PreTokenizer(r["minicpm5"], ignore_merges=True)),
-        (("exaone-moe",), PreTokenizer(r["exaone-moe"])),
-        (("jais-2",), PreTokenizer(r["jais-2"])),
-        (("ufakzeka",), PreTokenizer(r["ufakzeka"], clean_spaces=False)),
-        (("laguna",), PreTokenizer(r["laguna"], clean_spaces=False)),
-        (("spark2_5",), PreTokenizer(r["spark2_5"], clean_spaces=False)),
-        (("hy_v4", "joyai-llm"), PreTokenizer(r["hy_v4"], clean_spaces=False)),
-        (("granite-embed-multi-97m",), PreTokenizer(r["granite-embed-multi-97m"], clean_spaces=False,
-                                                    ignore_merges=True)),
-        (("youtu",), PreTokenizer(r["youtu"], clean_spaces=False, ignore_merges=True)),
-        (("chameleon",), PreTokenizer(r["chameleon"], clean_spaces=False, add_bos=True)),
-        (("tiny_aya", "cohere2moe"), PreTokenizer(r["tiny_aya"], clean_spaces=False)),
-        (("afmoe",), PreTokenizer(r["afmoe"], clean_spaces=False)),
-        (("superbpe",), PreTokenizer(r["superbpe"], clean_spaces=False)),
-        (("kimi-k2",), PreTokenizer((_KIMI_K2,), clean_spaces=False)),
-    ]
-    return {name: pre for names, pre in groups for name in names}
+@dataclass(frozen=True)
+class TokenizerParts:
+    """What a vocabulary kind's builder returns: the `tokenizer.ggml.pre` name in effect, the engine
+    (encode(fragments) -> ids per fragment; bind(ids, attrs) once the special ids are known),
+    llama.cpp's default special ids (role -> id) and flags (add_bos, force_bos, add_eos, add_sep,
+    clean_spaces, unescape_spaces, add_space_prefix)."""
+
+    pre: str | None
+    engine: Any
+    defaults: Mapping[str, int | None]
+    flags: Mapping[str, bool]
 
 
-PRE_TOKENIZERS: dict[str, PreTokenizer] = _pre_table()
+class TokenizerSource:
+    """What a vocabulary kind's builder reads: the file's metadata through typed readers that name
+    the key when its value is wrong, the token texts, text -> id, and the registered pre-tokenizers."""
 
-# BertNormalizer options of WPM vocabularies (llama.cpp's keys; gguf-py's constants lack them)
-_KEY_LOWERCASE = "tokenizer.ggml.normalizer.lowercase"
-_KEY_STRIP_ACCENTS = "tokenizer.ggml.normalizer.strip_accents"
+    def __init__(self, metadata: Mapping[str, Any], tokens: list[str], index: dict[str, int],
+                 plugins: Any = None) -> None:
+        self.metadata, self.tokens, self.index, self._plugins = metadata, tokens, index, plugins
+
+    def value(self, key: str, kind: type, default: Any = None) -> Any:
+        """metadata[key] checked to be a `kind` (str, int, float or bool), `default` when absent."""
+        return _get(self.metadata, key, kind, default)
+
+    def flag(self, key: str, default: bool) -> bool:
+        """A bool key, `default` when absent."""
+        return _read_flag(self.metadata, key, default)
+
+    def strings(self, key: str) -> list[str] | None:
+        """A string array, None when absent."""
+        return _get_strings(self.metadata, key)
+
+    def numbers(self, key: str, integer: bool) -> np.ndarray | None:
+        """A numeric array with one entry per token (integers only when `integer`), None when absent."""
+        return _get_numbers(self.metadata, key, len(self.tokens), integer)
+
+    def raw_bytes(self, key: str) -> bytes | None:
+        """An int8/uint8 array as bytes, None when absent."""
+        return _get_bytes(self.metadata, key)
+
+    def pre_tokenizer(self, name: str) -> PreTokenizer:
+        """The registered pre-tokenizer `name` (a `tokenizer.ggml.pre` value); TokenizerError if none is."""
+        table = pre_tokenizers(self._plugins)
+        pre = table.get(name)
+        if pre is None:
+            raise TokenizerError(f"unknown pre-tokenizer {Keys.Tokenizer.PRE} = {name!r} "
+                                 f"({_supported(table, 'pre-tokenizers')})")
+        return pre
+
+
+def pre_tokenizers(plugins: Any = None) -> Mapping[str, PreTokenizer]:
+    """`tokenizer.ggml.pre` value -> PreTokenizer, as the plugins register them (None: the installed
+    plugins). A name registered twice is a PluginError naming both plugins."""
+    from archrun.plugins import checked_plugin_manager, collect_named
+
+    return collect_named(checked_plugin_manager(plugins), "archrun_register_pre_tokenizers", "pre-tokenizer",
+                         PreTokenizer)
+
+
+def tokenizer_models(plugins: Any = None) -> Mapping[str, Callable[[TokenizerSource], TokenizerParts]]:
+    """`tokenizer.ggml.model` value -> its builder, as the plugins register them (None: the installed
+    plugins). A name registered twice is a PluginError naming both plugins."""
+    from archrun.plugins import checked_plugin_manager, collect_named
+
+    return collect_named(checked_plugin_manager(plugins), "archrun_register_tokenizer_models", "tokenizer model")
+
+
+def _supported(table: Mapping[str, Any], what: str) -> str:
+    if not table:
+        return f"no installed plugin registers {what}: install the vocabulary package"
+    return f"supported: {', '.join(sorted(table))}"
+
 
 # --- special ids: GGUF key per role; text lists llama.cpp uses to find EOT/EOM/FIM/EOG tokens ---
 
@@ -391,6 +246,22 @@ def _get_numbers(meta: Mapping[str, Any], key: str, n: int, integer: bool) -> np
     if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
         raise TokenizerError(f"{key} contains NaN or infinite values")
     return arr
+
+
+def _get_bytes(meta: Mapping[str, Any], key: str) -> bytes | None:
+    """An int8/uint8 array as bytes, or None when absent."""
+    if key not in meta:
+        return None
+    value = meta[key]
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str) or not isinstance(value, np.ndarray | Sequence):
+        raise TokenizerError(f"{key} must be a byte array, got {type(value).__name__}")
+    arr = np.asarray(value)
+    if arr.ndim != 1 or (arr.dtype not in (np.int8, np.uint8) and
+                         not (arr.dtype.kind in "iu" and arr.size and arr.min() >= -128 and arr.max() <= 255)):
+        raise TokenizerError(f"{key} must be a 1-D int8/uint8 array, got dtype {arr.dtype} shape {arr.shape}")
+    return (arr.astype(np.int64) & 0xFF).astype(np.uint8).tobytes()
 
 
 # --- vocabulary ---
@@ -528,7 +399,7 @@ def _read_flag(meta: Mapping[str, Any], key: str, default: bool) -> bool:
 # --- engines: text fragment (no special tokens inside) -> ids ---
 
 
-class _BpeEngine:
+class BpeEngine:
     """Byte-level BPE through HF tokenizers: Split(regex) per llama.cpp regex, ByteLevel, BPE by rank.
 
     With an SPM-style pre-tokenizer (gemma4) spaces become ▁, pieces stay raw UTF-8 and a character
@@ -554,7 +425,7 @@ class _BpeEngine:
             bad = _bad_merge(pairs, index) or "merges rejected"  # (HF panics when a merge's result is no token)
             raise TokenizerError(f"{Keys.Tokenizer.MERGES}: {bad} ({type(exc).__name__}: {exc})") from None
         hf = HfTokenizer(model)
-        splits = [pre_tokenizers.PreTokenizer.custom(_CustomSplit(_CUSTOM_SPLITS[rx])) if rx in _CUSTOM_SPLITS
+        splits = [pre_tokenizers.PreTokenizer.custom(_CustomSplit(rx)) if callable(rx)
                   else pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in pre.regexes]
         if not pre.spm_style:
             splits.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
@@ -609,29 +480,6 @@ class _CustomSplit:
         return [piece[a:b] for a, b in self._spans(text)] if text else [piece]
 
 
-def _digit_group_spans(text: str) -> list[tuple[int, int]]:
-    """llama.cpp's unicode_regex_split_custom_afmoe: each run of numbers (Unicode N) is cut into
-    groups of three from the right, whatever precedes the run (since the last cut) stays joined to
-    its first group, and the text after the last run is one piece."""
-    spans: list[tuple[int, int]] = []
-    prev = pos = 0
-    n = len(text)
-    while pos < n:
-        if not unicodedata.category(text[pos]).startswith("N"):
-            pos += 1
-            continue
-        start = pos
-        while pos < n and unicodedata.category(text[pos]).startswith("N"):
-            pos += 1
-        first = start + ((pos - start) % 3 or 3)
-        for cut in range(first, pos + 1, 3):
-            spans.append((prev, cut))
-            prev = cut
-    if prev < n:
-        spans.append((prev, n))
-    return spans
-
-
 def _unk_sentinel(index: dict[str, int], pre: PreTokenizer) -> tuple[str, int] | None:
     """(text, id) of an extra unknown token for HF BPE when the vocabulary cannot spell every byte
     (a byte-level character, or a <0xNN> token for SPM-style vocabularies); None when it can."""
@@ -677,7 +525,7 @@ def _bad_merge(pairs: list[tuple[str, str]], index: dict[str, int]) -> str | Non
     return None
 
 
-class _SpmEngine:
+class SpmEngine:
     """llama.cpp's llm_tokenizer_spm: greedy bigram merges by token score, byte fallback."""
 
     def __init__(self, index: dict[str, int], scores: list[float]) -> None:
@@ -741,7 +589,7 @@ class _SpmEngine:
         return tid
 
 
-class _WpmEngine:
+class WpmEngine:
     """llama.cpp's llm_tokenizer_wpm: BERT-style word split (_wpm_words), then each word, prefixed
     with ▁, is spelled greedily by the longest matching token; a word that cannot be spelled
     completely becomes one unknown token."""
@@ -777,7 +625,7 @@ class _WpmEngine:
         return ids
 
 
-_WPM_SPACES = frozenset(map(chr, [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+WHITESPACE = frozenset(map(chr, [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
                                   0x2028, 0x2029, 0x202F, 0x205F, 0x3000]))
 _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
                (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # llama.cpp's (and HF's) list
@@ -792,7 +640,7 @@ def _wpm_words(text: str, lowercase: bool, strip_accents: bool) -> list[str]:
     for ch in text:
         if strip_accents:
             ch = _nfd_first(ch)
-        if ch in _WPM_SPACES:
+        if ch in WHITESPACE:
             if word:
                 words.append("".join(word))
                 word = []
@@ -829,7 +677,7 @@ def _is_cjk(cpt: int) -> bool:
     return any(a <= cpt <= b for a, b in _CJK_RANGES)
 
 
-class _UgmEngine:
+class UgmEngine:
     """llama.cpp's llm_tokenizer_ugm (T5-style unigram): the precompiled charsmap normalizes the
     text (spaces -> ▁, a prefix ▁, runs of spaces merged as the file asks), then Viterbi over the
     UTF-8 bytes picks the tokenization with the highest sum of token scores (user-defined tokens
@@ -1027,102 +875,6 @@ class _Charsmap:
         return self._replacements[value:end], length
 
 
-_HAN_RANGES = (  # llama.cpp's unicode_cpt_is_han
-    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-        (0x2B820, 0x2CEAF), (0x2CEB0, 0x2EBEF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
-
-
-def _kimi_k2_spans(text: str) -> list[tuple[int, int]]:  # noqa: C901 - a port, kept in the C++ order
-    """llama.cpp's unicode_regex_split_custom_kimi_k2 (its stand-in for Kimi-K2's regex): Han runs,
-    non-Han letter words with an optional leading symbol and contraction, numbers by three,
-    symbol runs, then whitespace as in the GPT-4o-style regexes."""
-    n = len(text)
-    cats = [unicodedata.category(c)[0] for c in text]
-    han = [any(a <= ord(c) <= b for a, b in _HAN_RANGES) for c in text]
-
-    def letter(i: int) -> bool:
-        return i < n and cats[i] == "L"
-
-    def word(i: int) -> bool:  # a letter that is not Han
-        return letter(i) and not han[i]
-
-    def number(i: int) -> bool:
-        return i < n and cats[i] == "N"
-
-    def space(i: int) -> bool:
-        return i < n and text[i] in _WPM_SPACES
-
-    spans: list[tuple[int, int]] = []
-    prev = pos = 0
-
-    def cut(end: int) -> None:
-        nonlocal prev
-        if end > prev:
-            spans.append((prev, end))
-        prev = end
-
-    while pos < n:
-        c = text[pos]
-        if han[pos]:
-            while pos < n and han[pos]:
-                pos += 1
-            cut(pos)
-            continue
-        lead = not (c in "\r\n" or letter(pos) or number(pos))
-        if word(pos) or (lead and word(pos + 1)):
-            start = pos
-            pos += lead
-            while word(pos):
-                pos += 1
-            if pos > start + lead:
-                if text[pos:pos + 1] == "'" and pos + 1 < n:
-                    nxt = text[pos + 1].lower()
-                    if nxt in "stmd":
-                        pos += 2
-                    elif pos + 2 < n and nxt + text[pos + 2].lower() in ("re", "ve", "ll"):
-                        pos += 3
-                cut(pos)
-                continue
-            pos = start
-        if number(pos):
-            ini = pos
-            while number(pos):
-                pos += 1
-                if pos - ini >= 3:
-                    cut(pos)
-                    ini = pos
-            cut(pos)
-            continue
-        q = pos + 1 if c == " " else pos
-        if q < n and not (space(q) or letter(q) or number(q)):
-            pos = q
-            while pos < n and not (space(pos) or letter(pos) or number(pos)):
-                pos += 1
-            while pos < n and text[pos] in "\r\n":
-                pos += 1
-            cut(pos)
-            continue
-        k, last_nl = 0, 0
-        while space(pos + k):
-            if text[pos + k] in "\r\n":
-                last_nl = pos + k + 1
-            k += 1
-        if last_nl:
-            pos = last_nl
-        elif k > 1 and pos + k < n:
-            pos += k - 1
-        elif k:
-            pos += k
-        else:
-            pos += 1
-        cut(pos)
-    return spans
-
-
-# "regex" text in a pre-tokenizer -> the splitter llama.cpp runs instead of a regex
-_CUSTOM_SPLITS = {_DIGIT_GROUPS: _digit_group_spans, _DIGIT_GROUPS_AYA: _digit_group_spans, _KIMI_K2: _kimi_k2_spans}
-
-
 def _spm_byte_id(index: dict[str, int], b: int) -> int:
     """llama.cpp byte_to_token for SPM: <0xNN>, else the one-character token for ASCII, else -1."""
     tid = index.get(f"<0x{b:02X}>")
@@ -1141,7 +893,7 @@ class Tokenizer:
     """
 
     def __init__(self, *, model: str, pre: str | None, tokens: list[str], attrs: list[int],
-                 engine: _BpeEngine | _SpmEngine, specials: _Specials, flags: dict[str, bool],
+                 engine: BpeEngine | SpmEngine, specials: _Specials, flags: dict[str, bool],
                  chat_template: str | None) -> None:
         self.model = model
         self.pre = pre
@@ -1166,33 +918,41 @@ class Tokenizer:
     # -- construction --
 
     @classmethod
-    def from_gguf(cls, path: Any) -> Tokenizer:
-        """Tokenizer of the GGUF file at `path` (read through archrun's validating reader)."""
+    def from_gguf(cls, path: Any, plugins: Any = None) -> Tokenizer:
+        """Tokenizer of the GGUF file at `path` (read through archrun's validating reader); `plugins`
+        as in `from_metadata`."""
         from archrun.ggufset import open_gguf
 
         gguf = open_gguf(path)
         try:
-            return cls.from_metadata(gguf.metadata)
+            return cls.from_metadata(gguf.metadata, plugins)
         finally:
             gguf.close()
 
     @classmethod
-    def from_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+    def from_metadata(cls, metadata: Mapping[str, Any], plugins: Any = None) -> Tokenizer:
         """Tokenizer from GGUF metadata (key -> str/int/float/bool, list[str], or numpy array).
 
-        Raises TokenizerError when a `tokenizer.*` key is missing, mistyped or inconsistent.
+        The vocabulary kinds (`tokenizer.ggml.model`) and pre-tokenizers (`tokenizer.ggml.pre`) are
+        those the plugins of `plugins` (a plugin manager; None: the installed plugins) register.
+        Raises TokenizerError when a `tokenizer.*` key is missing, mistyped or inconsistent, or
+        names a kind or pre-tokenizer no plugin registers.
         """
         model = _get(metadata, Keys.Tokenizer.MODEL, str)
         if model is None:
             raise TokenizerError(f"{Keys.Tokenizer.MODEL} is missing")
-        build = _BUILDERS.get(model)
+        builders = tokenizer_models(plugins)
+        build = builders.get(model)
         if build is None:
             raise TokenizerError(f"unsupported tokenizer model {model!r} "
-                                 f"(supported: {', '.join(map(repr, _BUILDERS))})")
+                                 f"({_supported(builders, 'vocabulary kinds')})")
         tokens = _read_tokens(metadata)
         index = _token_index(tokens)
         attrs = _read_attrs(metadata, tokens)
-        pre_name, engine, defaults, flags = build(metadata, tokens, index)
+        parts = build(TokenizerSource(metadata, tokens, index, plugins))
+        if not isinstance(parts, TokenizerParts):
+            raise PluginError(f"the {model!r} vocabulary builder returned {type(parts).__name__}, not TokenizerParts")
+        pre_name, engine, defaults, flags = parts.pre, parts.engine, parts.defaults, dict(parts.flags)
         ids = _read_special_ids(metadata, defaults, len(tokens))
         _find_role_tokens(ids, index, attrs)
         eog = _eog_set(ids, index, attrs, tokens)
@@ -1274,7 +1034,7 @@ class Tokenizer:
         if add_special and self.add_bos:
             out.append(self._ids["bos"])
         raw = [p for p in parts if isinstance(p, str)]
-        if isinstance(self._engine, _SpmEngine):
+        if isinstance(self._engine, SpmEngine):
             raw = self._spm_prepare(parts)
         encoded = iter(self._engine.encode(raw) if raw else [])
         for part in parts:
@@ -1404,101 +1164,6 @@ class IncrementalDecoder:
     def flush(self) -> str:
         """End of stream: bytes still pending (an unfinished character) come out as U+FFFD."""
         return self._utf8.decode(b"", final=True)
-
-
-# --- builders per vocabulary kind ---
-
-
-def _build_bpe(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int],
-               pre_name: str | None = None) -> tuple:
-    """tokenizer.ggml.model = gpt2: byte-level BPE with the pre-tokenizer the file names; without a
-    `tokenizer.ggml.pre` key llama.cpp falls back to its `default` regexes and warns, so do we."""
-    if pre_name is None:
-        pre_name = _get(meta, Keys.Tokenizer.PRE, str)
-    if pre_name is None:
-        warnings.warn(f"{Keys.Tokenizer.PRE} is missing: using llama.cpp's 'default' pre-tokenizer "
-                      "(generation quality may be degraded; consider regenerating the file)",
-                      ArchrunWarning, stacklevel=4)
-        pre_name = "default"
-    pre = PRE_TOKENIZERS.get(pre_name)
-    if pre is None:
-        raise TokenizerError(f"unknown pre-tokenizer {Keys.Tokenizer.PRE} = {pre_name!r} "
-                             f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
-    merges = _get_strings(meta, Keys.Tokenizer.MERGES)
-    if merges is None:
-        raise TokenizerError(f"{Keys.Tokenizer.MERGES} is missing")
-    engine = _BpeEngine(index, merges, pre)
-    defaults = {"bos": pre.bos_default, "eos": 11}
-    flags = {"add_bos": pre.add_bos, "force_bos": pre.force_bos, "clean_spaces": pre.clean_spaces,
-             "unescape_spaces": pre.spm_style,
-             "add_space_prefix": _read_flag(meta, Keys.Tokenizer.ADD_PREFIX, False)}
-    return pre_name, engine, defaults, flags
-
-
-def _build_gemma4(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]) -> tuple:
-    """tokenizer.ggml.model = gemma4: BPE with the gemma4 pre-tokenizer whatever `pre` says, and no
-    default special ids (llama.cpp reads them all from the file)."""
-    pre_name, engine, _, flags = _build_bpe(meta, tokens, index, pre_name="gemma4")
-    return pre_name, engine, {}, flags
-
-
-def _build_wpm(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]) -> tuple:
-    """tokenizer.ggml.model = bert: WordPiece (llama.cpp's llm_tokenizer_wpm); encode wraps the
-    text in CLS (the BOS id) ... SEP when add_special."""
-    lowercase = _read_flag(meta, _KEY_LOWERCASE, True)
-    strip_accents = _read_flag(meta, _KEY_STRIP_ACCENTS, lowercase)
-    engine = _WpmEngine(index, tokens, lowercase=lowercase, strip_accents=strip_accents)
-    defaults = {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
-    flags = {"add_bos": True, "force_bos": True, "add_sep": True, "clean_spaces": True,
-             "unescape_spaces": True, "add_space_prefix": _read_flag(meta, Keys.Tokenizer.ADD_PREFIX, False)}
-    return _get(meta, Keys.Tokenizer.PRE, str), engine, defaults, flags
-
-
-def _build_spm(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]) -> tuple:
-    scores = _get_numbers(meta, Keys.Tokenizer.SCORES, len(tokens), integer=False)
-    if scores is None:
-        raise TokenizerError(f"{Keys.Tokenizer.SCORES} is missing (required by the 'llama' tokenizer)")
-    engine = _SpmEngine(index, scores.astype(np.float32).tolist())
-    defaults = {"bos": 1, "eos": 2, "unk": 0}
-    flags = {"add_bos": True, "force_bos": False, "clean_spaces": False, "unescape_spaces": True,
-             "add_space_prefix": _read_flag(meta, Keys.Tokenizer.ADD_PREFIX, True)}
-    pre = _get(meta, Keys.Tokenizer.PRE, str)
-    return pre, engine, defaults, flags
-
-
-def _build_ugm(meta: Mapping[str, Any], tokens: list[str], index: dict[str, int]) -> tuple:
-    """tokenizer.ggml.model = t5: unigram (llama.cpp's llm_tokenizer_ugm) with the file's
-    precompiled charsmap; scores default to 0 like llama.cpp's."""
-    scores = _get_numbers(meta, Keys.Tokenizer.SCORES, len(tokens), integer=False)
-    scores = [0.0] * len(tokens) if scores is None else scores.astype(np.float32).tolist()
-    charsmap = _get_bytes(meta, Keys.Tokenizer.PRECOMPILED_CHARSMAP)
-    add_space_prefix = _read_flag(meta, Keys.Tokenizer.ADD_PREFIX, False)
-    merge_spaces = _read_flag(meta, Keys.Tokenizer.REMOVE_EXTRA_WS, False)
-    engine = _UgmEngine(tokens, scores, charsmap, add_space_prefix, merge_spaces)
-    defaults = {"eos": 1, "unk": 2, "pad": 0}
-    flags = {"add_bos": False, "force_bos": False, "add_eos": True, "clean_spaces": False,
-             "unescape_spaces": True, "add_space_prefix": add_space_prefix}
-    return _get(meta, Keys.Tokenizer.PRE, str), engine, defaults, flags
-
-
-def _get_bytes(meta: Mapping[str, Any], key: str) -> bytes | None:
-    """An int8/uint8 array as bytes, or None when absent."""
-    if key not in meta:
-        return None
-    value = meta[key]
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str) or not isinstance(value, np.ndarray | Sequence):
-        raise TokenizerError(f"{key} must be a byte array, got {type(value).__name__}")
-    arr = np.asarray(value)
-    if arr.ndim != 1 or (arr.dtype not in (np.int8, np.uint8) and
-                         not (arr.dtype.kind in "iu" and arr.size and arr.min() >= -128 and arr.max() <= 255)):
-        raise TokenizerError(f"{key} must be a 1-D int8/uint8 array, got dtype {arr.dtype} shape {arr.shape}")
-    return (arr.astype(np.int64) & 0xFF).astype(np.uint8).tobytes()
-
-
-# tokenizer.ggml.model -> builder(meta, tokens, index) -> (pre name, engine, default ids, flags)
-_BUILDERS = {"gpt2": _build_bpe, "llama": _build_spm, "bert": _build_wpm, "gemma4": _build_gemma4, "t5": _build_ugm}
 
 
 # --- helpers ---

@@ -5,6 +5,11 @@ from __future__ import annotations
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
 from archrun_blocks import encoder, reference
+from archrun_blocks.data_plugin import (  # noqa: F401 - the data hooks, registered with this module
+    archrun_register_layer_patterns,
+    archrun_register_pre_tokenizers,
+    archrun_register_tokenizer_models,
+)
 
 
 def _fast(name: str) -> Lazy:
