@@ -116,7 +116,9 @@ class HfArch:
     llama.cpp cross-check runs on a copy with them added (and records them), never the fixture
     itself. ``checkpoint_config(hp)``: fields released checkpoints' config.json carry that
     transformers no longer writes (e.g. GPT-NeoX's ``rotary_pct``), added to the config the
-    converter reads.
+    converter reads. ``checkpoint_renames`` (regex -> replacement): tensor names transformers'
+    save gets wrong for released checkpoints (its reverse weight mapping renames too much), put
+    back before llama.cpp's converter reads them.
     """
 
     name: str
@@ -135,6 +137,7 @@ class HfArch:
     converter: str = "archrun"
     llamacpp_keys: Mapping[str, Any] | Callable[[Mapping[str, Any]], Mapping[str, Any]] = attrs.field(factory=dict)
     checkpoint_config: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_metadata
+    checkpoint_renames: Mapping[str, str] = attrs.field(factory=dict)
 
     @property
     def gguf_arch(self) -> gguf.MODEL_ARCH:
@@ -294,7 +297,8 @@ def convert(
     """
     hp = model.config.to_dict()
     if arch.converter == "llama.cpp":
-        return _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, arch.checkpoint_config(hp))
+        return _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, arch.checkpoint_config(hp),
+                                 arch.checkpoint_renames)
     n_nextn = int(hp.get(arch.mtp.layers_key) or 0) if arch.mtp is not None else 0
     block_count = hp["num_hidden_layers"] + n_nextn
     file_type = _file_type(dtype)
@@ -321,7 +325,7 @@ def convert(
     return Path(path)
 
 
-def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, config_extra) -> Path:
+def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, config_extra, renames=None) -> Path:
     """``convert`` through llama.cpp's own converter (whole-file dtypes it offers only)."""
     from archrun.conformance import llamacpp
 
@@ -331,7 +335,8 @@ def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, con
     vocab = {"tokens": tokens, "merges": merges, "types": types_, "pre": "qwen2",
              "bos": hp.get("bos_token_id") or tokens.index(BOS_TOKEN),
              "eos": _first(hp.get("eos_token_id")) or tokens.index(EOS_TOKEN)}
-    return llamacpp.convert(model, path, vocab, outtype=dtype, name=name, config_extra=config_extra)
+    return llamacpp.convert(model, path, vocab, outtype=dtype, name=name, config_extra=config_extra,
+                            renames=renames)
 
 
 def _file_type(dtype: str) -> gguf.LlamaFileType:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +77,16 @@ def fetch_source() -> Path:
 
 
 def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32",
-            name: str | None = None, config_extra: dict[str, Any] | None = None) -> Path:
+            name: str | None = None, config_extra: dict[str, Any] | None = None,
+            renames: Mapping[str, str] | None = None) -> Path:
     """Convert an in-memory HF causal LM with llama.cpp's ``convert_hf_to_gguf.py``; return the path.
 
     The model is saved (safetensors, its config) to a temporary folder and converted there by
     ``llamacpp_driver.py`` in a child process; ``vocab`` (tokens, types, merges, pre, bos, eos)
     replaces the tokenizer the converter would read, which tiny models do not have;
     ``config_extra`` fields (as released checkpoints carry them) are added to the config the
-    converter reads (its AutoConfig round trip drops some).
+    converter reads (its AutoConfig round trip drops some); ``renames`` (regex -> replacement) rename
+    saved tensors back to the names released checkpoints use where transformers' save does not.
     """
     if not available():
         raise ConverterUnavailable(f"llama.cpp's converter is not in {source_dir()}: run "
@@ -91,6 +95,8 @@ def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32"
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         model.save_pretrained(model_dir, safe_serialization=True)
+        if renames:
+            _rename_saved_tensors(model_dir, renames)
         vocab_json = Path(tmp) / "vocab.json"
         vocab_json.write_text(json.dumps({**vocab, "config_extra": config_extra or {}}))
         args = [str(model_dir), "--outfile", str(path), "--outtype", outtype]
@@ -101,6 +107,29 @@ def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32"
     if proc.returncode != 0 or not path.is_file():
         raise RuntimeError(f"llama.cpp's converter failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return path
+
+
+def _rename_saved_tensors(model_dir: Path, renames: Mapping[str, str]) -> None:
+    """Apply ``renames`` (regex -> replacement, in order) to every tensor name of the saved safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    for file in sorted(model_dir.glob("*.safetensors")):
+        tensors = {}
+        for key, value in load_file(file).items():
+            for pattern, repl in renames.items():
+                key = re.sub(pattern, repl, key)
+            tensors[key] = value
+        save_file(tensors, file, metadata={"format": "pt"})
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        renamed = {}
+        for key, file in data["weight_map"].items():
+            for pattern, repl in renames.items():
+                key = re.sub(pattern, repl, key)
+            renamed[key] = file
+        data["weight_map"] = renamed
+        index.write_text(json.dumps(data))
 
 
 def convert_lora(peft_model, path: str | Path, outtype: str = "f32") -> Path:
