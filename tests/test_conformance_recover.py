@@ -12,14 +12,13 @@ import functools
 import json
 import os
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
 import pytest
+from venvs import linked_venv, pip_install
 
 import archrun
 from archrun.cli import main
@@ -225,20 +224,9 @@ def fresh_venv(where: Path, *packages: Path) -> Path:
     """A new virtual environment (no pip) with archrun's core and vocabulary plugins installed editable
     and ``packages`` installed, offline; no family plugin. Its third-party dependencies (numpy, numba,
     gguf, pytest, ...) are this environment's, linked (installing them would download). Returns its python."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
-    python = where / "bin" / "python"
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    deps = where / "deps"
-    deps.mkdir()
-    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if not entry.name.startswith(("archrun", "__editable__")) and entry.suffix != ".pth":
-            (deps / entry.name).symlink_to(entry)
-    (site / "deps.pth").write_text(f"{deps}\n")
+    python = linked_venv(where)
     editable = [ROOT, *sorted(p.parent for p in ROOT.glob("plugins/*/pyproject.toml"))]
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--no-index", *[a for p in editable for a in ("-e", str(p))],
-                    *map(str, packages)], check=True, capture_output=True)
+    pip_install(python, "--no-deps", *[a for p in editable for a in ("-e", str(p))], *map(str, packages))
     return python
 
 
