@@ -17,6 +17,9 @@ dims of a head) rotates exactly q_pe and k_pe. The scale is mscale^2 / sqrt(p + 
 mscale = 1 + 0.1 * mscale_all_dim * ln(factor), stored as `rope.scaling.yarn_log_multiplier`
 = 0.1 * mscale_all_dim; 1 without YaRN).
 
+The q_a / kv_a norms take the model's RMS epsilon (llama.cpp), or a fixed one (`MlaLayout(lora_norm_eps)`:
+HF's Kimi Linear module builds those two norms with its default 1e-6 whatever the config's rms_norm_eps).
+
 Legacy files carry the unsplit `attn_kv_b` {c, H (p + v)}; it is split per head at load exactly
 as llama.cpp's converter splits it into `attn_k_b` {p, c, H} (transposed) and `attn_v_b` {c, v, H}.
 """
@@ -34,7 +37,11 @@ F32 = np.float32
 
 
 class MlaLayout:
-    """describe: MLA's geometry from its keys and tensors; bind: the absorbed projections."""
+    """describe: MLA's geometry from its keys and tensors; bind: the absorbed projections. `lora_norm_eps`:
+    the q_a / kv_a norms' epsilon (None: the model's)."""
+
+    def __init__(self, lora_norm_eps: float | None = None):
+        self.lora_norm_eps = lora_norm_eps
 
     def describe(self, ctx: Any) -> dict[str, Any]:
         """AttentionSpec fields of layer ctx.layer (see archrun.vocab.AttentionLayout)."""
@@ -73,7 +80,7 @@ class MlaLayout:
     def bind(self, b: Any, spec: Any, i: int) -> tuple[Any, Any]:
         """(qkv, o) of layer i: the absorbed query/key/value and the output projection."""
         p = {name: int(value) for name, value in spec.params}
-        norm = b.op("norm", b.d.norm, b.d.norm_eps)
+        norm = b.op("norm", b.d.norm, b.d.norm_eps if self.lora_norm_eps is None else self.lora_norm_eps)
         if p["q_lora_rank"]:
             query = _LoraQuery(b.matrix("attn_q_a", i), b.vector("attn_q_a_norm", i), b.matrix("attn_q_b", i), norm)
         else:
