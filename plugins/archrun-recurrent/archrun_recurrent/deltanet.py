@@ -72,10 +72,11 @@ def l2norm(x: np.ndarray, eps: float) -> np.ndarray:
 def delta_reference(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                     beta: np.ndarray) -> np.ndarray:
     """The gated delta rule, token by token: state [H, dk, dv] in place; q/k [n, H, dk] (q scaled),
-    v [n, H, dv], g/beta [n, H] -> o [n, H, dv]."""
+    v [n, H, dv], beta [n, H], g [n, H] (a head's log decay) or [n, H, dk] (each key channel's: KDA)
+    -> o [n, H, dv]."""
     o = np.empty_like(v)
     for t in range(len(q)):
-        state *= np.exp(g[t])[:, None, None]
+        state *= np.exp(g[t]).reshape(len(state), -1, 1)
         kv = np.einsum("hkv,hk->hv", state, k[t])                            # [H, dv]
         delta = (v[t] - kv) * beta[t][:, None]
         state += k[t][:, :, None] * delta[:, None, :]

@@ -1,4 +1,4 @@
-"""Mamba2's selective scan as a numba kernel (the contract of archrun_recurrent.mamba2.scan_reference)."""
+"""Recurrent scans as numba kernels: Mamba2's and Mamba's selective scans, the (gated, per-channel) delta rule."""
 
 from __future__ import annotations
 
@@ -43,15 +43,16 @@ def selective_scan(state: np.ndarray, x: np.ndarray, dt: np.ndarray, a: np.ndarr
 
 @njit(**JIT)
 def _delta(state, q, k, v, g, beta, o):  # pragma: no cover - compiled
-    """state [H, dk, dv] in place; q/k [n, H, dk], v/o [n, H, dv], g/beta [n, H]."""
+    """state [H, dk, dv] in place; q/k/g [n, H, dk] (g: the log decay of each key channel), v/o [n, H, dv],
+    beta [n, H]."""
     n, heads, dk = q.shape
     dv = v.shape[2]
     kv = np.empty(dv, np.float32)
     for t in range(n):
         for h in range(heads):
-            decay = np.float32(np.exp(g[t, h]))
             kv[:] = 0.0
             for i in range(dk):
+                decay = np.float32(np.exp(g[t, h, i]))
                 for j in range(dv):
                     state[h, i, j] *= decay
                     kv[j] += state[h, i, j] * k[t, h, i]
@@ -67,14 +68,16 @@ def _delta(state, q, k, v, g, beta, o):  # pragma: no cover - compiled
 
 def delta_rule(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                beta: np.ndarray) -> np.ndarray:
-    """The gated delta rule (state updated in place) -> o [n, H, dv] (archrun_recurrent.deltanet.delta_reference)."""
+    """The gated delta rule (state updated in place) -> o [n, H, dv] (archrun_recurrent.deltanet.delta_reference);
+    g [n, H] decays a head's state as a whole (gated DeltaNet), g [n, H, dk] each key channel (KDA)."""
     n, heads, dk = q.shape
     dv = v.shape[2]
     if state.shape != (heads, dk, dv) or k.shape != q.shape or v.shape[:2] != (n, heads) \
-            or g.shape != (n, heads) or beta.shape != (n, heads) or state.dtype != np.float32:
+            or g.shape not in ((n, heads), (n, heads, dk)) or beta.shape != (n, heads) or state.dtype != np.float32:
         raise ValueError(f"delta_rule: state {state.shape}, q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, "
                          f"beta {beta.shape} do not agree")
     o = np.empty((n, heads, dv), np.float32)
+    g = np.broadcast_to(g.reshape(n, heads, -1), (n, heads, dk))
     f32 = [np.ascontiguousarray(x, np.float32) for x in (q, k, v, g, beta)]
     _delta(state, *f32, o)
     return o
