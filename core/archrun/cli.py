@@ -175,6 +175,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", action="store_true",
                    help="serve --replicas N replicas as a Ray Serve deployment (needs 'archrun[ray]')")
     p.add_argument("--replicas", type=int, default=1, help="model replicas with --ray (1)")
+    p.add_argument("--stages", type=int, default=None,
+                   help="with --ray: run the model's blocks as K pipeline stages on K Ray actors (docs/scaling.md)")
     p.add_argument("--ray-address", default=None,
                    help="with --ray: the cluster to join ('auto' for the local node's; default: start a local one)")
 
@@ -335,11 +337,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)
         return 0
     args.model = str(files[0][1])
+    if args.stages is not None and not args.ray:
+        raise InvalidRequest("--stages places pipeline stages on Ray actors: it needs --ray")
     if args.ray:
         from archrun.serve import ray
 
         load_options = dict(threads=args.threads, backend=args.backend, block_style=args.block_style,
                             hints=parse_hints(args.hint), lora=_lora(args))
+        if args.stages is not None:
+            if args.replicas != 1:
+                raise InvalidRequest("--stages and --replicas cannot be combined: serve one pipeline")
+            ray.run_stages(args.model, config, args.stages, args.ray_address, load_options)
+            return 0
         ray.run(args.model, config, args.replicas, args.ray_address, load_options)
         return 0
     from archrun.serve import serve

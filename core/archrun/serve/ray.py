@@ -1,4 +1,5 @@
-"""`archrun serve --ray`: N replicas of the server as a Ray Serve deployment behind one OpenAI endpoint.
+"""`archrun serve --ray`: N replicas of the server as a Ray Serve deployment behind one OpenAI endpoint
+(or, with --stages K, one server whose model runs as K pipeline stages on Ray actors: run_stages).
 
     from archrun.serve import ServeConfig
     from archrun.serve.ray import deployment
@@ -103,3 +104,24 @@ def run(model_path: str | os.PathLike, config: ServeConfig, replicas: int, addre
             time.sleep(3600)
     finally:
         serve.shutdown()
+
+
+def run_stages(model_path: str | os.PathLike, config: ServeConfig, stages: int, address: str | None = None,
+               load_options: dict[str, Any] | None = None, num_cpus: float = 1.0) -> None:
+    """Start (or join, given `address`) a Ray cluster, place the model on `stages` pipeline stages
+    (archrun.pipeline) and serve it from this process on config.host:config.port until interrupted."""
+    import ray
+
+    from archrun import pipeline
+    from archrun.serve import serve
+
+    _serve()  # the ray extra's check
+    if not os.path.isfile(os.fspath(model_path)):
+        raise InvalidRequest(f"no model file at {os.fspath(model_path)}")
+    ray.init(address=address, include_dashboard=False)
+    model = pipeline.load(model_path, stages, load_options, num_cpus)
+    print(f"archrun: {stages} pipeline stages {model.bounds} on Ray", flush=True)
+    try:
+        serve(model, config, model_path=model_path)
+    finally:
+        model.close()
