@@ -80,3 +80,15 @@ def test_without_any_pattern_nothing_compiles(synth_model):
     hints = {"rope_pairing": "neox", "activation": "silu", "embed_scale": 1.0, **TRANSFORMER}
     with pytest.raises(UnknownVocabulary, match="no installed plugin registers layer patterns"):
         compile_gguf(synth_model(n_layer=2), plugins=bare, hints=hints)
+
+
+def test_archrun_plugins_lists_the_data():
+    from archrun.inspect import list_plugins, render_plugins
+
+    info = list_plugins()
+    assert {"gpt-2", "llama3", "kimi-k2"} <= set(info["pre_tokenizers"])
+    assert {"gpt2", "llama", "bert", "t5", "gemma4"} <= set(info["tokenizer_models"])
+    assert {"property": "sliding", "name": "swa_period"}.items() <= next(
+        p for p in info["layer_patterns"] if p["name"] == "swa_period").items()
+    text = render_plugins(info)
+    assert "pre-tokenizers (tokenizer.ggml.pre, " in text and "layer patterns (property, rank" in text

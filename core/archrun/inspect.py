@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 import warnings
 from collections import Counter
 from typing import Any
@@ -12,8 +13,10 @@ from archrun.compile import compile_gguf
 from archrun.errors import UnknownVocabulary
 from archrun.family import CONVENTIONS
 from archrun.ggufset import open_gguf
+from archrun.layers import layer_patterns
 from archrun.model import kv_types_of, vocabulary_of
 from archrun.plugins import default_plugin_manager, installed_plugins
+from archrun.tokenizer import pre_tokenizers, tokenizer_models
 from archrun.vocab import build_vocabulary
 
 
@@ -166,11 +169,16 @@ def list_plugins() -> dict[str, Any]:
     for impl in pm.hook.archrun_families.get_hookimpls():
         families[impl.plugin_name] = list(impl.function())
     families = dict(sorted(families.items()))
+    patterns = layer_patterns(pm)
     return {
         "installed": installed_plugins(),
         "vocabulary": [{"slot": e.op.slot, "name": e.op.name, "plugin": e.plugin,
                         "fast": e.op.fast is not None, "doc": e.op.doc} for e in vocab],
         "families": families,
+        "pre_tokenizers": sorted(pre_tokenizers(pm)),
+        "tokenizer_models": sorted(tokenizer_models(pm)),
+        "layer_patterns": [{"name": n, "property": p.property, "rank": p.rank, "doc": p.doc}
+                           for n, p in sorted(patterns.items(), key=lambda np: (np[1].property, -np[1].rank))],
     }
 
 
@@ -184,4 +192,10 @@ def render_plugins(info: dict[str, Any]) -> str:
         lines.append(f"  {e['slot'] + '=' + e['name']:28s} {e['plugin']}{fast}  {e['doc']}")
     lines.append("families")
     lines += [f"  {p:{width}s} {', '.join(archs)}" for p, archs in info["families"].items()]
+    lines.append(f"vocabulary kinds (tokenizer.ggml.model)  {', '.join(info['tokenizer_models'])}")
+    lines.append(f"pre-tokenizers (tokenizer.ggml.pre, {len(info['pre_tokenizers'])})")
+    lines += textwrap.wrap(", ".join(info["pre_tokenizers"]), 100, initial_indent="  ", subsequent_indent="  ")
+    lines.append("layer patterns (property, rank: the first that answers decides)")
+    lines += [f"  {p['property'] + ' ' + str(p['rank']):13s} {p['name']:24s} {p['doc']}"
+              for p in info["layer_patterns"]]
     return "\n".join(lines)
