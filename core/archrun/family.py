@@ -99,7 +99,8 @@ class FamilyHints:
     Falcon-40B's attention norm `attn_norm_2` where 7B files have only `attn_norm`);
     `swa_period` P > 0 makes layer i sliding iff
     i % P < P - 1 unless the file has attention.sliding_window_pattern; `nope_period` P > 0 makes
-    every P-th layer (i % P == P - 1) use no rotary embedding; `block_style` the default style.
+    every P-th layer (i % P == P - 1) use no rotary embedding (the layer patterns archrun-blocks
+    registers read these and `nope_global`, archrun.layers); `block_style` the default style.
     `qk_norm_after_rope`: per-head Q/K norms apply to the rotated Q/K (HunYuan), not before rope.
     `nope_global`: when a model has sliding-window layers, its full-attention layers use no
     rotary embedding (cohere2, exaone4). `pre_norms` False: blocks have no attn/ffn pre-norms
