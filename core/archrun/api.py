@@ -23,7 +23,7 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
          plugins: Any = None, threads: int | None = None,
          progress: Callable[[str, int, int], None] | None = None,
          hints: Mapping[str, Any] | None = None, lora: Any = None, lora_scale: float = 1.0,
-         layers: tuple[int, int] | None = None) -> Interpreter:
+         layers: tuple[int, int] | None = None, expert_memory: int | None = None) -> Interpreter:
     """Load a GGUF file into a runnable model.
 
     block_style: a registered block style, e.g. "fused" | "host_reference" (default: what the
@@ -43,6 +43,8 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     layers: (start, end) loads a pipeline stage, blocks start..end-1 only (archrun.pipeline): a stage after
     the first takes hidden states float32 [n, d] where a model takes token ids, one before the last gives
     the hidden states of every position where a model gives logits.
+    expert_memory: bytes of a mixture-of-experts model's expert matrices kept in memory; the others are paged
+    in from disk when the router picks them (archrun.experts: the same logits as with every expert resident).
     """
     backend = "fast" if backend is None or (isinstance(backend, str) and not backend) else backend
     if not isinstance(backend, str) or backend not in BACKENDS:
@@ -61,7 +63,8 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     try:
         gguf = apply_adapters(gguf, lora, lora_scale)
         compiled = compile_gguf(gguf, plugins=pm, block_style=block_style, hints=hints)
-        plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress, layers)  # refuses bad input first
+        # refuses bad input first
+        plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress, layers, expert_memory)
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
         model = style(plan, gguf, lambda: _tokenizer(gguf, pm), compiled.chat_template)
         if backend == "fast":

@@ -55,6 +55,8 @@ F32 = np.float32
 class _Binder:
     """Resolves vocabulary and binds weights for one model."""
 
+    pager: Any = None  # archrun.experts.ExpertPager of a model whose experts are streamed from disk
+
     def __init__(self, d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str, op_backend: str):
         self.d, self.gguf, self.vocab, self.backend = d, gguf, vocab, backend
         self.op_backend = op_backend  # the backend of the small ops (the block style may audit them)
@@ -129,10 +131,16 @@ class _Binder:
         n_in, n_out, n_exp = info.shape
         rows = self.gguf.raw_rows(name)  # [E * n_out, row_bytes]
         biases = self.table(bias_role, layer).reshape(n_exp, n_out) if bias_role else [None] * n_exp
-        return [
-            Matrix(rows[e * n_out : (e + 1) * n_out], info.ggml_type, n_in, self.backend, biases[e], f"{name}[{e}]")
-            for e in range(n_exp)
-        ]
+        pager = self.pager if self.pager is not None and not self.pager.finished else None
+        mats = [Matrix(rows[e * n_out : (e + 1) * n_out], info.ggml_type, n_in, self.backend, biases[e],
+                       f"{name}[{e}]", lazy=pager is not None)
+                for e in range(n_exp)]
+        if pager is not None:  # experts streamed from disk (archrun.experts): each prepared, stored, dropped
+            for m in mats:
+                q = m.prepare_copy()
+                if q is not None:  # (a type without fast kernels stays lazy: prepared on first product)
+                    pager.add(m, q)
+        return mats
 
 
 def vocabulary_of(d: Descriptor) -> list[tuple[str, str]]:
@@ -157,7 +165,7 @@ def vocabulary_of(d: Descriptor) -> list[tuple[str, str]]:
 
 def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = "fast",
                progress: Callable[[str, int, int], None] | None = None,
-               layers: tuple[int, int] | None = None) -> Plan:
+               layers: tuple[int, int] | None = None, expert_memory: int | None = None) -> Plan:
     """Resolve the descriptor's vocabulary and bind its weights (once per model).
 
     Every vocabulary value is checked first, so a missing op fails before any weight is touched.
@@ -167,6 +175,9 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     layers=(start, end): a pipeline stage's plan (archrun.pipeline): only blocks start..end-1 are bound,
     the embeddings only when start is 0 and the output head only when end is the last block's; such a
     plan takes and gives hidden states where it does not begin or end the model.
+
+    expert_memory: bytes of MoE expert matrices kept resident; the others are paged in from an expert
+    store on demand (archrun.experts; fast backend only). None: every expert resident.
     """
     span = check_layer_span(d, layers)
     first, last = span is None or span[0] == 0, span is None or span[1] == d.n_layer
@@ -176,7 +187,10 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     b = _Binder(d, gguf, vocab, backend, getattr(style, "op_backend", None) or backend)
     norm = b.op("norm", d.norm, d.norm_eps)
     ropes = [_bind_rope(b, spec) for spec in d.rope_tables]
+    b.pager = _expert_pager(d, backend, expert_memory)
     bound = _bind_layers(b, gguf, progress, span or (0, d.n_layer))
+    if b.pager is not None:
+        b.pager.finish()
     embed = b.matrix("token_embd", lazy=not d.tied_output) if first or (last and d.tied_output) else None
     output = None
     if last:
@@ -187,7 +201,7 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     positions = b.table("position_embd") if d.position_embedding and first else None  # [n_positions, d]
     final_norm = b.norm_weight("output_norm") if d.output_norm and last else None
     plan = Plan(d, embed, output, final_norm, output_norm_b, norm, ropes, bound, softcap,
-                b.providers, b, positions, span=span)
+                b.providers, b, positions, span=span, pager=b.pager)
     _check_causality(d, bound)
     if d.token_types and first:  # every token is segment 0 ("sentence A"), as llama.cpp feeds BERT
         plan.token_type = np.ascontiguousarray(b.table("token_types").reshape(-1, d.n_embd)[0])
@@ -197,6 +211,20 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     if span is None:  # a stage leaves the other stages' tensors alone
         _check_unused_tensors(d, gguf, b.bound)
     return plan
+
+
+def _expert_pager(d: Descriptor, backend: str, expert_memory: Any) -> Any:
+    """The expert store of a model loaded with expert_memory (archrun.experts), or None."""
+    from archrun.experts import ExpertPager, check_expert_memory, directory
+
+    budget = check_expert_memory(expert_memory)
+    if budget is None:
+        return None
+    if backend != "fast":
+        raise InvalidRequest("expert_memory streams the fast kernels' experts: it needs the fast backend")
+    if not any(isinstance(s.ffn, MoeSpec) for s in d.layers):
+        raise InvalidRequest(f"expert_memory streams MoE experts, and {d.architecture} has none")
+    return ExpertPager(budget, directory())
 
 
 def check_layer_span(d: Descriptor, layers: Any) -> tuple[int, int] | None:
@@ -632,6 +660,8 @@ class Interpreter:
         """Token embeddings [n, d], scaled by the descriptor's embed_scale; a model with a learned
         position table adds its rows start..start+n-1 (start is required then)."""
         self.gguf.check_intact()  # every step starts here: a truncated file is an error, not SIGBUS
+        if self.plan.pager is not None:  # experts streamed from disk: back under their cap before the step
+            self.plan.pager.between_steps()
         if self.takes_hidden:  # a later pipeline stage: the previous stage's hidden states (a copy: steps write it)
             return np.array(ids, dtype=F32)
         x = self.plan.embed.rows(ids)

@@ -100,3 +100,4 @@ class Plan:
     # a pipeline stage's blocks (start, end), None for the whole model: a stage that does not start the
     # model has no embeddings (it takes hidden states), one that does not end it no output head
     span: tuple[int, int] | None = None
+    pager: Any = None  # archrun.experts.ExpertPager when MoE experts are streamed from disk, else None

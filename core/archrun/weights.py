@@ -57,6 +57,16 @@ class Matrix:
             self._dense = quant.dequantize(self.raw_rows, self.ggml_type, (self.n_out, self.n_in))
         return self._dense
 
+    def prepare_copy(self):
+        """A new kernel-ready copy of this matrix (archrun.kernels.QMatrix), or None without fast kernels for
+        its type; the matrix does not keep it (see use_prepared)."""
+        return _prepare_fast(self._parts, self.ggml_type, self.n_in) if self._fast else None
+
+    def use_prepared(self, q) -> None:
+        """Multiply with `q`, a kernel-ready copy of this matrix held elsewhere (e.g. mapped from an expert store:
+        archrun.experts)."""
+        self._q = q
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if x.ndim != 2 or x.shape[1] != self.n_in:
             raise ShapeMismatch(f"{self.name}: input {x.shape} does not match n_in={self.n_in}")
