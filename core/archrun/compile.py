@@ -515,9 +515,11 @@ class _Geometry:
         tables = [glob]
         if any(self.sliding):
             base = meta.get("rope.freq_base_swa", float, glob.freq_base)
+            # sliding layers whose heads have their own width rotate their own dims
+            n_rot = meta.get("rope.dimension_count_swa", int, glob.n_rot) if glob.n_rot else 0
             plain = self.fam.swa_rope == "plain"
-            tables.append(RopeSpec(pairing=pairing, n_rot=glob.n_rot, freq_base=base) if plain
-                          else attrs.evolve(glob, freq_base=base))
+            tables.append(RopeSpec(pairing=pairing, n_rot=n_rot, freq_base=base) if plain
+                          else attrs.evolve(glob, freq_base=base, n_rot=n_rot))
         if any(self.nope) and pairing != NO_ROPE:
             tables.append(RopeSpec(pairing=NO_ROPE, n_rot=0, freq_base=glob.freq_base))
         return tuple(tables)

@@ -107,7 +107,9 @@ class HfArch:
     Tensor fix-ups, in ``modify_tensors`` order: ``tensor_renames`` (checkpoint-name suffixes),
     ``permute_qk`` (llama.cpp's Q/K row permutation, for NORM rope), ``norm_shift`` (added to
     every ``*norm.weight``: 1.0 for HF RMSNorms computing x*(1+w), whose GGUF stores 1+w).
-    ``norm_init`` = (center, scale) of the random norm weights. ``mtp``: see ``HfMtp``.
+    ``norm_init`` = (center, scale) of the random norm weights; ``scalar_init`` maps parameter-name
+    suffixes to the (center, scale) of other tensors drawn that way (e.g. a learned per-layer
+    multiplier, which a fan-in draw would make any sign). ``mtp``: see ``HfMtp``.
     ``converter``: "archrun" converts with ``convert``'s own statement of llama.cpp's rules
     (metadata and tensor fix-ups above); "llama.cpp" runs llama.cpp's ``convert_hf_to_gguf.py``
     itself (``archrun.conformance.llamacpp``), and the fields above only shape the HF model.
@@ -133,6 +135,7 @@ class HfArch:
     permute_qk: bool = False
     norm_shift: float = 0.0
     norm_init: tuple[float, float] = (1.0, 0.25)
+    scalar_init: Mapping[str, tuple[float, float]] = attrs.field(factory=dict)
     mtp: HfMtp | None = None
     converter: str = "archrun"
     llamacpp_keys: Mapping[str, Any] | Callable[[Mapping[str, Any]], Mapping[str, Any]] = attrs.field(factory=dict)
@@ -250,15 +253,17 @@ def _randomize(module, seed: int, arch: HfArch, prefix: str) -> None:
             if name not in persistent or (prefix and name.startswith(("embed_tokens", "shared_head"))):
                 continue  # MTP shares the trunk's embedding and head
             gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32((prefix + name).encode()))
-            tensor.copy_(_random_like(name, tensor, gen, arch.norm_init))
+            scalar = next((v for k, v in arch.scalar_init.items() if name.endswith(k)), None)
+            tensor.copy_(_random_like(name, tensor, gen, scalar or arch.norm_init, scalar=scalar is not None))
 
 
-def _random_like(name: str, tensor, gen, norm_init: tuple[float, float]):
+def _random_like(name: str, tensor, gen, norm_init: tuple[float, float], scalar: bool = False):
     """A random tensor for parameter ``name`` (see ``build_tiny`` for the distributions)."""
     import torch
 
     noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32)
-    if name.endswith("norm.weight") or (tensor.dim() == 1 and name.endswith(".weight")):  # 1-D: a norm (GPT-2's ln_*)
+    # 1-D .weight: a norm (GPT-2's ln_*)
+    if scalar or name.endswith("norm.weight") or (tensor.dim() == 1 and name.endswith(".weight")):
         center, scale = norm_init
         return center + scale * noise if center else scale * noise
     if name.endswith("bias"):

@@ -59,6 +59,15 @@ def _add_checkpoint_fields(model_base, extra: dict) -> None:
     model_base.__init__ = __init__
 
 
+def _write_tokenizer_json(model_dir: Path, vocab: dict) -> None:
+    """A tokenizer.json holding the tiny vocabulary, for converters that read its size from there
+    (Gemma's trims token_embd to it); the tokenizer itself is still written by `set_vocab`."""
+    path = model_dir / "tokenizer.json"
+    if not path.exists():
+        tokens = {t: i for i, t in enumerate(vocab["tokens"])}
+        path.write_text(json.dumps({"model": {"vocab": tokens}, "added_tokens": []}))
+
+
 def main(argv: list[str]) -> None:
     src, vocab_json, sep, *convert_args = argv
     if sep != "--":
@@ -78,6 +87,7 @@ def main(argv: list[str]) -> None:
         return cls
 
     converter.get_model_class = get_model_class
+    _write_tokenizer_json(Path(convert_args[0]), vocab)
     _add_checkpoint_fields(converter.ModelBase, vocab.get("config_extra") or {})
     sys.argv = ["convert_hf_to_gguf.py", *convert_args]
     converter.main()

@@ -1,0 +1,33 @@
+"""archrun family plugin for Gemma 4 text models (descriptions only, no math).
+
+What gemma4 files do not say (llama.cpp src/models/gemma4-iswa.cpp, HF modeling_gemma4.py):
+- attention `gemma4` (archrun-gemma4-ops: each layer kind's head width, keys reused as values
+  where a layer has no attn_v, RMS-normed values, unscaled scores); the file states the kinds
+  (`attention.sliding_window_pattern`), both widths (`key_length`, `key_length_swa`) and both
+  rope widths (`rope.dimension_count`, `rope.dimension_count_swa`);
+- rope pairing NEOX; the global layers' proportional rope is a full-width rope whose unrotated
+  pairs carry frequency factor 1e30 (`rope_freqs`, global layers only); the sliding layers rotate
+  plain with `rope.freq_base_swa` (`swa_rope="plain"`, as HF's default rope there);
+- residual `gemma4_scaled`: sandwich norms by presence, the block's output times the layer's
+  `layer_output_scale`;
+- token embeddings scaled by sqrt(n_embd); GeGLU with tanh-GELU; norms stored as is (x * w);
+- the chat template comes with the file (released models carry one).
+"""
+
+from __future__ import annotations
+
+from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
+
+HINTS = {
+    "gemma4": FamilyHints(
+        name="gemma4",
+        **{**TRANSFORMER, "attention": "gemma4", "residual": "gemma4_scaled"},
+        rope_pairing="neox",
+        activation="gelu_tanh",
+        embed_scale="sqrt_n_embd",
+        swa_rope="plain",
+    ),
+}
+
+
+plugin = FamilyPlugin(HINTS)

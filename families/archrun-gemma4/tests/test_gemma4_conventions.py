@@ -1,0 +1,74 @@
+"""archrun-gemma4's conventions, each flipped on the tiny HF fixtures, must move the logits far from
+HF (beyond the kit's sensitivity margin): the kit's own flips cover rope pairing, activation and norm;
+these cover what is Gemma 4's own — its attention (per-kind widths, V norm, unscaled scores; a flip
+that no longer loads is a typed error, also seen), the layer scalar, the embedding scale and the
+sliding layers' plain rope. Also the layout of the files llama.cpp's converter writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import archrun
+from archrun.conformance import hf
+from archrun.conformance.gguf_edit import rewrite_gguf
+from archrun.conformance.tiny_hf import SENSITIVITY
+from archrun.errors import ArchrunError
+
+GOLDENS = Path(__file__).resolve().parent / "goldens"
+NAMES = ("gemma4_dense", "gemma4_k_eq_v")
+FLIPS = {
+    "attention": {"attention": "causal"},            # standard projections, 1/sqrt(hd), no V norm
+    "embed_scale": {"embed_scale": 1.0},
+    "swa_rope": {"swa_rope": "global"},              # sliding layers given the global frequency factors
+}
+
+
+def _far_from_hf(path: Path, name: str, hints=None) -> None:
+    golden = hf.load_golden(GOLDENS / f"{name}.npz")
+    try:
+        model = archrun.load(path, backend="reference", hints=hints)
+    except ArchrunError:
+        return  # refusing to load is seeing the flip
+    err = hf.rel_err(model.logits(golden["ids"].astype(np.int64)), golden["logits"])
+    assert err > SENSITIVITY * hf.TOLERANCE, f"{name}: {hints} moves the logits by only {err:.1e}"
+
+
+@pytest.mark.parametrize("flip", FLIPS)
+@pytest.mark.parametrize("name", NAMES)
+def test_flipped_convention_moves_logits(name, flip):
+    _far_from_hf(GOLDENS / f"{name}.gguf", name, FLIPS[flip])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_layer_scalar_matters(name, tmp_path):
+    """Without the layer_output_scale tensors (scale 1) the model is far from HF."""
+    path = rewrite_gguf(GOLDENS / f"{name}.gguf", tmp_path / "noscale.gguf", drop_tensors=["layer_output_scale"])
+    _far_from_hf(path, name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_converter_layout(name):
+    """Both layer kinds' widths, the global-only frequency factors (1e30 past the rotated pairs), and
+    attn_v on exactly the layers that do not reuse their keys."""
+    cfg = hf.load_golden(GOLDENS / f"{name}.npz")["config"]
+    kv = hf.gguf_kv(gguf.GGUFReader(GOLDENS / f"{name}.gguf"))
+    tensors = hf.gguf_tensors(GOLDENS / f"{name}.gguf")
+    global_hd = {c["head_dim"] for c in cfg["per_layer_config"].values()}.pop()  # the full layers' width
+    assert kv["gemma4.attention.key_length"] == global_hd != cfg["head_dim"]
+    assert kv["gemma4.attention.key_length_swa"] == cfg["head_dim"]
+    assert kv["gemma4.rope.dimension_count_swa"] == cfg["head_dim"]
+    n_rot = int(global_hd * cfg["rope_parameters"]["full_attention"]["partial_rotary_factor"]) // 2
+    factors = tensors["rope_freqs.weight"]
+    assert (factors[:n_rot] == 1).all() and (factors[n_rot:] > 1e29).all()
+    for i, kind in enumerate(cfg["layer_types"]):
+        reuse = cfg["attention_k_eq_v"] and kind == "full_attention"
+        assert (f"blk.{i}.attn_v.weight" in tensors) != reuse, (name, i)
+
+
+def test_both_attention_layouts_are_covered():
+    reuse = [hf.load_golden(GOLDENS / f"{n}.npz")["config"]["attention_k_eq_v"] for n in NAMES]
+    assert any(reuse) and not all(reuse)
