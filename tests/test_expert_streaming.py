@@ -68,3 +68,14 @@ def test_bad_expert_memory_is_refused(path, tmp_path):
     dense = write_model(tmp_path / "dense.gguf")
     with pytest.raises(InvalidRequest, match="has none"):
         archrun.load(dense, expert_memory=1 << 20)
+
+
+def test_the_cli_streams_experts(path, capsys):
+    from archrun.cli import main
+
+    args = ["run", str(path), "-p", "<t5><t6>", "-n", "3", "--temp", "0"]
+    assert main(args) == 0
+    resident = capsys.readouterr().out
+    assert main([*args, "--expert-memory", "200K"]) == 0
+    assert capsys.readouterr().out == resident  # the same greedy text
+    assert main([*args, "--expert-memory", "lots"]) == 1

@@ -118,6 +118,9 @@ def _model_args(p: argparse.ArgumentParser, several: bool = False) -> None:
     p.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]",
                    help="a LoRA adapter (GGUF) merged into the weights at load, scaled by SCALE (default 1; "
                         "repeatable)")
+    p.add_argument("--expert-memory", default=None, metavar="SIZE",
+                   help="keep at most SIZE (e.g. 4G) of a MoE model's experts in memory; the others are paged in "
+                        "from disk when picked (docs/scaling.md)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -213,14 +216,26 @@ def _load(args: argparse.Namespace, path: Any = None):
         lora = _lora(args)
         if lora:
             kwargs["lora"] = lora
+        experts = _expert_memory(args)
+        if experts is not None:
+            kwargs["expert_memory"] = experts
         # fast, or tiered while its kernels compile (ARCHRUN_TIERED=0: wait for them instead)
-        # (not for --hash: a tiered start's first tokens come from the reference backend; not with adapters)
-        tiered_ok = not getattr(args, "hash", False) and os.environ.get("ARCHRUN_TIERED", "1") != "0" and not lora
+        # (not for --hash: a tiered start's first tokens come from the reference backend; not with adapters
+        # or streamed experts, which need the fast backend)
+        tiered_ok = not getattr(args, "hash", False) and os.environ.get("ARCHRUN_TIERED", "1") != "0" and not lora \
+            and experts is None
         if args.backend is None and args.block_style is None and tiered_ok:
             from archrun import tiered
 
             return tiered.load(path, **kwargs)
         return load(path, backend=args.backend, **kwargs)
+
+
+def _expert_memory(args: argparse.Namespace) -> int | None:
+    from archrun.serve.memory import parse_bytes
+
+    value = getattr(args, "expert_memory", None)
+    return None if value is None else parse_bytes(value)
 
 
 def _lora(args: argparse.Namespace) -> list[tuple[str, float]]:
@@ -343,7 +358,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from archrun.serve import ray
 
         load_options = dict(threads=args.threads, backend=args.backend, block_style=args.block_style,
-                            hints=parse_hints(args.hint), lora=_lora(args))
+                            hints=parse_hints(args.hint), lora=_lora(args), expert_memory=_expert_memory(args))
         if args.stages is not None:
             if args.replicas != 1:
                 raise InvalidRequest("--stages and --replicas cannot be combined: serve one pipeline")
