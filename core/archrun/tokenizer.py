@@ -1,6 +1,9 @@
 """Tokenizer built from a GGUF file's own `tokenizer.*` metadata, matching llama.cpp token for token.
 
-The vocabulary kinds, named by `tokenizer.ggml.model` (llama.cpp's llama-vocab.cpp vocabulary):
+The engines of llama.cpp's vocabulary kinds (llama-vocab.cpp) live here; which `tokenizer.ggml.model`
+value builds which engine, and the pre-tokenizers `tokenizer.ggml.pre` names, are plugin data
+(`archrun_register_tokenizer_models`, `archrun_register_pre_tokenizers`: `tokenizer_models()`,
+`pre_tokenizers()`). The built-in kinds (archrun-blocks registers them):
 
 - ``gpt2``  byte-level BPE. Text is split by the regexes llama.cpp uses for `tokenizer.ggml.pre`
   (its `default` ones, with a warning, when the key is absent), each piece is mapped to GPT-2's
