@@ -6,8 +6,8 @@ to an expert store (a temporary file, unlinked at once) and dropped from memory;
 experts through a private mapping of the store, so the OS pages in an expert when the router first picks it.
 Before every step the pager asks the OS which experts are mapped in (the page table's present bits) and,
 past the cap, drops the least recently paged-in ones (madvise DONTNEED): a hot expert that was dropped
-pages in again from the page cache or the disk. The kernels and the bytes they read are the same as with every expert resident,
-so the logits are bit for bit those of the resident model.
+pages in again from the page cache or the disk. The kernels and the bytes they read are the same as with
+every expert resident, so the logits are bit for bit those of the resident model.
 
 The cap holds between steps: within one step the experts its tokens pick are all paged in (a prompt
 chunk may pick every expert). The LRU is by page-in time: an expert that stays resident ages even while
@@ -101,6 +101,8 @@ class ExpertPager:
         self._pending.clear()
         self._stamp = np.zeros(len(self.units), np.int64)
         self._resident = np.zeros(len(self.units), bool)
+        self._sizes = np.array([b - a for a, b in self.units], np.int64)
+        self._unit_pages = np.array([a // PAGE for a, _ in self.units], np.int64)
 
     def resident(self) -> np.ndarray:
         """bool [matrices]: which expert matrices have pages mapped in this process now (the page table's
@@ -114,13 +116,12 @@ class ExpertPager:
                 entries = np.frombuffer(f.read(n_pages * 8), np.uint64)
         except OSError:
             return np.ones(len(self.units), bool)  # unknown: treat all as resident (evicting is harmless)
-        pages = (entries >> np.uint64(63)).astype(bool)
-        return np.array([pages[a // PAGE:b // PAGE].any() for a, b in self.units])
+        present = (entries >> np.uint64(63)).astype(np.int64)
+        return np.add.reduceat(present, self._unit_pages) > 0  # units are contiguous and non-empty
 
     def resident_bytes(self) -> int:
         """Bytes of the expert matrices with pages in memory now (whole matrices)."""
-        res = self.resident()
-        return int(sum(b - a for (a, b), r in zip(self.units, res, strict=True) if r))
+        return int(self._sizes[self.resident()].sum()) if self._map is not None else 0
 
     def between_steps(self) -> None:
         """Stamp the matrices paged in since the last call, then drop the oldest until under the budget."""
@@ -129,8 +130,7 @@ class ExpertPager:
         self._tick += 1
         now = self.resident()
         self._stamp[now & ~self._resident] = self._tick
-        sizes = np.array([b - a for a, b in self.units])
-        over = int(sizes[now].sum()) - self.budget
+        over = int(self._sizes[now].sum()) - self.budget
         if over > 0:
             for i in np.argsort(np.where(now, self._stamp, np.iinfo(np.int64).max), kind="stable"):
                 if over <= 0 or not now[i]:
