@@ -217,7 +217,8 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
     meta = _Meta(gguf, arch, fam.defaults)
     tensors = _Tensors(gguf, {**DEFAULT_TENSOR_NAMES, **fam.tensor_names})
     try:
-        descriptor = _build(meta, tensors, fam, block_style, layer_patterns(plugins), _attention_ops(plugins))
+        attention_ops, mixer_ops = _layouts(plugins)
+        descriptor = _build(meta, tensors, fam, block_style, layer_patterns(plugins), attention_ops, mixer_ops)
     except (ValueError, TypeError) as e:  # a descriptor validator refused a value from the file
         raise MetadataError(f"{arch}: metadata describes an impossible model: {e.args[0]}") from None
     unused = _unused_keys(gguf, meta.used)
@@ -300,11 +301,14 @@ class _Conventions:
                                       f"or `{example}`")
 
 
-def _attention_ops(plugins: Any) -> dict[str, Any]:
-    """Installed attention ops by name -> their projection layout (None: the standard projections)."""
+def _layouts(plugins: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(installed attention ops by name -> their projection layout (None: the standard projections),
+    installed token mixers (slot "mixer") by name -> their layout)."""
     from archrun.vocab import build_vocabulary
 
-    return {e.op.name: e.op.layout for e in build_vocabulary(plugins) if e.op.slot == "attention"}
+    vocab = list(build_vocabulary(plugins))
+    return ({e.op.name: e.op.layout for e in vocab if e.op.slot == "attention"},
+            {e.op.name: e.op.layout for e in vocab if e.op.slot == "mixer"})
 
 
 @frozen
@@ -326,7 +330,7 @@ class LayerContext:
 
 
 def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, patterns: Mapping[str, Any],
-           attention_ops: Mapping[str, Any]) -> Descriptor:
+           attention_ops: Mapping[str, Any], mixer_ops: Mapping[str, Any]) -> Descriptor:
     conv = _Conventions(meta, fam)
     n_embd = _bounded(meta.key("embedding_length"), meta.get("embedding_length", int), 1, MAX_WIDTH)
     n_ctx = _bounded(meta.key("context_length"), meta.get("context_length", int), 1, MAX_CONTEXT)
@@ -351,7 +355,7 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, 
         pos = t.shape("position_embd")
         if len(pos) != 2 or pos[0] != n_embd or pos[1] < 1:
             raise ShapeMismatch(f"position_embd has shape {tuple(pos)}, expected ({n_embd}, n_positions)")
-    geo = _Geometry(meta, t, conv, n_embd, n_block, patterns, attention_ops)
+    geo = _Geometry(meta, t, conv, n_embd, n_block, patterns, attention_ops, mixer_ops)
     layers = tuple(geo.layer(i) for i in range(n_block - n_nextn))
     nextn_layers = tuple(geo.layer(i) for i in range(n_block - n_nextn, n_block) if _has_block(t, i))
     if len(nextn_layers) < n_nextn:  # e.g. converted from a transformers-saved checkpoint, which drops them
@@ -442,9 +446,9 @@ class _Geometry:
     """Per-layer geometry from metadata plus tensor presence; vocabulary from the conventions."""
 
     def __init__(self, meta: _Meta, t: _Tensors, conv: _Conventions, n_embd: int, n_block: int,
-                 patterns: Mapping[str, Any], attention_ops: Mapping[str, Any]):
+                 patterns: Mapping[str, Any], attention_ops: Mapping[str, Any], mixer_ops: Mapping[str, Any]):
         self.meta, self.t, self.conv, self.fam = meta, t, conv, conv.fam
-        self.attention_ops = attention_ops
+        self.attention_ops, self.mixer_ops = attention_ops, mixer_ops
         self.n_embd, self.n_block = n_embd, n_block
         self.heads = meta.per_layer("attention.head_count", n_block)
         self.heads_kv = meta.per_layer("attention.head_count_kv", n_block, 0)
@@ -479,8 +483,8 @@ class _Geometry:
         self.recurrent_kind = conv.need("recurrent") if any(self.recurrent) else None
         if any(self.recurrent) and self.recurrent_kind is None:
             conv.check()  # the recurrent layers' op is a convention nobody stated
-        if self.recurrent_kind is not None and self.recurrent_kind not in attention_ops:
-            raise UnknownVocabulary(f"no installed plugin provides attention={self.recurrent_kind!r}, which the "
+        if self.recurrent_kind is not None and self.recurrent_kind not in mixer_ops:
+            raise UnknownVocabulary(f"no installed plugin provides mixer={self.recurrent_kind!r}, which the "
                                     f"recurrent layers of {self.meta.arch!r} files need (install the vocabulary "
                                     "package that registers it)")
         self.n_rot = meta.get("rope.dimension_count", int, self.head_dim)
@@ -588,10 +592,10 @@ class _Geometry:
         kind = self.fam.parallel
         if kind is None or self.recurrent[i]:
             return None
-        if kind not in self.attention_ops or not getattr(self.attention_ops[kind], "mixer", False):
-            raise UnknownVocabulary(f"no installed plugin provides the token mixer attention={kind!r}, which "
+        if kind not in self.mixer_ops:
+            raise UnknownVocabulary(f"no installed plugin provides the token mixer mixer={kind!r}, which "
                                     f"{self.meta.arch!r} files run beside their attention")
-        return self._layout_attention(i, kind, self.attention_ops[kind])
+        return self._layout_attention(i, kind, self.mixer_ops[kind], mixer=True)
 
     def _ffn(self, i: int) -> FfnSpec | MoeSpec | None:
         """The block's FFN: MoE by its router, dense by its up projection, none without either
@@ -611,7 +615,7 @@ class _Geometry:
 
     def _attention(self, i: int) -> AttentionSpec:
         if self.recurrent[i]:
-            return self._layout_attention(i, self.recurrent_kind, self.attention_ops[self.recurrent_kind])
+            return self._layout_attention(i, self.recurrent_kind, self.mixer_ops[self.recurrent_kind], mixer=True)
         if self.layout is not None:
             return self._layout_attention(i, self.attention_kind, self.layout)
         t, d = self.t, self.n_embd
@@ -651,13 +655,16 @@ class _Geometry:
             alibi_max_bias=self.alibi_max_bias, sinks=sinks,
         )
 
-    def _layout_attention(self, i: int, kind: str, layout: Any) -> AttentionSpec:
-        """A layer whose op brings its own projections (or is the whole token mixer): the layout
-        states the geometry."""
+    def _layout_attention(self, i: int, kind: str, layout: Any, mixer: bool = False) -> AttentionSpec:
+        """A layer whose op brings its own projections (or is the whole token mixer, slot "mixer"): the
+        layout states the geometry (a mixer without heads states none: one head of width one)."""
         n_head = self.heads[i]
         ctx = LayerContext(self.meta, self.t, i, self.n_embd, n_head, self.heads_kv[i] or n_head)
-        fields = {"n_head": n_head, **layout.describe(ctx)}
+        heads = {"n_head": 1, "n_head_kv": 1, "head_dim": 1, "v_head_dim": 1} if mixer else {"n_head": n_head}
+        fields = {**heads, **layout.describe(ctx)}
         fields.setdefault("scale", self.scale)
+        if mixer:
+            fields["mixer"] = True
         return AttentionSpec(kind=kind, rope=self._rope_table(i),
                              window=self.window if self.sliding[i] else 0, softcap=self.softcap, **fields)
 

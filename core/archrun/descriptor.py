@@ -166,7 +166,7 @@ class AttentionSpec:
     them, and the numbers its projections need in `params`.
     """
 
-    kind: str = field(validator=v.instance_of(str))  # vocabulary slot "attention"
+    kind: str = field(validator=v.instance_of(str))  # vocabulary slot "attention" ("mixer" when mixer)
     n_head: int = field(validator=_pos_int)
     n_head_kv: int = field(validator=_pos_int)
     head_dim: int = field(validator=_pos_int)  # key/query width per head
@@ -187,11 +187,20 @@ class AttentionSpec:
     sinks: bool = field(default=False, validator=v.instance_of(bool))  # learned per-head sink logits (attn_sinks)
     # numbers an attention op with its own projection layout (archrun.vocab.AttentionLayout) needs, by name
     params: tuple[tuple[str, float], ...] = field(default=(), converter=_params)
+    # kind names a token mixer (vocabulary slot "mixer"): the op is the layer's whole mixer, binds its own
+    # tensors and keeps its own state; its layout (archrun.vocab.MixerLayout) states params (conv taps,
+    # state sizes, inner widths), and the heads only when it has them
+    mixer: bool = field(default=False, validator=v.instance_of(bool))
 
     @n_head_kv.validator
     def _divides(self, _attr, value: int) -> None:
         if self.n_head % value:
             raise ValueError(f"n_head_kv {value} does not divide n_head {self.n_head}")
+
+    @property
+    def slot(self) -> str:
+        """The vocabulary slot `kind` names: "mixer" for a token mixer, else "attention"."""
+        return "mixer" if self.mixer else "attention"
 
     @property
     def group(self) -> int:
@@ -203,7 +212,7 @@ class AttentionSpec:
         for key, value in self.params:
             if key == name:
                 return value
-        raise KeyError(f"attention {self.kind!r} has no parameter {name!r}")
+        raise KeyError(f"{'mixer' if self.mixer else 'attention'} {self.kind!r} has no parameter {name!r}")
 
 
 @frozen
@@ -280,7 +289,7 @@ class LayerSpec:
     attn_norm False: the block has no pre-norms at all (attention reads x, the FFN reads g as is;
     post-norms only, as OLMo 2). residual_scale s multiplies each branch before it joins the stream.
     ffn None: the block has no FFN (a state-space block: out = combine(x, a, 0)).
-    parallel: a token mixer (slot "attention", e.g. Mamba2) running beside the attention on the same
+    parallel: a token mixer (slot "mixer", e.g. Mamba2) running beside the attention on the same
     normed input; a is then the sum of both outputs (Falcon-H1).
     """
 

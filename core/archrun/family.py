@@ -41,9 +41,9 @@ CONVENTIONS: Mapping[str, tuple[str, str | None]] = MappingProxyType({
     "softcap": ("the final-logit softcap op", "softcap"),
     "logit_scale_key": ("how the file's logit_scale key applies to the logits: 'multiply' or 'divide'", None),
     "recurrent": ("the block op of the layers a file marks recurrent (a hybrid model's non-attention layers)",
-                  "attention"),
+                  "mixer"),
     "parallel": ("a token mixer every block runs beside its attention, on the same input, adding its output",
-                 "attention"),
+                 "mixer"),
 })
 LOGIT_SCALE_USES = ("multiply", "divide")
 # How the rope of sliding-window layers relates to the global layers' (FamilyHints.swa_rope).
@@ -114,11 +114,11 @@ class FamilyHints:
     tensors); `ignored_tensors`: globs of tensors the architecture's files carry and no plan uses
     (loading warns; any other unused tensor fails the load). `logit_scale_key`: how a file's
     `logit_scale` key applies ("multiply", or "divide" as granite's does). `recurrent`: the op
-    (slot "attention", a token mixer such as a short convolution or a state-space scan) of the
+    (slot "mixer", a token mixer such as a short convolution or a state-space scan) of the
     layers a file marks recurrent — those whose per-layer `attention.head_count_kv` is 0, or, with
     `full_attention_interval` P, every layer but each P-th; a file with no attention heads at all
     (`attention.head_count` 0) is recurrent throughout. `parallel`: the token mixer (slot
-    "attention") every layer runs beside its attention on the same normed input, the two outputs
+    "mixer") every layer runs beside its attention on the same normed input, the two outputs
     summed (Falcon-H1's Mamba2 beside attention).
     """
 

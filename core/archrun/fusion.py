@@ -19,17 +19,18 @@ experts). `DecodeSteps.running()` wakes its workers for one step.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 from numba.core.errors import TypingError
 
+from archrun.contracts import OpCapabilities
 from archrun.errors import ContextOverflow, InvalidRequest
 from archrun.kernels import block, layer, pool, qmatrix
 from archrun.kernels.lists import typed_list
-from archrun.kernels.parts import NO_ROPE, Part, compiled_for, slot_part
+from archrun.kernels.parts import NO_ROPE, Part, compiled_for, usable
 from archrun.plan import DenseFfn, LayerPlan, Projections
 from archrun.weights import Matrix
 
@@ -106,23 +107,37 @@ class FusedBlock:
         layer.decode_rows(x, *self._args, slots, np.int64(li), seq, pos, cos, sin, chunks, par)
 
 
-def attention_part(op: Any, kv_type: str = "f32") -> Part | None:
+def fused_part(op: Any, caps: OpCapabilities, slot: str) -> Part | None:
+    """The Part `op.fused` of an op that declares one, usable by the layer kernel for `slot`; else None."""
+    return usable(op.fused, slot) if caps.fused else None
+
+
+def attention_part(op: Any, caps: OpCapabilities, kv_type: str = "f32") -> Part | None:
     """The attention op's Part for caches of kv_type: `op.fused` for f32, else `op.fused_for(kv_type)`
-    (compiled for SIGNATURES["attention:<kv type>"]), or None when it has none."""
+    (compiled for SIGNATURES["attention:<kv type>"]), or None when it declares none."""
     if kv_type == "f32":
-        return slot_part(op, "attention")
-    fused_for = getattr(op, "fused_for", None)
-    p = fused_for(kv_type) if callable(fused_for) else None
-    return p if isinstance(p, Part) and compiled_for(p.fn, f"attention:{kv_type}") else None
+        return fused_part(op, caps, "attention")
+    if not caps.fused_for or op.fused_for is None:
+        return None
+    return usable(op.fused_for(kv_type), f"attention:{kv_type}")
 
 
-def _parts(lp: LayerPlan, norm: Any, rope: Any, kv_type: str = "f32") -> tuple[tuple, tuple] | None:
-    """(fns, params) of the layer's parts in kernels.layer's order, or None when an op has none."""
-    act = lp.ffn.act if isinstance(lp.ffn, DenseFfn) else getattr(lp.ffn.moe, "act_part", None)
-    found = [slot_part(norm, "norm"), NO_ROPE if rope is None else slot_part(rope, "rope"),
-             attention_part(lp.attention, kv_type), act if isinstance(act, Part) else slot_part(act, "activation"),
-             slot_part(lp.residual, "residual", "fused_input"), slot_part(lp.residual, "residual")]
-    if any(p is None for p in found) or not callable(getattr(lp.attention, "slot_arrays", None)):
+def _parts(lp: LayerPlan, norm: Any, rope: Any, kv_type: str,
+           declared: Callable[[Any], OpCapabilities]) -> tuple[tuple, tuple] | None:
+    """(fns, params) of the layer's parts in kernels.layer's order, or None when an op declares none
+    (declared: what a bound op declares, the binder's)."""
+    if isinstance(lp.ffn, DenseFfn):
+        act = fused_part(lp.ffn.act, declared(lp.ffn.act), "activation")
+    else:
+        moe = declared(lp.ffn.moe)
+        act = usable(lp.ffn.moe.act_part, "activation") if moe.act_part else None
+    residual, attention = declared(lp.residual), declared(lp.attention)
+    found = [fused_part(norm, declared(norm), "norm"),
+             NO_ROPE if rope is None else fused_part(rope, declared(rope), "rope"),
+             attention_part(lp.attention, attention, kv_type), act,
+             usable(lp.residual.fused_input, "residual") if residual.fused_input else None,
+             fused_part(lp.residual, residual, "residual")]
+    if any(p is None for p in found) or not attention.slot_arrays or lp.attention.slot_arrays is None:
         return None
     fns = tuple(p.value for p in found)
     params = tuple(p.params for p in found[:5])  # the residual's two functions share its parameters
@@ -145,10 +160,10 @@ def _vecs(lp: LayerPlan) -> tuple:
                                    lp.ffn_norm, lp.ffn_norm_b, lp.post_ffn_norm, clamp))
 
 
-def _task_id(tasks: list | None, op: Any) -> int:
+def _task_id(tasks: list | None, op: Any, caps: OpCapabilities) -> int:
     """Register the attention op's pool task (`op.pool_task`, compiled for SIGNATURES["task"]) for the
-    decode pool, once per function; its id, or -1 when there is no pool or the op has no task."""
-    fn = getattr(op, "pool_task", None)
+    decode pool, once per function; its id, or -1 when there is no pool or the op declares no task."""
+    fn = op.pool_task if caps.pool_task else None
     if tasks is None or fn is None or not compiled_for(fn, "task"):
         return -1
     for i, t in enumerate(tasks):
@@ -164,10 +179,11 @@ def _group_id(groups: list[tuple], ms: tuple, n_in: int) -> int:
     return len(groups) - 1
 
 
-def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None = None,
-               kv_type: str = "f32", tasks: list | None = None) -> FusedBlock | None:
+def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], OpCapabilities],
+               groups: list[tuple] | None = None, kv_type: str = "f32", tasks: list | None = None) -> FusedBlock | None:
     """The fused decode step of a bound layer over caches of kv_type, or None when it must run op by op.
 
+    declared: what each bound op declares it carries (the plan's binder.declared; archrun.contracts).
     groups: when given, a dense layer's product groups are appended (pool group ids); tasks: when given,
     the attention op's pool task, unless already there (pool task ids).
     """
@@ -175,7 +191,7 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
         return None  # a token mixer's layer (or one beside the attention), or a block without FFN: op by op
     a = lp.spec.attention
     rope = ropes[a.rope]
-    found = _parts(lp, norm, rope, kv_type)
+    found = _parts(lp, norm, rope, kv_type, declared)
     if found is None or not isinstance(lp.qkv, Projections) or not isinstance(lp.o, Matrix):
         return None  # an op without a kernel part, or an attention op's own projection layout
     if a.qk_norm_per_head:
@@ -185,9 +201,9 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, groups: list[tuple] | None
         return None
     fns, params = found
     rope_index = a.rope if rope is not None else -1
-    task = _task_id(tasks, lp.attention)
+    task = _task_id(tasks, lp.attention, declared(lp.attention))
     if not isinstance(lp.ffn, DenseFfn):  # an FFN op with its own layer kernel (e.g. MoE)
-        fused_layer = getattr(lp.ffn.moe, "fused_layer", None)
+        fused_layer = lp.ffn.moe.fused_layer if declared(lp.ffn.moe).fused_layer else None
         ids, first = [-1] * 4, len(groups) if groups is not None else 0
         if groups is not None:  # the attention's groups; the op registers its own through group_id
             ids[:2] = [_group_id(groups, qkv, lp.qkv.matrices[0].n_in), _group_id(groups, o, lp.o.n_in)]
@@ -219,7 +235,7 @@ def fuse_layers(plan: Any, groups: list[tuple] | None = None, kv_type: str = "f3
     """Fused steps of every trunk layer over caches of kv_type, or None when any layer must run op by op."""
     blocks = []
     for lp in plan.layers:
-        fb = fuse_layer(lp, plan.norm, plan.ropes, groups, kv_type, tasks)
+        fb = fuse_layer(lp, plan.norm, plan.ropes, plan.binder.declared, groups, kv_type, tasks)
         if fb is None:
             return None
         blocks.append(fb)

@@ -60,19 +60,22 @@ def _memory(d: Any, vocab: Any) -> list[dict[str, Any]] | None:
     for layer in d.layers:
         a = layer.attention
         try:
-            op = vocab.entry("attention", a.kind).op.reference(a)
+            entry = vocab.entry(a.slot, a.kind).op
         except UnknownVocabulary:
             return None
+        op = entry.reference(a)
         per_token, state = _slot_bytes(op, d.n_ctx)
-        by_type = {t: _slot_bytes(op, d.n_ctx, t)[0] for t in KV_TYPES if t in kv_types_of(op)}
+        by_type = {t: _slot_bytes(op, d.n_ctx, t)[0] for t in KV_TYPES
+                   if t in kv_types_of(op, entry.declared("reference"))}
         kind = a.kind
         if layer.parallel is not None:
             try:
-                side = vocab.entry("attention", layer.parallel.kind).op.reference(layer.parallel)
+                side_entry = vocab.entry(layer.parallel.slot, layer.parallel.kind).op
             except UnknownVocabulary:
                 return None
+            side = side_entry.reference(layer.parallel)
             state += _slot_bytes(side, d.n_ctx)[1]
-            by_type = {t: b for t, b in by_type.items() if t in kv_types_of(side)}
+            by_type = {t: b for t, b in by_type.items() if t in kv_types_of(side, side_entry.declared("reference"))}
             kind = f"{a.kind}+{layer.parallel.kind}"
         out.append({"kind": kind, "bytes_per_token": per_token, "state_bytes": state,
                     "kv_bytes_per_token": by_type})

@@ -26,6 +26,8 @@ import numpy as np
 
 from archrun import quant
 from archrun.cache import CacheOwner, KvCache, PairSlot, kv_options
+from archrun.contracts import NONE as NO_CAPABILITIES
+from archrun.contracts import OpCapabilities, check_bound
 from archrun.decoder import Caps
 from archrun.descriptor import NO_ROPE, Descriptor, LayerSpec, MoeSpec
 from archrun.errors import (
@@ -62,11 +64,25 @@ class _Binder:
         self.op_backend = op_backend  # the backend of the small ops (the block style may audit them)
         self.providers: dict[str, str] = {}
         self.bound: set[str] = set()  # names of the tensors bound so far
+        self._declared: dict[int, tuple[Any, OpCapabilities]] = {}  # id(bound op) -> (op, its declaration)
 
     def op(self, slot: str, name: str, *args: Any, backend: str | None = None) -> Any:
+        """The op (slot, name) bound by its factory for `backend` (default: the small ops' backend),
+        checked against what it declares (archrun.contracts.check_bound)."""
         entry = self.vocab.entry(slot, name)
         self.providers[f"{slot}={name}"] = entry.plugin
-        return entry.op.factory(backend or self.op_backend)(*args)
+        backend = backend or self.op_backend
+        obj = entry.op.factory(backend)(*args)
+        caps = entry.op.declared(backend)
+        check_bound(obj, caps, slot, name)
+        self._declared[id(obj)] = (obj, caps)
+        return obj
+
+    def declared(self, obj: Any) -> OpCapabilities:
+        """What the bound op `obj` declares it carries (archrun.contracts); nothing for an object this
+        binder did not bind (e.g. a caller's own)."""
+        held = self._declared.get(id(obj))
+        return held[1] if held is not None and held[0] is obj else NO_CAPABILITIES
 
     def vector(self, role: str, layer: int | None = None) -> np.ndarray:
         """A 1-D tensor f32 [n] (a file may store it with trailing unit dims, as [n, 1])."""
@@ -148,9 +164,9 @@ def vocabulary_of(d: Descriptor) -> list[tuple[str, str]]:
     wanted = [("norm", d.norm)]
     wanted += [("rope", r.pairing) for r in d.rope_tables if r.pairing != NO_ROPE and r.n_rot]
     for layer in (*d.layers, *d.nextn_layers):
-        wanted += [("attention", layer.attention.kind), ("residual", layer.residual)]
+        wanted += [(layer.attention.slot, layer.attention.kind), ("residual", layer.residual)]
         if layer.parallel is not None:
-            wanted.append(("attention", layer.parallel.kind))
+            wanted.append((layer.parallel.slot, layer.parallel.kind))
         if layer.ffn is None:
             continue
         if isinstance(layer.ffn, MoeSpec):
@@ -183,8 +199,8 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     first, last = span is None or span[0] == 0, span is None or span[1] == d.n_layer
     for slot, name in vocabulary_of(d):
         vocab.entry(slot, name)
-    style = vocab.entry("block_style", d.block_style).op.reference()
-    b = _Binder(d, gguf, vocab, backend, getattr(style, "op_backend", None) or backend)
+    op_backend = vocab.entry("block_style", d.block_style).op.capabilities.op_backend  # the style's small ops
+    b = _Binder(d, gguf, vocab, backend, op_backend or backend)
     norm = b.op("norm", d.norm, d.norm_eps)
     ropes = [_bind_rope(b, spec) for spec in d.rope_tables]
     b.pager = _expert_pager(d, backend, expert_memory)
@@ -202,7 +218,7 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     final_norm = b.norm_weight("output_norm") if d.output_norm and last else None
     plan = Plan(d, embed, output, final_norm, output_norm_b, norm, ropes, bound, softcap,
                 b.providers, b, positions, span=span, pager=b.pager)
-    _check_causality(d, bound)
+    _check_causality(d, bound, b)
     if d.token_types and first:  # every token is segment 0 ("sentence A"), as llama.cpp feeds BERT
         plan.token_type = np.ascontiguousarray(b.table("token_types").reshape(-1, d.n_embd)[0])
     if d.embed_norm and first:
@@ -244,11 +260,11 @@ def check_layer_span(d: Descriptor, layers: Any) -> tuple[int, int] | None:
     return None if (start, end) == (0, d.n_layer) else (start, end)
 
 
-def _check_causality(d: Descriptor, layers: list[LayerPlan]) -> None:
-    """Every layer's attention masks as the file says (`attention.causal`): an op declares `causal = False`
-    when its queries see every position of the sequence; ops that do not say are causal."""
+def _check_causality(d: Descriptor, layers: list[LayerPlan], b: _Binder) -> None:
+    """Every layer's attention masks as the file says (`attention.causal`): an op declares `causal=False`
+    (OpCapabilities) when its queries see every position of the sequence; ops that do not say are causal."""
     for i, lp in enumerate(layers):
-        if getattr(lp.attention, "causal", True) != d.causal:
+        if b.declared(lp.attention).causal != d.causal:
             kind = lp.spec.attention.kind
             raise MetadataError(f"{d.architecture}: the file says attention.causal = {str(d.causal).lower()} but "
                                 f"layer {i}'s attention op {kind!r} is {'not ' if d.causal else ''}causal")
@@ -301,14 +317,12 @@ def _bind_rope(b: _Binder, spec) -> Any:
 def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     a = spec.attention
     residual = b.op("residual", spec.residual, spec.residual_scale)
-    if spec.ffn is not None and spec.attn_norm and not spec.ffn_norm and not getattr(residual, "ffn_reads_input",
-                                                                                     False):
+    if spec.ffn is not None and spec.attn_norm and not spec.ffn_norm and not b.declared(residual).ffn_reads_input:
         # only a topology whose FFN reads the block's input can share the attention's norm
         raise MissingTensor(f"block {i} has no {b.d.tensor_name('ffn_norm', i)!r}, which its residual topology "
                             f"{spec.residual!r} needs")
-    layout = b.vocab.entry("attention", a.kind).op.layout
-    mixer = getattr(layout, "mixer", False)  # the op is the whole token mixer: it binds its own tensors
-    if mixer:
+    layout = b.vocab.entry(a.slot, a.kind).op.layout
+    if a.mixer:  # the op is the whole token mixer: it binds its own tensors
         qkv = o = None
     elif layout is not None:  # the attention op brings its own projections (e.g. MLA's latents)
         qkv, o = layout.bind(b, a, i)
@@ -319,7 +333,7 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
         attn_norm=b.norm_weight("attn_norm", i) if spec.attn_norm else None,
         qkv=qkv,
         o=o,
-        attention=b.op("attention", a.kind, a),
+        attention=b.op(a.slot, a.kind, a),
         residual=residual,
         ffn_norm=b.norm_weight("ffn_norm", i) if spec.ffn_norm else None,
         ffn=_bind_ffn(b, i, spec.ffn),
@@ -327,12 +341,10 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     if spec.norm_bias:
         lp.attn_norm_b = b.vector("attn_norm.bias", i)
         lp.ffn_norm_b = b.vector("ffn_norm.bias", i) if spec.ffn_norm else None
-    bind = getattr(lp.attention, "bind", None)
-    if bind is not None:  # the op reads per-layer tensors of its own (e.g. attention sinks)
-        bind(b, i)
-    bind = getattr(residual, "bind", None)
-    if bind is not None:  # the topology reads per-layer tensors of its own (e.g. a post-norm block's norms)
-        bind(b, i)
+    if a.mixer or b.declared(lp.attention).binds:  # tensors of its own (a mixer's, attention sinks)
+        lp.attention.bind(b, i)
+    if b.declared(residual).binds:  # the topology reads per-layer tensors of its own (a post-norm block's norms)
+        residual.bind(b, i)
     if a.qk_norm_per_head:  # [H, hd] and [KV, hd]: a weight row per head
         lp.q_norm, lp.k_norm = b.table("attn_q_norm", i), b.table("attn_k_norm", i)
     elif a.qk_norm:
@@ -341,12 +353,12 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
         lp.post_attn_norm = b.vector("post_attn_norm", i)
     if spec.post_ffn_norm:
         lp.post_ffn_norm = b.vector("post_ffn_norm", i)
-    if mixer:
+    if a.mixer:
         lp.mixer = lp.attention.mix
     if spec.parallel is not None:  # a token mixer beside the attention (its own tensors, its own state)
         if a.window:  # PairSlot rewinds as its mixer does: the attention's rows must truncate anywhere
             raise MetadataError(f"block {i}: a token mixer beside sliding-window attention is not supported")
-        lp.parallel = b.op("attention", spec.parallel.kind, spec.parallel)
+        lp.parallel = b.op(spec.parallel.slot, spec.parallel.kind, spec.parallel)
         lp.parallel.bind(b, i)
     return lp
 
@@ -438,7 +450,8 @@ class Interpreter:
     """Runs a Plan. Subclasses (block styles) add their guarded entries and say so in `caps`."""
 
     caps = Caps()
-    op_backend: str | None = None  # None: ops run on the model's backend; "reference": audit them in numpy
+    # a style whose steps keep worker threads spinning between calls sends them to sleep with this (None: none)
+    rest_workers: Callable[[], None] | None = None
     prefill_chunk = 512  # tokens per pass of a long prompt (_forward); llama.cpp's default micro-batch
 
     def __init__(self, plan: Plan, gguf: GGUFFile, tokenizer_factory: Callable[[], Any] | None = None,
@@ -491,7 +504,7 @@ class Interpreter:
             raise ContextOverflow(f"max_tokens {max_tokens} exceeds the model's context length {n_ctx}")
         if not isinstance(max_rewind, int) or isinstance(max_rewind, bool) or max_rewind < 0:
             raise InvalidRequest(f"max_rewind must be a non-negative integer, got {shown(max_rewind)}")
-        check_kv_type(self.plan.layers, kv_type)
+        check_kv_type(self.plan.layers, kv_type, self.plan.binder.declared)
         return KvCache([_new_slot(lp, max_tokens, max_rewind, kv_type) for lp in self.plan.layers], max_tokens,
                        kv_type=kv_type, owner=self.cache_owner)
 
@@ -527,9 +540,8 @@ class Interpreter:
         if len(ids) > self.descriptor.n_ctx:
             raise ContextOverflow(f"{len(ids)} tokens exceed the context length {self.descriptor.n_ctx}")
         cache = self._new_cache(len(ids), 0, "f32")
-        rest = getattr(self, "rest_workers", None)
-        if rest is not None:  # the prefill's BLAS threads need the cores
-            rest()
+        if self.rest_workers is not None:  # the prefill's BLAS threads need the cores
+            self.rest_workers()
         if not self.causal:
             return self._forward_span(ids, cache, False)[1]
         return Interpreter._forward(self, ids, cache, False)[1]
@@ -988,7 +1000,6 @@ class HostReferenceDecoder(Interpreter):
     """The auditable host-side float32 shape: host_step; refuses the fused batched entries."""
 
     caps = Caps(host_step=True)
-    op_backend = "reference"  # every op in its float32 reference form; heavy linears and MoE stay fast
 
     def host_step(self, token_ids: Sequence[int] | np.ndarray, cache: KvCache, mtp_cache: Any = None) -> HostStep:
         """Append token_ids; return all-position logits and the trunk's final hidden states.
@@ -1045,20 +1056,20 @@ def _per_span(op: Any, slots: list, starts: list[int], ends: np.ndarray) -> Call
     return attend
 
 
-def kv_types_of(op: Any) -> tuple[str, ...]:
-    """The kv types an op's slots can store (its `kv_types`; f32 only when it does not say)."""
-    return tuple(getattr(op, "kv_types", ("f32",)))
+def kv_types_of(op: Any, caps: OpCapabilities) -> tuple[str, ...]:
+    """The kv types an op's slots can store: its `kv_types` when it declares them, else f32 only."""
+    return tuple(op.kv_types) if caps.kv_types else ("f32",)
 
 
-def check_kv_type(layers: Sequence[LayerPlan], kv_type: Any) -> None:
-    """Raise KvTypeUnsupported unless every layer's op (and the mixer beside it) stores kv_type."""
+def check_kv_type(layers: Sequence[LayerPlan], kv_type: Any, declared: Callable[[Any], OpCapabilities]) -> None:
+    """Raise KvTypeUnsupported unless every layer's op (and the mixer beside it) stores kv_type
+    (declared: the binder's declaration of a bound op)."""
     kv_options(kv_type)
     for i, lp in enumerate(layers):
-        for op in (lp.attention, lp.parallel):
-            if op is not None and kv_type not in kv_types_of(op):
-                kind = getattr(lp.spec.attention, "kind", type(op).__name__)
-                raise KvTypeUnsupported(f"layer {i}'s op {kind!r} ({type(op).__name__}) cannot store a "
-                                        f"{kv_type} cache; it stores {', '.join(kv_types_of(op))}")
+        for op, spec in ((lp.attention, lp.spec.attention), (lp.parallel, lp.spec.parallel)):
+            if op is not None and kv_type not in (have := kv_types_of(op, declared(op))):
+                raise KvTypeUnsupported(f"layer {i}'s op {spec.kind!r} ({type(op).__name__}) cannot store a "
+                                        f"{kv_type} cache; it stores {', '.join(have)}")
 
 
 def _new_slot(lp: LayerPlan, capacity: int, max_rewind: int, kv_type: str = "f32") -> Any:

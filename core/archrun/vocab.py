@@ -13,8 +13,11 @@ hd head width, f FFN width, E experts, k experts used):
                         obj(x[n, H, hd], cos, sin) -> [n, H, hd]
   attention   factory(spec: AttentionSpec) -> obj: obj.new_slot(capacity, max_rewind) -> slot;
                         obj(q[n, H, hd], k[n, KV, hd], v[n, KV, vd], slot, start: int) -> [n, H, vd];
-                        optional obj.bind(binder, layer): binds per-layer tensors the op reads
+                        declared `binds`: obj.bind(binder, layer) binds per-layer tensors the op reads
                         (e.g. `attn_sinks` when spec.sinks), called once at load
+  mixer       factory(spec: AttentionSpec) -> obj: a whole token mixer (its layout, a MixerLayout, states
+                        its geometry): obj.bind(binder, layer) binds its tensors; obj.new_slot(capacity,
+                        max_rewind) -> its state; obj.mix(h[n, d], slot, start: int) -> [n, d]
   activation  factory() -> act(x[n, f], up[n, f] | None = None) -> act(x) (* up when given) [n, f]
               (a gated kind may also transform up, e.g. swiglu_oai's clamp(up) + 1)
   residual    factory(scale: float) -> obj: obj.ffn_input(x[n, d], a[n, d]) -> [n, d] (what the FFN reads
@@ -22,18 +25,20 @@ hd head width, f FFN width, E experts, k experts used):
   gating      factory() -> f(logits[n, E]) -> probs[n, E]
   moe         factory(spec: MoeSpec, gating, act) -> f(x[n, d], weights: archrun.weights.MoeWeights) -> [n, d]
   softcap     factory(cap: float) -> f(logits[n, V]) -> [n, V]
-  block_style factory() -> a Decoder class (see archrun.model): its `caps` say which entries it carries,
-              its `op_backend` ("reference" or None) which backend the small ops run on
+  block_style factory() -> a Decoder class (see archrun.model): its `caps` say which entries it carries;
+              the op's declared `op_backend` ("reference" or None) which backend the small ops run on
 
 An attention op whose Q/K/V are not the standard attn_q/attn_k/attn_v (or attn_qkv) products
 registers its projections as `Op.layout` (an AttentionLayout): the compiler asks it for the
 layer's attention geometry, the binder for the bound projections; everything else (norms, rope,
 the cache, the residual) stays the interpreter's.
 
-A fast op joins the fused one-call-per-layer decode path by carrying kernel parts
-(archrun.kernels.parts: `op.fused`, and the residual op's `fused_input`); an FFN op with its own
-layer kernel (e.g. moe) offers `op.fused_layer(weights, common, group_id=None)` (group_id, when
-given, registers its product groups with the decode worker pool: archrun.fusion).
+What an op can do beyond its slot's contract it declares at registration (`Op.capabilities`, an
+archrun.contracts.OpCapabilities): a fast op joins the fused one-call-per-layer decode path by declaring
+kernel parts (archrun.kernels.parts: `fused`, and the residual op's `fused_input`); an FFN op with its own
+layer kernel (e.g. moe) declares `fused_layer`: `op.fused_layer(weights, common, group_id=None)`
+(group_id, when given, registers its product groups with the decode worker pool: archrun.fusion).
+The core reads only what an op declares.
 """
 
 from __future__ import annotations
@@ -45,9 +50,10 @@ from typing import Any, Protocol
 import attrs
 import pluggy
 
+from archrun.contracts import OpCapabilities, check_declaration
 from archrun.errors import PluginError, UnknownVocabulary
 
-SLOTS = ("norm", "rope", "attention", "activation", "residual", "gating", "moe", "softcap", "block_style")
+SLOTS = ("norm", "rope", "attention", "mixer", "activation", "residual", "gating", "moe", "softcap", "block_style")
 BACKENDS = ("reference", "fast")
 
 
@@ -72,6 +78,16 @@ class AttentionLayout(Protocol):
     def bind(self, binder: Any, spec: Any, layer: int) -> tuple[Callable[..., Any], Callable[..., Any]]: ...
 
 
+class MixerLayout(Protocol):
+    """The geometry of a token mixer (slot "mixer", `Op.layout`): describe(ctx) runs at compile time for
+    each layer using the mixer (ctx: archrun.compile.LayerContext), checks the layer's tensors and returns
+    the mixer's spec fields: `params` (name -> number: its conv taps, state sizes, inner widths, ...) and,
+    when the mixer has heads, `n_head`, `n_head_kv`, `head_dim`, `v_head_dim`. The mixer op binds its own
+    tensors (`bind(binder, layer)`) and keeps its own state (archrun.contracts.MixerOp)."""
+
+    def describe(self, ctx: Any) -> dict[str, Any]: ...
+
+
 @attrs.frozen
 class Lazy:
     """A factory named "module:attribute", imported on its first call.
@@ -92,7 +108,10 @@ class Lazy:
 class Op:
     """A vocabulary entry: the math of one (slot, name), as a reference and optionally a fast factory.
 
-    layout: an attention op's own projections (AttentionLayout), or None for the standard ones.
+    layout: an attention op's own projections (AttentionLayout), or None for the standard ones; a
+    mixer op's geometry (MixerLayout, required in slot "mixer").
+    capabilities: what its bound objects can do beyond the slot's Protocol (archrun.contracts), checked
+    when the op is registered.
     fast may be a `Lazy("module:factory")`, imported when a model first binds it.
     """
 
@@ -101,7 +120,13 @@ class Op:
     reference: Callable[..., Any] = attrs.field(validator=attrs.validators.is_callable())
     fast: Callable[..., Any] | None = attrs.field(default=None)
     doc: str = ""
-    layout: AttentionLayout | None = attrs.field(default=None, kw_only=True)
+    layout: AttentionLayout | MixerLayout | None = attrs.field(default=None, kw_only=True)
+    capabilities: OpCapabilities = attrs.field(factory=OpCapabilities, kw_only=True)
+
+    def declared(self, backend: str) -> OpCapabilities:
+        """What the objects of `backend`'s factory carry (archrun.contracts): a reference object (or the
+        reference a fast backend falls back to) carries no kernel member."""
+        return self.capabilities.on(backend == "fast" and self.fast is not None)
 
     def factory(self, backend: str) -> Callable[..., Any]:
         """The factory for `backend` ("fast" falls back to the reference when no fast one exists)."""
@@ -128,6 +153,10 @@ class Vocabulary:
         """Add `op`; a second registration of the same (slot, name) is a PluginError."""
         if not isinstance(op, Op):
             raise PluginError(f"plugin {plugin!r} registered {op!r}, which is not an archrun.vocab.Op")
+        check_declaration(op.slot, op.name, op.fast, op.capabilities, plugin)
+        if op.slot == "mixer" and op.layout is None:
+            raise PluginError(f"mixer={op.name!r} (plugin {plugin!r}) has no layout: a token mixer states its "
+                              "geometry (archrun.vocab.MixerLayout)")
         key = (op.slot, op.name)
         if key in self._entries:
             other = self._entries[key].plugin

@@ -203,18 +203,20 @@ def check_fused(model: Any, ids: np.ndarray, name: str) -> None:
 
 
 def _ops_without_part(model: Any) -> list[str]:
-    from archrun.kernels.parts import slot_part
+    from archrun.fusion import fused_part
+    from archrun.plan import DenseFfn
 
+    declared = model.plan.binder.declared
     out = []
     for i, lp in enumerate(model.plan.layers):
         ffn = lp.ffn
-        checks = [("attention", lp.attention, f"attention={lp.spec.attention.kind}"),
+        checks = [(lp.spec.attention.slot, lp.attention, f"{lp.spec.attention.slot}={lp.spec.attention.kind}"),
                   ("residual", lp.residual, f"residual={lp.spec.residual}")]
-        if hasattr(ffn, "act"):
+        if isinstance(ffn, DenseFfn):
             checks.append(("activation", ffn.act, f"activation={lp.spec.ffn.activation}"))
         for slot, op, label in checks:
             try:
-                has = slot_part(op, slot) is not None
+                has = fused_part(op, declared(op), slot) is not None
             except Exception:  # noqa: BLE001 (a malformed part is "no part" here)
                 has = False
             if not has:

@@ -42,8 +42,9 @@ def _rng(key: str) -> np.random.Generator:
 class _Run:
     """The cases of one op's check: mismatches are collected, not raised, so every case runs."""
 
-    def __init__(self, specs: Sequence[Any]) -> None:
+    def __init__(self, specs: Sequence[Any], caps: Any = None) -> None:
         self.specs = tuple(specs)
+        self.caps = caps  # what the fast op declares (archrun.contracts.OpCapabilities)
         self.failed: dict[str, str] = {}
         self.passed: set[str] = set()
 
@@ -52,13 +53,21 @@ _RUN: list[_Run] = []
 
 
 @contextlib.contextmanager
-def _collecting(specs: Sequence[Any]) -> Iterator[_Run]:
-    run = _Run(specs)
+def _collecting(specs: Sequence[Any], caps: Any = None) -> Iterator[_Run]:
+    run = _Run(specs, caps)
     _RUN.append(run)
     try:
         yield run
     finally:
         _RUN.pop()
+
+
+def _member(fast: Any, name: str) -> Any:
+    """The fast object's kernel member `name` when its op declares it (archrun.contracts), else None."""
+    from archrun.contracts import NONE
+
+    caps = _RUN[-1].caps if _RUN and _RUN[-1].caps is not None else NONE
+    return getattr(fast, name) if getattr(caps, name) else None
 
 
 def _close(label: str, case: str, got: Any, want: Any, tolerance: float = TOLERANCE) -> None:
@@ -105,7 +114,8 @@ def check_fast_op(entry: Any, deviations: Mapping[str, str] | None = None, specs
     if op.layout is not None and not specs:
         raise Unsupported(f"{label} has its own projection layout: declare the AttentionSpecs to drive it on "
                           "(Conformance(op_specs={...}), docs/conformance.md)")
-    with _collecting(specs) as run, np.errstate(all="ignore"):  # extreme inputs overflow on purpose
+    # extreme inputs overflow on purpose
+    with _collecting(specs, op.declared("fast")) as run, np.errstate(all="ignore"):
         harness(label, op.reference, op.fast)
     _verdict(label, run, dict(deviations or {}))
 
@@ -134,7 +144,7 @@ def _norm(label: str, ref_f: Callable, fast_f: Callable) -> None:
             want = ref(x, w, b)
             case = f"x{list(shape)}{' +bias' if bias else ''}"
             _close(label, case, fast(x, w, b), want)
-            part = getattr(fast, "fused", None)
+            part = _member(fast, "fused")
             if part is not None:
                 row = np.ascontiguousarray(x.reshape(-1, shape[-1])[-1]).copy()
                 part.fn(part.params, row, w, NONE if b is None else b, row)
@@ -158,7 +168,7 @@ def _rope(label: str, ref_f: Callable, fast_f: Callable) -> None:
         x = rng.standard_normal((n, heads, hd)).astype(F32)
         want = ref(x, cos, sin)
         _close(label, case, fast(x, cos, sin), want)
-        part = getattr(fast, "fused", None)
+        part = _member(fast, "fused")
         if part is not None:
             v = x[-1].reshape(-1).copy()
             part.fn(part.params, v, heads, hd, cos[-1], sin[-1])
@@ -226,17 +236,16 @@ def _attend_case(label: str, rng: np.random.Generator, spec: Any, ref: Any, fast
 def _kv_parts(fast: Any) -> list[tuple[str, Any]]:
     """(kv type, Part) of each kernel part of an attention op: ``op.fused`` for float32 caches, and
     ``op.fused_for(kv_type)`` for each other kv type the op stores (``op.kv_types``) that has one
-    compiled for ``SIGNATURES["attention:<kv type>"]`` (archrun.kernels.parts)."""
-    from archrun.kernels.parts import Part, compiled_for, slot_part
+    compiled for ``SIGNATURES["attention:<kv type>"]`` (archrun.kernels.parts); each as the op declares."""
+    from archrun.kernels.parts import usable
 
     out = []
-    for kv in getattr(fast, "kv_types", ("f32",)):
+    for kv in _member(fast, "kv_types") or ("f32",):
         if kv == "f32":
-            p = slot_part(fast, "attention")
+            p = usable(_member(fast, "fused"), "attention")
         else:
-            make = getattr(fast, "fused_for", None)
-            p = make(kv) if make is not None else None
-            p = p if isinstance(p, Part) and compiled_for(p.fn, f"attention:{kv}") else None
+            make = _member(fast, "fused_for")
+            p = usable(make(kv), f"attention:{kv}") if make is not None else None
         if p is not None:
             out.append((kv, p))
     return out
@@ -248,7 +257,7 @@ def _attention_part_cases(label: str, rng: np.random.Generator, spec: Any, ref_f
     and a ring of window + 4 rows for a windowed spec; 21 cached tokens, then 3 decode steps, then a
     rewind of 2 and 2 steps more (a ring then holds rows of positions past the current one)."""
     fast = fast_f(spec)
-    if not callable(getattr(fast, "slot_arrays", None)):
+    if _member(fast, "slot_arrays") is None:
         return
     layouts = [("plain", 64)] + ([("ring", 4)] if spec.window else [])
     for kv, p in _kv_parts(fast):
@@ -298,7 +307,7 @@ def _activation(label: str, ref_f: Callable, fast_f: Callable) -> None:
     wide = (rng.standard_normal((6, 40)) * 8).astype(F32)
     strided = wide[::2, 1::3]
     _close(label, "strided (not contiguous)", fast(strided, strided), ref(strided, strided))
-    part = getattr(fast, "fused", None)
+    part = _member(fast, "fused")
     if part is not None:
         for name, row in (("random row", (rng.standard_normal(97) * 6).astype(F32)), ("extreme values", EXTREMES)):
             out = np.empty_like(row)
@@ -315,7 +324,7 @@ def _residual(label: str, ref_f: Callable, fast_f: Callable) -> None:
             case = f"d={d} scale={scale}"
             _close(label, case + " ffn_input", fast.ffn_input(x, a), ref.ffn_input(x, a))
             _close(label, case + " combine", fast.combine(x, a, f), ref.combine(x, a, f))
-            fin, comb = getattr(fast, "fused_input", None), getattr(fast, "fused", None)
+            fin, comb = _member(fast, "fused_input"), _member(fast, "fused")
             if fin is not None:
                 g = np.empty(d, F32)
                 fin.fn(fin.params, x[0].copy(), a[0].copy(), g)
@@ -337,7 +346,7 @@ def _gating(label: str, ref_f: Callable, fast_f: Callable) -> None:
         _close(label, f"logits{list(shape)}", fast(logits), ref(logits))
     extreme = np.array([[80.0, -80.0, 0.0, 30.0], [-1e4, 1e4, 0.0, 1.0]], F32)
     _close(label, "extreme logits", fast(extreme), ref(extreme))
-    part = getattr(fast, "fused", None)
+    part = _member(fast, "fused")
     if part is not None:
         row = (rng.standard_normal(16) * 3).astype(F32)
         probs = np.empty_like(row)

@@ -33,7 +33,7 @@ from archrun.errors import ArchrunError, NotRecovered
 from archrun.family import CONVENTIONS, TRANSFORMER, FamilyHints
 from archrun.hookspecs import hookimpl
 
-#: Conventions whose values are token mixers (attention-slot ops with their own projections).
+#: Conventions whose values are token mixers (slot "mixer").
 MIXER_FIELDS = ("recurrent", "parallel")
 #: Conventions named by a registry slot: hint field -> slot.
 SLOT_FIELDS = {name: slot for name, (_, slot) in CONVENTIONS.items()
@@ -231,7 +231,8 @@ def where(report: Report) -> str:
 def moves(hints: FamilyHints, vocab_names: Mapping[str, list[str]], fields: Iterable[str],
           known: Declared = Declared()) -> Iterator[tuple[str, Any]]:
     """(field, value) for every other value of each field in ``fields``: registry names (SLOT_FIELDS;
-    MIXER_FIELDS and, after the standard ops, "attention": the token mixers), VALUE_FIELDS, or what
+    MIXER_FIELDS: the token mixers; "attention": after the standard ops those with their own
+    projections), VALUE_FIELDS, or what
     installed families declare (``known``: one more key default, or another tensor-role remap)."""
     for name in fields:
         if name == "defaults":
@@ -245,11 +246,11 @@ def moves(hints: FamilyHints, vocab_names: Mapping[str, list[str]], fields: Iter
                     yield name, remap
             continue
         if name in MIXER_FIELDS:
-            values = vocab_names.get(MIXERS, [])
+            values = vocab_names.get("mixer", [])
         elif name in SLOT_FIELDS:
             values = vocab_names.get(SLOT_FIELDS[name], [])
             if name == "attention":
-                values = [*values, *vocab_names.get(MIXERS, [])]
+                values = [*values, *vocab_names.get(OWN_PROJECTIONS, [])]
         else:
             values = VALUE_FIELDS.get(name, ())
         if name == "rope_pairing":
@@ -259,21 +260,21 @@ def moves(hints: FamilyHints, vocab_names: Mapping[str, list[str]], fields: Iter
                 yield name, value
 
 
-#: vocab_names' key of the attention-slot ops with their own projections (MLA, token mixers).
-MIXERS = "attention/own projections"
+#: vocab_names' key of the attention ops with their own projections (MLA, gated attention).
+OWN_PROJECTIONS = "attention/own projections"
 
 
 def vocab_names(pm: Any) -> dict[str, list[str]]:
     """slot -> registered names; under "attention" the ops that read the standard projections, under
-    ``MIXERS`` those with their own (MLA, a short convolution, a state-space scan: they need tensors a
-    standard layer does not carry)."""
+    ``OWN_PROJECTIONS`` those with their own (MLA: they need tensors a standard layer does not carry);
+    under "mixer" the token mixers."""
     from archrun.vocab import build_vocabulary
 
     names: dict[str, list[str]] = {}
     for entry in build_vocabulary(pm):
         op = entry.op
-        own = op.slot == "attention" and getattr(op, "layout", None) is not None
-        names.setdefault(MIXERS if own else op.slot, []).append(op.name)
+        own = op.slot == "attention" and op.layout is not None
+        names.setdefault(OWN_PROJECTIONS if own else op.slot, []).append(op.name)
     return names
 
 

@@ -124,7 +124,7 @@ def _instrumented(model: Any) -> Iterator[_Tracer]:
     for i, lp in enumerate(plan.layers):
         index[id(lp)] = i
         spec = lp.spec
-        swap(lp, "attention", _Proxy(lp.attention, f"attention={spec.attention.kind}", t))
+        swap(lp, "attention", _Proxy(lp.attention, f"{spec.attention.slot}={spec.attention.kind}", t))
         swap(lp, "residual", _Proxy(lp.residual, f"residual={spec.residual}", t, ("ffn_input", "combine")))
         ffn = lp.ffn
         if isinstance(spec.ffn, MoeSpec):
@@ -355,12 +355,12 @@ def changes(d: Descriptor, vocab: Any, logits: np.ndarray | None = None,
         for value in dict.fromkeys(get(layer) for layer in d.layers if get(layer) is not None):
             for alt in others(slot, value):
                 what = f"{slot}={alt} (stated: {slot}={value})"
-                if slot == "attention":
+                if slot in ("attention", "mixer"):
                     have, need = _layout_name(vocab, slot, value), _layout_name(vocab, slot, alt)
                     if have != need:
-                        yield what, Skipped(what, f"attention={alt} reads its own projections "
-                                                  f"({need or 'the standard ones'}), the layers were described "
-                                                  f"for {have or 'the standard ones'}")
+                        yield what, Skipped(what, f"{slot}={alt} reads its own tensors "
+                                                  f"({need or 'the standard projections'}), the layers were "
+                                                  f"described for {have or 'the standard projections'}")
                         continue
                 layers = [put(layer, alt) if get(layer) == value else layer for layer in d.layers]
                 yield what, attrs.evolve(d, layers=layers)
@@ -368,8 +368,11 @@ def changes(d: Descriptor, vocab: Any, logits: np.ndarray | None = None,
     yield from per_layer("activation", lambda ly: ly.ffn.activation,
                          lambda ly, a: attrs.evolve(ly, ffn=attrs.evolve(ly.ffn, activation=a)))
     yield from per_layer("residual", lambda ly: ly.residual, lambda ly, a: attrs.evolve(ly, residual=a))
-    yield from per_layer("attention", lambda ly: ly.attention.kind,
-                         lambda ly, a: attrs.evolve(ly, attention=attrs.evolve(ly.attention, kind=a)))
+    # a layer's op is swapped within its own slot only: an attention op for an attention op, a token mixer
+    # for a mixer (a layer described for one kind of op carries none of the other's tensors)
+    for slot in ("attention", "mixer"):
+        yield from per_layer(slot, lambda ly, s=slot: ly.attention.kind if ly.attention.slot == s else None,
+                             lambda ly, a: attrs.evolve(ly, attention=attrs.evolve(ly.attention, kind=a)))
     moe = lambda ly: ly.ffn if isinstance(ly.ffn, MoeSpec) else None  # noqa: E731
     yield from per_layer("gating", lambda ly: moe(ly) and ly.ffn.gating,
                          lambda ly, a: attrs.evolve(ly, ffn=attrs.evolve(ly.ffn, gating=a)))

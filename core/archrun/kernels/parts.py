@@ -63,7 +63,7 @@ POSITIONS = types.Array(types.int64, 1, "C")
 POOL = types.Array(types.int64, 1, "C")  # the decode pool's ctrl (kernels.pool), empty without a pool
 
 __all__ = ["JIT", "NO_ROPE", "NO_TASK", "SIGNATURES", "Part", "compiled_for", "guard_cache", "kernel_cache", "part",
-           "slot_part"]
+           "usable"]
 
 SIGNATURES = {
     "norm": types.void(PARAMS, VEC, VEC, VEC, VEC),
@@ -124,9 +124,8 @@ def compiled_for(fn: object, slot: str) -> bool:
     return sigs is not None and SIGNATURES[slot].args in [tuple(s) for s in sigs]
 
 
-def slot_part(op: object, slot: str, attr: str = "fused") -> Part | None:
-    """The op's Part for `slot` (attribute `attr`), or None when it has none usable by the layer kernel."""
-    p = getattr(op, attr, None)
+def usable(p: object, slot: str) -> Part | None:
+    """p when it is a Part compiled for `slot`'s signature (what the layer kernel can call), else None."""
     if not isinstance(p, Part) or not compiled_for(p.fn, slot):
         return None
     return p

@@ -486,7 +486,7 @@ class Engine:
                 run.slot.cache.reset()
                 self._end(run, Event(error=exc))
             return
-        if len(batch) > 1 and hasattr(self.model, "rest_workers"):
+        if len(batch) > 1 and callable(getattr(self.model, "rest_workers", None)):
             # sampling and streaming several sequences' tokens takes longer than the decode workers' spin
             # between steps: their core goes to the server's event loop meanwhile (the next step wakes them)
             self.model.rest_workers()

@@ -10,6 +10,7 @@ would instead be a module with just `archrun_register_vocabulary` (see archrun-b
 
 from __future__ import annotations
 
+from archrun.contracts import OpCapabilities
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
@@ -35,7 +36,8 @@ class ExamplePlugin(FamilyPlugin):
     def archrun_register_vocabulary(self, register) -> None:
         # the fast factory by name: imported (its kernels compiled) only when a model binds it
         register(Op("activation", "gelu_quick", reference.gelu_quick, Lazy("archrun_example_vocab.fast:gelu_quick"),
-                    "x * sigmoid(1.702 x) (QuickGELU; gated: x * sigmoid(1.702 x) * up)"))
+                    "x * sigmoid(1.702 x) (QuickGELU; gated: x * sigmoid(1.702 x) * up)",
+                    capabilities=OpCapabilities(fused=True)))  # its fast op carries a kernel part
 
 
 plugin = ExamplePlugin(HINTS)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from archrun.conformance import check_family_plugin, check_vocabulary_plugin
-from archrun.kernels.parts import compiled_for, slot_part
+from archrun.kernels.parts import compiled_for, usable
 from archrun_example_vocab import fast, parts, reference
 from archrun_example_vocab.plugin import ARCHITECTURE
 
@@ -23,7 +23,7 @@ def test_plugin_registers_its_op_and_family():
 
 def test_fast_op_carries_a_part_the_layer_kernel_can_call():
     act = fast.gelu_quick()
-    p = slot_part(act, "activation")
+    p = usable(act.fused, "activation")
     assert p is act.fused and p.fn is parts.gelu_quick and p.params.tolist() == [reference.ALPHA]
     assert compiled_for(parts.gelu_quick, "activation")
 

@@ -18,7 +18,7 @@ import numpy as np
 from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
 from archrun.errors import ShapeMismatch
 from archrun.kernels import pool, qmatrix
-from archrun.kernels.parts import Part, part, slot_part
+from archrun.kernels.parts import Part, part, usable
 from archrun_blocks import decode_attention, elementwise, kv_codec, parts, reference
 from archrun_blocks import moe_kernels as mk
 
@@ -145,7 +145,8 @@ def _with_kernels(op, name: str, params: tuple):
 
 def causal_attention(spec: AttentionSpec) -> reference.CausalAttention:
     op = reference.CausalAttention(spec)
-    if spec.sinks:  # the kernel has no sinks: the reference attention, op by op
+    if spec.sinks:  # the kernel has no sinks: the reference attention, op by op (no kernel members)
+        op.fused = op.fused_for = op.pool_task = op.slot_arrays = None
         return op
     return _with_kernels(op, "causal_attention", (spec.scale, spec.window, spec.softcap))
 
@@ -247,8 +248,9 @@ class _FastMoe:
     def __init__(self, spec: MoeSpec, gating, act):
         self.ref = reference.moe_topk(spec, gating, act)
         self.spec = spec
-        self.gate_part = slot_part(gating, "gating")
-        self.act_part = slot_part(act, "activation")
+        # the model's gating and activation on the fast backend carry their parts (archrun_blocks' ops)
+        self.gate_part = usable(getattr(gating, "fused", None), "gating")
+        self.act_part = usable(getattr(act, "fused", None), "activation")
         self.rp = (spec.n_expert_used, spec.n_group, spec.n_group_used, int(spec.weights_norm))
         self.scale = float(spec.weights_scale)
         self._bound: list = [None, None]  # (weights, their kernel arrays) of the last weights seen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from archrun.contracts import OpCapabilities
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
 from archrun_blocks import encoder, reference
@@ -17,39 +18,55 @@ def _fast(name: str) -> Lazy:
     return Lazy(f"archrun_blocks.fast:{name}")
 
 
+#: what the bound ops of each kind carry (archrun.contracts)
+PART = OpCapabilities(fused=True)  # a kernel part for the fused decode path
+ATTENTION = OpCapabilities(fused=True, fused_for=True, pool_task=True, slot_arrays=True, kv_types=True, binds=True)
+
+
 @hookimpl
 def archrun_register_vocabulary(register) -> None:
     register(Op("norm", "rms", reference.rms_norm, _fast("rms_norm"),
-                "RMSNorm over the last axis (+ bias if present)"))
-    register(Op("norm", "layer", reference.layer_norm, _fast("layer_norm"), "LayerNorm over the last axis (+ bias)"))
+                "RMSNorm over the last axis (+ bias if present)", capabilities=PART))
+    register(Op("norm", "layer", reference.layer_norm, _fast("layer_norm"), "LayerNorm over the last axis (+ bias)",
+                capabilities=PART))
     register(Op("norm", "rms_1p", reference.rms_norm_1p, _fast("rms_norm_1p"),
-                "RMSNorm with unit-offset weights (1 + w)"))
+                "RMSNorm with unit-offset weights (1 + w)", capabilities=PART))
     register(Op("norm", "layer_1p", reference.layer_norm_1p, _fast("layer_norm_1p"),
-                "LayerNorm with unit-offset weights (LayerNorm1p)"))
-    register(Op("rope", "neox", reference.rope_neox, _fast("rope_neox"), "rotate (x[i], x[i+n_rot/2])"))
-    register(Op("rope", "norm", reference.rope_norm, _fast("rope_norm"), "rotate (x[2i], x[2i+1])"))
+                "LayerNorm with unit-offset weights (LayerNorm1p)", capabilities=PART))
+    register(Op("rope", "neox", reference.rope_neox, _fast("rope_neox"), "rotate (x[i], x[i+n_rot/2])",
+                capabilities=PART))
+    register(Op("rope", "norm", reference.rope_norm, _fast("rope_norm"), "rotate (x[2i], x[2i+1])", capabilities=PART))
     register(Op("attention", "causal", reference.CausalAttention, _fast("causal_attention"),
-                "causal grouped-query attention, optional sliding window and score softcap"))
+                "causal grouped-query attention, optional sliding window and score softcap", capabilities=ATTENTION))
     register(Op("attention", "alibi", reference.AlibiAttention, _fast("alibi_attention"),
-                "causal grouped-query attention with ALiBi position biases (attention.max_alibi_bias)"))
+                "causal grouped-query attention with ALiBi position biases (attention.max_alibi_bias)",
+                capabilities=ATTENTION))
     register(Op("attention", "bidirectional", encoder.BidirectionalAttention,
                 Lazy("archrun_blocks.encoder:bidirectional_attention"),
-                "grouped-query attention in which every query sees the whole sequence (encoders); causal = False"))
-    register(Op("activation", "silu", reference.silu, _fast("silu"), "x * sigmoid(x) (gated: SwiGLU)"))
-    register(Op("activation", "gelu_tanh", reference.gelu_tanh, _fast("gelu_tanh"), "tanh-approximated GELU"))
-    register(Op("activation", "gelu", reference.gelu, _fast("gelu"), "exact (erf) GELU"))
-    register(Op("activation", "relu2", reference.relu2, _fast("relu2"), "squared ReLU"))
+                "grouped-query attention in which every query sees the whole sequence (encoders): not causal",
+                capabilities=OpCapabilities(kv_types=True, binds=True, causal=False)))
+    register(Op("activation", "silu", reference.silu, _fast("silu"), "x * sigmoid(x) (gated: SwiGLU)",
+                capabilities=PART))
+    register(Op("activation", "gelu_tanh", reference.gelu_tanh, _fast("gelu_tanh"), "tanh-approximated GELU",
+                capabilities=PART))
+    register(Op("activation", "gelu", reference.gelu, _fast("gelu"), "exact (erf) GELU", capabilities=PART))
+    register(Op("activation", "relu2", reference.relu2, _fast("relu2"), "squared ReLU", capabilities=PART))
     register(Op("activation", "swiglu_oai", reference.swiglu_oai, None,
                 "gpt-oss's clamped SwiGLU: min(x, 7) sigmoid(1.702 min(x, 7)) (clip(up, -7, 7) + 1)"))
     register(Op("residual", "sequential", reference.Sequential, _fast("sequential"),
-                "x + attn(norm x), then + ffn(norm of that), optional residual scale"))
+                "x + attn(norm x), then + ffn(norm of that), optional residual scale",
+                capabilities=OpCapabilities(fused=True, fused_input=True)))
     register(Op("residual", "parallel", reference.Parallel, _fast("parallel"),
-                "x + attn(norm x) + ffn(norm x), optional residual scale"))
+                "x + attn(norm x) + ffn(norm x), optional residual scale",
+                capabilities=OpCapabilities(fused=True, fused_input=True, ffn_reads_input=True)))
     register(Op("residual", "post_norm", encoder.PostNorm, None,
-                "norm(x + attn(x)), then norm(that + ffn(that)): BERT's post-norm block, its norms bound per layer"))
+                "norm(x + attn(x)), then norm(that + ffn(that)): BERT's post-norm block, its norms bound per layer",
+                capabilities=OpCapabilities(binds=True)))
     register(Op("gating", "softmax", reference.gating_softmax, _fast("gating_softmax"),
-                "softmax over experts (GGUF 1)"))
-    register(Op("gating", "sigmoid", reference.gating_sigmoid, _fast("gating_sigmoid"), "sigmoid per expert (GGUF 2)"))
+                "softmax over experts (GGUF 1)", capabilities=PART))
+    register(Op("gating", "sigmoid", reference.gating_sigmoid, _fast("gating_sigmoid"), "sigmoid per expert (GGUF 2)",
+                capabilities=PART))
     register(Op("moe", "topk", reference.moe_topk, _fast("moe_topk"),
-                "top-k routing with optional selection bias, group limit, renorm, scale, shared experts"))
+                "top-k routing with optional selection bias, group limit, renorm, scale, shared experts",
+                capabilities=OpCapabilities(act_part=True, fused_layer=True)))
     register(Op("softcap", "tanh", reference.softcap_tanh, None, "c * tanh(logits / c)"))

@@ -9,7 +9,7 @@ import pytest
 
 from archrun.descriptor import AttentionSpec
 from archrun.errors import MetadataError, ShapeMismatch
-from archrun.kernels.parts import NO_TASK, slot_part
+from archrun.kernels.parts import NO_TASK, usable
 from archrun.plugins import make_plugin_manager
 from archrun.vocab import build_vocabulary
 from archrun_blocks import elementwise, fast, reference
@@ -132,7 +132,7 @@ def test_alibi_is_registered_with_a_fast_op_and_a_part():
     entry = vocab.entry("attention", "alibi")
     assert entry.plugin == "blocks" and entry.op.fast is not None
     op = fast.alibi_attention(spec())
-    assert slot_part(op, "attention") is not None and callable(op.slot_arrays)
+    assert usable(op.fused, "attention") is not None and callable(op.slot_arrays)
     p = op.fused.params
     assert list(p[:5]) == [0.25, 0.0, 0.0, 8.0, 4.0]
     np.testing.assert_array_equal(p[5:], reference.alibi_slopes(4, 8.0))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from archrun.descriptor import AttentionSpec, RopeSpec
-from archrun.kernels.parts import NO_TASK, compiled_for, slot_part
+from archrun.kernels.parts import NO_TASK, compiled_for, usable
 from archrun_blocks import fast, reference
 
 RNG = np.random.default_rng(3)
@@ -38,10 +38,10 @@ def test_every_fast_op_carries_a_part_compiled_for_its_slot():
     made += [(getattr(fast, a)(), "activation") for a in ACTIVATIONS]
     made += [(fast.gating_softmax(), "gating"), (fast.gating_sigmoid(), "gating")]
     for op, slot in made:
-        assert slot_part(op, slot) is not None, (op, slot)
+        assert usable(op.fused, slot) is not None, (op, slot)
     for _, f in RESIDUALS.values():
         op = f(0.5)
-        assert slot_part(op, "residual") is not None and slot_part(op, "residual", "fused_input") is not None
+        assert usable(op.fused, "residual") is not None and usable(op.fused_input, "residual") is not None
     assert compiled_for(made[0][0].fused.fn, "norm") and not compiled_for(made[0][0].fused.fn, "activation")
 
 

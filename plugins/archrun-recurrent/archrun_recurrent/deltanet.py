@@ -32,12 +32,11 @@ F32 = np.float32
 
 
 class DeltaNetLayout:
-    """The op is the whole token mixer (`mixer`); describe reads the ssm.* keys and checks the tensors."""
-
-    mixer = True
+    """A token mixer's layout (slot "mixer", archrun.vocab.MixerLayout): describe reads the ssm.* keys and
+    checks the tensors."""
 
     def describe(self, ctx: Any) -> dict[str, Any]:
-        """AttentionSpec fields of a gated DeltaNet layer (see archrun.vocab.AttentionLayout)."""
+        """AttentionSpec fields of a gated DeltaNet layer (see archrun.vocab.MixerLayout)."""
         m, t, i, d = ctx.meta, ctx.tensors, ctx.layer, ctx.n_embd
         taps, dk = m.get("ssm.conv_kernel", int), m.get("ssm.state_size", int)
         hk, hv = m.get("ssm.group_count", int), m.get("ssm.time_step_rank", int)
@@ -161,9 +160,6 @@ class GatedDeltaNet:
             slot.keep(start + j + 1)
         slot.end(end)
         return o
-
-    def __call__(self, *args: Any) -> np.ndarray:
-        raise TypeError("gated_deltanet is a token mixer: the interpreter calls mix(h, slot, start)")
 
 
 def deltanet_reference(spec: Any) -> GatedDeltaNet:

@@ -29,12 +29,11 @@ F32 = np.float32
 
 
 class MambaLayout:
-    """The op is the whole token mixer (`mixer`); describe reads the ssm.* keys and checks the tensors."""
-
-    mixer = True
+    """A token mixer's layout (slot "mixer", archrun.vocab.MixerLayout): describe reads the ssm.* keys and
+    checks the tensors."""
 
     def describe(self, ctx: Any) -> dict[str, Any]:
-        """AttentionSpec fields of a Mamba layer (see archrun.vocab.AttentionLayout)."""
+        """AttentionSpec fields of a Mamba layer (see archrun.vocab.MixerLayout)."""
         m, t, i, d = ctx.meta, ctx.tensors, ctx.layer, ctx.n_embd
         taps, inner = m.get("ssm.conv_kernel", int), m.get("ssm.inner_size", int)
         state, rank = m.get("ssm.state_size", int), m.get("ssm.time_step_rank", int)
@@ -132,9 +131,6 @@ class Mamba:
             slot.keep(start + j + 1)
         slot.end(end)
         return y
-
-    def __call__(self, *args: Any) -> np.ndarray:
-        raise TypeError("mamba is a token mixer: the interpreter calls mix(h, slot, start)")
 
 
 def mamba_reference(spec: Any) -> Mamba:

@@ -31,12 +31,11 @@ F32 = np.float32
 
 
 class Mamba2Layout:
-    """The op is the whole token mixer (`mixer`); describe reads the ssm.* keys and checks the tensors."""
-
-    mixer = True
+    """A token mixer's layout (slot "mixer", archrun.vocab.MixerLayout): describe reads the ssm.* keys and
+    checks the tensors."""
 
     def describe(self, ctx: Any) -> dict[str, Any]:
-        """AttentionSpec fields of a Mamba2 layer (see archrun.vocab.AttentionLayout)."""
+        """AttentionSpec fields of a Mamba2 layer (see archrun.vocab.MixerLayout)."""
         m, t, i, d = ctx.meta, ctx.tensors, ctx.layer, ctx.n_embd
         taps, inner = m.get("ssm.conv_kernel", int), m.get("ssm.inner_size", int)
         state, heads = m.get("ssm.state_size", int), m.get("ssm.time_step_rank", int)
@@ -156,9 +155,6 @@ class Mamba2:
         g = y.reshape(len(y), self.groups, -1)
         g = g / np.sqrt(np.mean(g * g, axis=-1, keepdims=True) + F32(self.eps))
         return (g.reshape(y.shape) * self.norm_w).astype(F32)
-
-    def __call__(self, *args: Any) -> np.ndarray:
-        raise TypeError("mamba2 is a token mixer: the interpreter calls mix(h, slot, start)")
 
 
 def mamba2_reference(spec: Any) -> Mamba2:

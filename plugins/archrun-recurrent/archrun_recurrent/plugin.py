@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from archrun.contracts import OpCapabilities
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
 from archrun_recurrent import deltanet, gated_attention, mamba, mamba2, shortconv
@@ -9,25 +10,27 @@ from archrun_recurrent import deltanet, gated_attention, mamba, mamba2, shortcon
 
 @hookimpl
 def archrun_register_vocabulary(register) -> None:
-    register(Op("attention", "shortconv", shortconv.shortconv_reference,
+    register(Op("mixer", "shortconv", shortconv.shortconv_reference,
                 Lazy("archrun_recurrent.shortconv:shortconv_fast"),
                 "gated short convolution (LFM2): out_proj(C * conv(B * x)) over the last l_cache gated inputs",
                 layout=shortconv.ShortConvLayout()))
-    register(Op("attention", "mamba2", mamba2.mamba2_reference, Lazy("archrun_recurrent.mamba2:mamba2_fast"),
+    register(Op("mixer", "mamba2", mamba2.mamba2_reference, Lazy("archrun_recurrent.mamba2:mamba2_fast"),
                 "Mamba2 selective state-space mixer (SSD): conv1d, dt/A/D, gated grouped RMSNorm, a state per head",
                 layout=mamba2.Mamba2Layout()))
-    register(Op("attention", "gated_deltanet", deltanet.deltanet_reference,
+    register(Op("mixer", "gated_deltanet", deltanet.deltanet_reference,
                 Lazy("archrun_recurrent.deltanet:deltanet_fast"),
                 "gated DeltaNet (Qwen3-Next): conv, l2-normed q/k, beta/alpha gates, delta-rule state, gated norm",
                 layout=deltanet.DeltaNetLayout()))
     register(Op("attention", "gated_causal", gated_attention.gated_reference,
                 Lazy("archrun_recurrent.gated_attention:gated_fast"),
                 "causal attention whose output is gated by sigmoid(gate) from the query projection (Qwen3-Next)",
-                layout=gated_attention.GatedAttentionLayout()))
-    register(Op("attention", "gated_deltanet_tiled", deltanet.tiled_reference,
+                layout=gated_attention.GatedAttentionLayout(),
+                capabilities=OpCapabilities(fused=True, fused_for=True, pool_task=True, slot_arrays=True, kv_types=True,
+                                            binds=True)))  # archrun-blocks' causal attention (its projections own)
+    register(Op("mixer", "gated_deltanet_tiled", deltanet.tiled_reference,
                 Lazy("archrun_recurrent.deltanet:tiled_fast"),
                 "gated DeltaNet whose value head j reads key head j % key heads (Qwen3.5 files' tiled order)",
                 layout=deltanet.DeltaNetLayout()))
-    register(Op("attention", "mamba", mamba.mamba_reference, Lazy("archrun_recurrent.mamba:mamba_fast"),
+    register(Op("mixer", "mamba", mamba.mamba_reference, Lazy("archrun_recurrent.mamba:mamba_fast"),
                 "Mamba selective state-space mixer (Jamba): conv1d, x/dt projections, dt/B/C norms, per-channel state",
                 layout=mamba.MambaLayout()))

@@ -26,12 +26,10 @@ F32 = np.float32
 
 
 class ShortConvLayout:
-    """The op is the whole token mixer (`mixer`); describe states its geometry at compile time."""
-
-    mixer = True
+    """A token mixer's layout (slot "mixer", archrun.vocab.MixerLayout): describe states its geometry."""
 
     def describe(self, ctx: Any) -> dict[str, Any]:
-        """AttentionSpec fields of a short-convolution layer (see archrun.vocab.AttentionLayout)."""
+        """The spec fields of a short-convolution layer (archrun.vocab.MixerLayout): its taps and width."""
         m, t, i, d = ctx.meta, ctx.tensors, ctx.layer, ctx.n_embd
         taps = m.get("shortconv.l_cache", int)
         if not 2 <= taps <= 64:
@@ -39,8 +37,7 @@ class ShortConvLayout:
         t.expect("shortconv.in_proj", i, (d, 3 * d))
         t.expect("shortconv.conv", i, (taps, d))
         t.expect("shortconv.out_proj", i, (d, d))
-        return {"n_head_kv": ctx.n_head, "head_dim": max(1, d // ctx.n_head), "v_head_dim": max(1, d // ctx.n_head),
-                "params": {"l_cache": taps, "width": d}}
+        return {"params": {"l_cache": taps, "width": d}}  # no heads: a depthwise convolution over d channels
 
 
 def conv_reference(ext: np.ndarray, w: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -89,9 +86,6 @@ class ShortConv:
             state[...] = ext[length - start:length - start + self.taps - 1]
             slot.keep(length)
         slot.end(end)
-
-    def __call__(self, *args: Any) -> np.ndarray:
-        raise TypeError("shortconv is a token mixer: the interpreter calls mix(h, slot, start)")
 
 
 def shortconv_reference(spec: Any) -> ShortConv:

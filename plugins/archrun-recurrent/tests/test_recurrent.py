@@ -18,8 +18,9 @@ rng = np.random.default_rng(0)
 
 def test_plugin_registers_shortconv_as_a_mixer():
     vocab = build_vocabulary(make_plugin_manager(names=["recurrent"]))
-    entry = vocab.entry("attention", "shortconv")
-    assert entry.plugin == "recurrent" and entry.op.layout.mixer and entry.op.fast is not None
+    entry = vocab.entry("mixer", "shortconv")
+    assert entry.plugin == "recurrent" and entry.op.layout is not None and entry.op.fast is not None
+    assert ("attention", "shortconv") not in vocab  # a token mixer is not an attention op
 
 
 @pytest.mark.parametrize("n,d,taps", [(1, 8, 2), (7, 16, 3), (33, 5, 4)])
@@ -112,7 +113,7 @@ def test_state_bytes_and_clear():
 
 def test_plugin_registers_mamba2_as_a_mixer():
     vocab = build_vocabulary(make_plugin_manager(names=["recurrent"]))
-    assert vocab.entry("attention", "mamba2").op.layout.mixer
+    assert vocab.entry("mixer", "mamba2").op.layout is not None and ("attention", "mamba2") not in vocab
 
 
 @pytest.mark.parametrize("n,heads,width,dims", [(1, 2, 3, 4), (9, 4, 8, 16), (5, 1, 1, 1)])
@@ -149,8 +150,8 @@ def test_reference_scan_is_the_recurrence():
 
 def test_plugin_registers_the_qwen3next_vocabulary():
     vocab = build_vocabulary(make_plugin_manager(names=["recurrent"]))
-    assert vocab.entry("attention", "gated_deltanet").op.layout.mixer
-    assert not getattr(vocab.entry("attention", "gated_causal").op.layout, "mixer", False)
+    assert ("mixer", "gated_deltanet") in vocab and ("mixer", "gated_deltanet_tiled") in vocab
+    assert ("attention", "gated_causal") in vocab  # an attention op with its own projections, not a mixer
 
 
 @pytest.mark.parametrize("n,heads,dk,dv", [(1, 1, 2, 3), (7, 4, 16, 8), (3, 2, 1, 1)])
