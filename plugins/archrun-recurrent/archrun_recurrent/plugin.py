@@ -5,7 +5,7 @@ from __future__ import annotations
 from archrun.contracts import OpCapabilities
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
-from archrun_recurrent import deltanet, gated_attention, mamba, mamba2, shortconv
+from archrun_recurrent import deltanet, gated_attention, kda, mamba, mamba2, shortconv
 
 
 @hookimpl
@@ -34,3 +34,6 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("mixer", "mamba", mamba.mamba_reference, Lazy("archrun_recurrent.mamba:mamba_fast"),
                 "Mamba selective state-space mixer (Jamba): conv1d, x/dt projections, dt/B/C norms, per-channel state",
                 layout=mamba.MambaLayout()))
+    register(Op("mixer", "kda", kda.kda_reference, Lazy("archrun_recurrent.kda:kda_fast"),
+                "Kimi Delta Attention (Kimi Linear): q/k/v short convs, l2-normed q/k, per-channel decay, delta-rule "
+                "state, sigmoid-gated norm", layout=kda.KdaLayout()))
