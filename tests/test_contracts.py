@@ -169,3 +169,44 @@ def test_archrun_plugins_lists_mixers_in_their_own_slot(capsys):
     out = capsys.readouterr().out
     assert all(f"mixer={name}" in out for name in mixers), out
     assert not any(f"attention={name}" in out for name in mixers), out
+
+
+def test_diagnosis_swaps_an_op_only_within_its_slot():
+    """On a hybrid file (LFM2: short convolutions and attention), the single changes the diagnosis tries
+    put an attention op only where an attention op was and a token mixer only where a mixer was."""
+    pytest.importorskip("archrun_lfm2")
+    from archrun.compile import compile_gguf
+    from archrun.conformance.trace import Skipped, changes
+
+    path = Path(__file__).resolve().parents[1] / "families/archrun-lfm2/tests/goldens/lfm2_ccac.gguf"
+    pm = make_plugin_manager(names=["blocks", "recurrent", "lfm2"])
+    d = compile_gguf(path, pm).descriptor
+    vocab = build_vocabulary(pm)
+    assert {ly.attention.slot for ly in d.layers} == {"attention", "mixer"}
+    swaps = 0
+    for what, alt in changes(d, vocab):
+        if isinstance(alt, Skipped):
+            continue
+        for before, after in zip(d.layers, alt.layers, strict=True):
+            if after.attention.kind != before.attention.kind:
+                swaps += 1
+                assert after.attention.slot == before.attention.slot, what
+                assert (after.attention.slot, after.attention.kind) in vocab, what
+    assert swaps  # the attention layers' op was swapped for another attention op
+
+
+def test_recovery_offers_mixers_only_for_mixer_conventions():
+    """`archrun recover`'s candidate values: the `recurrent`/`parallel` conventions take token mixers only,
+    `attention` attention ops only."""
+    from archrun.conformance.recover import moves, vocab_names
+    from archrun.family import FamilyHints
+
+    pm = make_plugin_manager(names=["blocks", "recurrent"])
+    vocab = build_vocabulary(pm)
+    names = vocab_names(pm)
+    hints = FamilyHints(name="x", attention="causal", recurrent="shortconv")
+    offered = list(moves(hints, names, ["attention", "recurrent", "parallel"]))
+    mixers = {e.op.name for e in vocab if e.op.slot == "mixer"}
+    assert mixers and {v for f, v in offered if f in ("recurrent", "parallel")} == mixers
+    attention = {v for f, v in offered if f == "attention"}
+    assert attention and not attention & mixers and all(("attention", v) in vocab for v in attention)
