@@ -7,7 +7,9 @@ src/models/mamba-base.cpp build_mamba_layer, HF modeling_jamba.py JambaMambaMixe
     x | z      = ssm_in h                                  [n, D] each
     x          = silu(conv(x) + conv_bias)                 causal depthwise over [state ; x]
     dt | B | C = ssm_x x                                   [n, R], [n, N], [n, N]
-    (dt, B, C  = rms(dt) ssm_dt_norm, rms(B) ssm_b_norm, rms(C) ssm_c_norm   when the layer has them: Jamba)
+    (dt, B, C  = rms(dt) ssm_dt_norm, rms(B) ssm_b_norm, rms(C) ssm_c_norm   when the layer has them: Jamba;
+                 rms(dt), rms(B), rms(C) without weights, epsilon 1e-6, when the file says ssm.dt_b_c_rms:
+                 Falcon-Mamba, HF's mixer_rms_eps; llama.cpp takes the model's rms epsilon)
     dt         = softplus(ssm_dt dt + ssm_dt_bias)         [n, D]
     S_t        = exp(dt_t A) * S_{t-1} + (dt_t x_t) B_t^T   [D, N]  (A = ssm_a [D, N] < 0)
     y_t        = S_t C_t + ssm_d * x_t
@@ -26,6 +28,7 @@ from archrun_recurrent.mamba2 import silu, softplus
 from archrun_recurrent.state import StateSlot
 
 F32 = np.float32
+WEIGHTLESS_NORM_EPS = 1e-6  # HF FalconMambaConfig.mixer_rms_eps (released configs do not set it)
 
 
 class MambaLayout:
@@ -54,8 +57,10 @@ class MambaLayout:
             t.expect("ssm_dt_norm", i, (rank,))
             t.expect("ssm_b_norm", i, (state,))
             t.expect("ssm_c_norm", i, (state,))
+        weightless = not norms and m.get("ssm.dt_b_c_rms", bool, False)
         return {"n_head": inner, "n_head_kv": inner, "head_dim": 1, "v_head_dim": 1,
-                "params": {"conv_kernel": taps, "state": state, "dt_rank": rank, "dt_b_c_norms": int(norms)}}
+                "params": {"conv_kernel": taps, "state": state, "dt_rank": rank,
+                           "dt_b_c_norms": int(norms) or 2 * int(weightless)}}  # 1: weighted, 2: weightless
 
 
 def scan_reference(state: np.ndarray, x: np.ndarray, dt: np.ndarray, a: np.ndarray, b: np.ndarray,
@@ -74,7 +79,7 @@ class Mamba:
 
     def __init__(self, spec: Any, scan: Callable[..., np.ndarray] = scan_reference):
         self.taps, self.n_state = int(spec.param("conv_kernel")), int(spec.param("state"))
-        self.rank, self.norms = int(spec.param("dt_rank")), bool(spec.param("dt_b_c_norms"))
+        self.rank, self.norms = int(spec.param("dt_rank")), int(spec.param("dt_b_c_norms"))
         self.inner = spec.n_head
         self.scan = scan
 
@@ -87,9 +92,11 @@ class Mamba:
         self.a = np.ascontiguousarray(binder.table("ssm_a", layer).reshape(self.inner, self.n_state))
         self.d = binder.vector("ssm_d", layer)
         self.out_proj = binder.matrix("ssm_out", layer)
-        self.eps = F32(binder.d.norm_eps)
-        if self.norms:
+        self.eps = F32(binder.d.norm_eps if self.norms == 1 else WEIGHTLESS_NORM_EPS)
+        if self.norms == 1:
             self.norm_w = [binder.vector(r, layer) for r in ("ssm_dt_norm", "ssm_b_norm", "ssm_c_norm")]
+        elif self.norms == 2:
+            self.norm_w = [F32(1.0)] * 3
 
     def new_slot(self, capacity: int, max_rewind: int = 64) -> StateSlot:
         """The conv window [K-1, D] and the state [D, N], with copies for the last min(max_rewind, 16) tokens."""

@@ -32,7 +32,8 @@ def archrun_register_vocabulary(register) -> None:
                 "gated DeltaNet whose value head j reads key head j % key heads (Qwen3.5 files' tiled order)",
                 layout=deltanet.DeltaNetLayout()))
     register(Op("mixer", "mamba", mamba.mamba_reference, Lazy("archrun_recurrent.mamba:mamba_fast"),
-                "Mamba selective state-space mixer (Jamba): conv1d, x/dt projections, dt/B/C norms, per-channel state",
+                "Mamba selective state-space mixer (Mamba, Falcon-Mamba, Jamba): conv1d, x/dt projections, dt/B/C "
+                "norms, per-channel state",
                 layout=mamba.MambaLayout()))
     register(Op("mixer", "kda", kda.kda_reference, Lazy("archrun_recurrent.kda:kda_fast"),
                 "Kimi Delta Attention (Kimi Linear): q/k/v short convs, l2-normed q/k, per-channel decay, delta-rule "

@@ -1,0 +1,6 @@
+"""archrun-mamba's tests: archrun's conformance kit (docs/conformance.md) on the tiny HF fixtures (hf_arch.py,
+goldens/). No synthetic variants: the kit's writer writes attention layers only."""
+
+from archrun.conformance import Conformance
+
+archrun_conformance = Conformance("mamba", synthetic=())
