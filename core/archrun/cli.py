@@ -178,6 +178,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", action="store_true",
                    help="serve --replicas N replicas as a Ray Serve deployment (needs 'archrun[ray]')")
     p.add_argument("--replicas", type=int, default=1, help="model replicas with --ray (1)")
+    p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH[:SCALE]",
+                   help="also serve the model with this LoRA adapter merged, as model NAME (a request's `model` "
+                        "or `lora` picks it; repeatable)")
     p.add_argument("--stages", type=int, default=None,
                    help="with --ray: run the model's blocks as K pipeline stages on K Ray actors (docs/scaling.md)")
     p.add_argument("--ray-address", default=None,
@@ -203,8 +206,9 @@ def _kv_arg(p: argparse.ArgumentParser) -> None:
                         "(ggml's 8-bit blocks, ~0.27 of f32)")
 
 
-def _load(args: argparse.Namespace, path: Any = None):
-    """The model of args.model (or of `path`), loaded with the command's options."""
+def _load(args: argparse.Namespace, path: Any = None, lora: list | None = None):
+    """The model of args.model (or of `path`), loaded with the command's options (adapters: `lora`, else
+    the command's --lora)."""
     path = args.model if path is None else path
     from archrun.api import load
     from archrun.family import parse_hints
@@ -213,7 +217,7 @@ def _load(args: argparse.Namespace, path: Any = None):
     with LoadProgress() as progress:
         kwargs = dict(block_style=args.block_style, hints=parse_hints(args.hint), threads=args.threads,
                       progress=progress)
-        lora = _lora(args)
+        lora = _lora(args) if lora is None else lora
         if lora:
             kwargs["lora"] = lora
         experts = _expert_memory(args)
@@ -229,6 +233,31 @@ def _load(args: argparse.Namespace, path: Any = None):
 
             return tiered.load(path, **kwargs)
         return load(path, backend=args.backend, **kwargs)
+
+
+def _adapter_models(args: argparse.Namespace, files: list) -> dict[str, Any]:
+    """serve --adapter NAME=PATH[:SCALE]: a loader per NAME of the (single) model with that adapter merged."""
+    from archrun.errors import InvalidRequest
+    from archrun.lora import parse_lora_arg
+
+    loaders: dict[str, Any] = {}
+    for spec in args.adapter:
+        name, sep, rest = spec.partition("=")
+        if not sep or not name or not rest:
+            raise InvalidRequest(f"--adapter takes NAME=PATH[:SCALE], got {spec[:80]!r}")
+        if len(files) != 1:
+            raise InvalidRequest("--adapter serves adapters of one base model: give one model file")
+        if name in loaders or name == files[0][0]:
+            raise InvalidRequest(f"--adapter: the name {name!r} is taken")
+        path, scale = parse_lora_arg(rest)
+        if not os.path.isfile(path):
+            raise InvalidRequest(f"--adapter {name}: no adapter file at {path!r}")
+        base = str(files[0][1])
+        adapter = [*_lora(args), (os.path.abspath(path), scale)]
+        loaders[name] = lambda base=base, adapter=adapter: _load(args, base, lora=adapter)
+    if loaders and args.ray:
+        raise InvalidRequest("--adapter serves from one process: it cannot be combined with --ray")
+    return loaders
 
 
 def _expert_memory(args: argparse.Namespace) -> int | None:
@@ -341,14 +370,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                          pooling=args.pooling,
                          )  # validated before the model loads
     files = model_files(args.model, args.models_dir, args.model_name)
-    if len(files) > 1:
+    loaders = _adapter_models(args, files)
+    if len(files) > 1 or loaders:
         if args.ray:
             raise InvalidRequest("--ray serves one model")
         import uvicorn
 
         from archrun.serve.front import create_pool_app
 
-        app = create_pool_app(files, lambda path: _load(args, path), config)
+        files += [(name, files[0][1]) for name in loaders]
+        app = create_pool_app(files, lambda path: _load(args, path), config, loaders)
         uvicorn.run(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)
         return 0
     args.model = str(files[0][1])

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from archrun.errors import InvalidRequest
 from archrun.serve import anthropic
 from archrun.serve.app import PAGE_POLICY, ApiError, Server, _api_error, _chat_page, check_api_key, read_body
 from archrun.serve.config import ServeConfig
@@ -118,21 +119,29 @@ class Front:
 
 
 def _model_of(body: bytes) -> Any:
-    """The `model` a request body names (None when it names none, or is not JSON: the model's own
-    Server then answers what is wrong with it)."""
+    """The `model` a request body names, or its `lora` (the name of a LoRA adapter served as a model of its
+    own: `archrun serve BASE --adapter NAME=PATH`), which wins; None when it names none, or is not JSON (the
+    model's own Server then answers what is wrong with it)."""
     try:
         parsed = json.loads(body)
     except (ValueError, RecursionError):
         return None
-    return parsed.get("model") if isinstance(parsed, dict) else None
+    if not isinstance(parsed, dict):
+        return None
+    lora = parsed.get("lora")
+    if lora is not None and (not isinstance(lora, str) or not lora):
+        raise InvalidRequest("lora must name an adapter this server serves (archrun serve --adapter NAME=PATH)")
+    return lora if lora is not None else parsed.get("model")
 
 
-def create_pool_app(files: Sequence[tuple[str, Path]], load: Callable[[Path], Any], config: ServeConfig) -> Front:
+def create_pool_app(files: Sequence[tuple[str, Path]], load: Callable[[Path], Any], config: ServeConfig,
+                    loaders: dict[str, Callable[[], Any]] | None = None) -> Front:
     """The ASGI app serving the models of `files` ((id, path), archrun.serve.models.model_files), each
-    loaded with `load(path)` on first use; each model's Servers count in one Metrics of its own."""
+    loaded with `load(path)` (or its entry of `loaders`, by id) on first use; each model's Servers count in
+    one Metrics of its own."""
     per_model: dict[str, Metrics] = {}
     pool = ModelPool(files, load, server_factory(config, lambda name: per_model.setdefault(name, Metrics())),
-                     config.max_memory, config.context_for)
+                     config.max_memory, config.context_for, loaders)
     return Front(pool, config, Metrics(), per_model)
 
 

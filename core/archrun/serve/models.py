@@ -132,13 +132,17 @@ class ModelPool:
 
     load(path) returns a model; serve(model, id, budget) its started Server (the budget is the one its
     engine reserves KV caches from). `acquire(name)` gives the Server of a model, loading it (and
-    unloading idle ones) as needed; every acquire is paired with `release(server)`.
+    unloading idle ones) as needed; every acquire is paired with `release(server)`. loaders: models
+    loaded otherwise than load(path), by id (e.g. a base model with a LoRA adapter merged, served under
+    the adapter's name: its entry's path is the base model's file).
     """
 
     def __init__(self, files: Sequence[tuple[str, Path]], load: Callable[[Path], Any],
                  serve: Callable[[Any, str, MemoryBudget], Any], max_memory: int | None = None,
-                 context_for: Callable[[int], int] | None = None):
+                 context_for: Callable[[int], int] | None = None,
+                 loaders: dict[str, Callable[[], Any]] | None = None):
         self.entries = {name: _Entry(model_facts(name, path)) for name, path in files}
+        self._loaders = dict(loaders or {})
         self.default = next(iter(self.entries))
         self.budget = MemoryBudget(max_memory)
         self._load, self._serve = load, serve
@@ -200,7 +204,8 @@ class ModelPool:
                     "models serving requests; try again when they finish")
             self._unload(*victim)
         try:
-            model = self._load(entry.facts.path)
+            loader = self._loaders.get(entry.facts.id)
+            model = loader() if loader is not None else self._load(entry.facts.path)
             server = self._serve(model, entry.facts.id, self.budget)
         except BaseException:
             self.budget.free(need)
