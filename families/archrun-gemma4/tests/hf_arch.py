@@ -46,4 +46,9 @@ FIXTURES = (
     TinyFixture("gemma4_k_eq_v", "gemma4", 2, {"attention_k_eq_v": True, "num_global_key_value_heads": 1,
                                                "num_hidden_layers": 8, "tie_word_embeddings": False,
                                                "layer_types": [_S] * 5 + [_F, _S, _F]}),
+    # the E2B / E4B layout: the last 3 layers reuse the keys and values of the last sliding (3) and
+    # full (4) layer that compute their own (llama.cpp assumes those are the last two), double-wide MLPs
+    TinyFixture("gemma4_kv_shared", "gemma4", 3, {"num_hidden_layers": 8, "num_kv_shared_layers": 3,
+                                                  "use_double_wide_mlp": True, "sliding_window": 4,
+                                                  "layer_types": [_S, _S, _F, _S, _F, _S, _S, _F]}),
 )

@@ -19,7 +19,7 @@ from archrun.conformance.tiny_hf import SENSITIVITY
 from archrun.errors import ArchrunError
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"
-NAMES = ("gemma4_dense", "gemma4_k_eq_v")
+NAMES = ("gemma4_dense", "gemma4_k_eq_v", "gemma4_kv_shared")
 FLIPS = {
     "attention": {"attention": "causal"},            # standard projections, 1/sqrt(hd), no V norm
     "embed_scale": {"embed_scale": 1.0},
@@ -52,8 +52,8 @@ def test_layer_scalar_matters(name, tmp_path):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_converter_layout(name):
-    """Both layer kinds' widths, the global-only frequency factors (1e30 past the rotated pairs), and
-    attn_v on exactly the layers that do not reuse their keys."""
+    """Both layer kinds' widths, the global-only frequency factors (1e30 past the rotated pairs), attn_v
+    on exactly the layers that do not reuse their keys, attn_k only on the layers that do not share."""
     cfg = hf.load_golden(GOLDENS / f"{name}.npz")["config"]
     kv = hf.gguf_kv(gguf.GGUFReader(GOLDENS / f"{name}.gguf"))
     tensors = hf.gguf_tensors(GOLDENS / f"{name}.gguf")
@@ -64,9 +64,28 @@ def test_converter_layout(name):
     n_rot = int(global_hd * cfg["rope_parameters"]["full_attention"]["partial_rotary_factor"]) // 2
     factors = tensors["rope_freqs.weight"]
     assert (factors[:n_rot] == 1).all() and (factors[n_rot:] > 1e29).all()
+    first_shared = cfg["num_hidden_layers"] - cfg["num_kv_shared_layers"]
+    assert kv["gemma4.attention.shared_kv_layers"] == cfg["num_kv_shared_layers"]
     for i, kind in enumerate(cfg["layer_types"]):
-        reuse = cfg["attention_k_eq_v"] and kind == "full_attention"
+        shared = i >= first_shared
+        reuse = shared or (cfg["attention_k_eq_v"] and kind == "full_attention")
         assert (f"blk.{i}.attn_v.weight" in tensors) != reuse, (name, i)
+        assert (f"blk.{i}.attn_k.weight" in tensors) != shared, (name, i)
+
+
+def test_shared_layers_cost_no_cache_memory():
+    """`archrun inspect`: the KV-sharing layers add no bytes per token; the others their K/V rows."""
+    from archrun.inspect import inspect_model
+
+    cfg = hf.load_golden(GOLDENS / "gemma4_kv_shared.npz")["config"]
+    memory = inspect_model(GOLDENS / "gemma4_kv_shared.gguf")["memory"]
+    first_shared = cfg["num_hidden_layers"] - cfg["num_kv_shared_layers"]
+    widths = {"sliding_attention": cfg["head_dim"], "full_attention": cfg["per_layer_config"]["4"]["head_dim"]}
+    for i, (m, kind) in enumerate(zip(memory, cfg["layer_types"], strict=True)):
+        # a sliding layer's ring is fixed state; a full layer's K and V rows are float32
+        rows = 2 * cfg["num_key_value_heads"] * widths[kind] * 4
+        assert m["bytes_per_token"] == (0 if i >= first_shared or kind == "sliding_attention" else rows), (i, m)
+        assert m["state_bytes"] == 0 or i < first_shared, (i, m)  # a shared layer holds nothing
 
 
 def test_both_attention_layouts_are_covered():
