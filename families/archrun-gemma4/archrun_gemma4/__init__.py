@@ -11,7 +11,10 @@ What gemma4 files do not say (llama.cpp src/models/gemma4-iswa.cpp, HF modeling_
 - residual `gemma4_scaled`: sandwich norms by presence, the block's output times the layer's
   `layer_output_scale`;
 - token embeddings scaled by sqrt(n_embd); GeGLU with tanh-GELU; norms stored as is (x * w);
-- the chat template comes with the file (released models carry one).
+- the chat template comes with the file (released models carry one);
+- not run yet, refused by name (UnsupportedArchitecture, archrun-gemma4-ops' layout): per-layer input
+  embeddings (E2B/E4B) and the 26B-A4B mixture blocks, whose router role the family hides from the
+  generic compiler so that the refusal, not a missing standard expert tensor, is what a user sees.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ HINTS = {
         activation="gelu_tanh",
         embed_scale="sqrt_n_embd",
         swa_rope="plain",
+        tensor_names={"ffn_gate_inp": None},
     ),
 }
 

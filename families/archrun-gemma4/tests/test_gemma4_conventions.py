@@ -91,3 +91,38 @@ def test_shared_layers_cost_no_cache_memory():
 def test_both_attention_layouts_are_covered():
     reuse = [hf.load_golden(GOLDENS / f"{n}.npz")["config"]["attention_k_eq_v"] for n in NAMES]
     assert any(reuse) and not all(reuse)
+
+
+@pytest.mark.parametrize("edit", ["per_layer_inputs", "router"])
+def test_unsupported_parts_are_refused_by_name(edit, tmp_path):
+    """Per-layer input embeddings (E2B/E4B) and mixture blocks (26B-A4B) are refused at load, by name."""
+    from archrun.errors import UnsupportedArchitecture
+
+    src = GOLDENS / "gemma4_dense.gguf"
+    if edit == "per_layer_inputs":
+        path = rewrite_gguf(src, tmp_path / "ple.gguf", add_keys={"gemma4.embedding_length_per_layer_input": 8})
+    else:
+        router = np.zeros((4, 64), np.float32)  # [n_expert, n_embd] in numpy order
+        path = rewrite_gguf(src, tmp_path / "moe.gguf", add_tensors={"blk.0.ffn_gate_inp.weight": router})
+    with pytest.raises(UnsupportedArchitecture, match="per-layer input" if edit == "per_layer_inputs" else "experts"):
+        archrun.load(path, backend="reference")
+
+
+def test_gemma4_tokenizer_runs_the_model(tmp_path):
+    """A fixture carrying a `tokenizer.ggml.model = gemma4` vocabulary (as released files do) loads,
+    tokenizes (▁ for spaces, merges, byte fallback, BOS always added) and runs the prompt."""
+    words = ["▁", "a", "b", "▁a", "ab", "▁ab", "\n", "\n\n"]
+    n_vocab = hf.load_golden(GOLDENS / "gemma4_dense.npz")["logits"].shape[1]
+    words += [f"▁w{i}" for i in range(n_vocab - 260 - len(words))]
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", *(f"<0x{b:02X}>" for b in range(256)), *words]
+    keys = {"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [3] * 4 + [6] * 256 + [1] * len(words),
+            "tokenizer.ggml.merges": ["▁ a", "a b", "▁a b", "\n \n"], "tokenizer.ggml.bos_token_id": 2,
+            "tokenizer.ggml.eos_token_id": 1}
+    path = rewrite_gguf(GOLDENS / "gemma4_dense.gguf", tmp_path / "tok.gguf", add_keys=keys,
+                        drop_keys=["tokenizer.ggml.pre"])
+    model = archrun.load(path, backend="reference")
+    ids = model.tokenizer.encode("ab ab€")
+    assert [model.tokenizer.token_text(i) for i in ids] == ["<bos>", "ab", "▁ab", "<0xE2>", "<0x82>", "<0xAC>"]
+    assert model.tokenizer.decode(ids[1:]) == "ab ab€"
+    assert np.isfinite(model.logits(ids)).all()

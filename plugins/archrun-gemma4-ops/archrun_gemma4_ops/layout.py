@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from archrun.errors import MetadataError
+from archrun.errors import MetadataError, UnsupportedArchitecture
 
 F32 = np.float32
 
@@ -34,6 +34,18 @@ def sliding_layers(meta: Any, n_layer_hint: int) -> list[bool]:
     if pattern is None or isinstance(pattern, (int, np.integer)) or len(pattern) <= n_layer_hint:
         raise MetadataError(f"{key!r} must hold a flag per layer: attention 'gemma4' reads each layer's kind")
     return [bool(x) for x in pattern]
+
+
+def _refuse_unsupported(meta: Any, tensors: Any, i: int) -> None:
+    """Gemma 4 parts archrun does not run yet, refused at compile time by name: the per-layer input
+    embeddings of E2B/E4B (`embedding_length_per_layer_input` > 0) and the 26B-A4B mixture blocks
+    (a dense MLP beside routed experts, `ffn_gate_inp`)."""
+    if meta.get("embedding_length_per_layer_input", int, 0) > 0:
+        raise UnsupportedArchitecture("gemma4 files with per-layer input embeddings (E2B, E4B: "
+                                      f"{meta.key('embedding_length_per_layer_input')} > 0) are not supported yet")
+    if f"blk.{i}.ffn_gate_inp.weight" in meta.gguf.tensors:  # by name: the family hides the router role
+        raise UnsupportedArchitecture(f"gemma4 mixture-of-experts blocks (26B-A4B; layer {i} has a router) "
+                                      "are not supported yet")
 
 
 def kv_source(meta: Any, sliding: list[bool], i: int) -> int:
@@ -60,6 +72,7 @@ class Gemma4Layout:
     def describe(self, ctx: Any) -> dict[str, Any]:
         """AttentionSpec fields of layer ctx.layer (see archrun.vocab.AttentionLayout)."""
         m, t, i, d, n_head, n_kv = ctx.meta, ctx.tensors, ctx.layer, ctx.n_embd, ctx.n_head, ctx.n_head_kv
+        _refuse_unsupported(m, t, i)
         sliding = sliding_layers(m, i)
         suffix = "_swa" if sliding[i] else ""
         hd = m.get(f"attention.key_length{suffix}", int)
