@@ -69,7 +69,7 @@ def url(files):
                                  f"domain={domain}:0.5", "--backend", "fast"])
     found = model_files(args.model, None, None)
     loaders = _adapter_models(args, found)
-    found += [(name, found[0][1]) for name in loaders]
+    found += [(name, found[0][1]) for name in loaders if name != found[0][0]]
     app = create_pool_app(found, lambda path: archrun.load(path), ServeConfig(port=0), loaders)
     with live_app(app) as u:
         yield u
@@ -95,13 +95,29 @@ def test_each_request_gets_its_adapter(url, files):
     assert {m["id"] for m in listed} == {"base.gguf", "style", "domain"}
 
 
+def test_adapters_share_the_base_weights(files):
+    base, style, _ = files
+    plain = archrun.load(base)
+    shared = archrun.load(base, lora=[(style, 1.0)], share_weights_with=plain)
+    alone = archrun.load(base, lora=[(style, 1.0)])
+    p, s = plain.plan.layers, shared.plan.layers
+    assert s[0].ffn.down is p[0].ffn.down and s[1].ffn.gate_up.matrices[0] is p[1].ffn.gate_up.matrices[0]  # one copy
+    assert s[0].qkv.matrices[0] is not p[0].qkv.matrices[0] and s[1].ffn.down is not p[1].ffn.down  # adapted
+    assert np.array_equal(shared.forward_step(PROMPT, shared.init_cache(8)), alone.forward_step(PROMPT,
+                                                                                                alone.init_cache(8)))
+    for bad in (3, alone, archrun.load(base, backend="reference")):
+        with pytest.raises(InvalidRequest, match="share_weights_with"):
+            archrun.load(base, lora=[(style, 1.0)], share_weights_with=bad)
+
+
 def test_unknown_or_bad_adapters_are_refused(url, files):
     status, body = _ask(url, lora="nope")
     assert status == 404 and "nope" in body["error"]["message"]
     assert _ask(url, lora=3)[0] == 400
     base, style, _ = files
     for bad in (["--adapter", "style"], ["--adapter", f"base.gguf={style}"], ["--adapter", "x=missing.gguf"],
-                ["--adapter", f"a={style}", "--adapter", f"a={style}"], ["--adapter", f"a={style}", "--ray"]):
+                ["--adapter", f"a={style}", "--adapter", f"a={style}"], ["--adapter", f"a={style}", "--ray"],
+                ["--adapter", f"a={style}", "--lora", str(style)]):
         args = _parser().parse_args(["serve", str(base), *bad])
         with pytest.raises(InvalidRequest):
             _adapter_models(args, model_files(args.model, None, None))

@@ -23,7 +23,8 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
          plugins: Any = None, threads: int | None = None,
          progress: Callable[[str, int, int], None] | None = None,
          hints: Mapping[str, Any] | None = None, lora: Any = None, lora_scale: float = 1.0,
-         layers: tuple[int, int] | None = None, expert_memory: int | None = None) -> Interpreter:
+         layers: tuple[int, int] | None = None, expert_memory: int | None = None,
+         share_weights_with: Interpreter | None = None) -> Interpreter:
     """Load a GGUF file into a runnable model.
 
     block_style: a registered block style, e.g. "fused" | "host_reference" (default: what the
@@ -45,6 +46,8 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     the hidden states of every position where a model gives logits.
     expert_memory: bytes of a mixture-of-experts model's expert matrices kept in memory; the others are paged
     in from disk when the router picks them (archrun.experts: the same logits as with every expert resident).
+    share_weights_with: a model loaded from the same file on the same backend (without adapters): this model
+    reuses its weights wherever `lora` changes nothing, so several adapters on one base hold the base once.
     """
     backend = "fast" if backend is None or (isinstance(backend, str) and not backend) else backend
     if not isinstance(backend, str) or backend not in BACKENDS:
@@ -62,9 +65,10 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     gguf = open_gguf(path)
     try:
         gguf = apply_adapters(gguf, lora, lora_scale)
+        share = _shared_plan(share_weights_with, gguf, backend)
         compiled = compile_gguf(gguf, plugins=pm, block_style=block_style, hints=hints)
         # refuses bad input first
-        plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress, layers, expert_memory)
+        plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress, layers, expert_memory, share)
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
         model = style(plan, gguf, lambda: _tokenizer(gguf, pm), compiled.chat_template)
         if backend == "fast":
@@ -78,6 +82,21 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
         gguf.close()
         raise
     return model
+
+
+def _shared_plan(model: Any, gguf: Any, backend: str) -> Any:
+    """The plan of share_weights_with: a model of this very file (without adapters) on this backend."""
+    if model is None:
+        return None
+    base = getattr(gguf, "base", gguf)  # the file under the adapters
+    plan = getattr(model, "plan", None)
+    if not isinstance(model, Interpreter) or plan is None or getattr(plan.binder, "made", None) is None:
+        raise InvalidRequest(f"share_weights_with must be a model archrun.load made, got {type(model).__name__}")
+    if model.gguf.identity() != base.identity() or hasattr(model.gguf, "adapted"):
+        raise InvalidRequest("share_weights_with must be a model of the same file without adapters")
+    if model.backend != backend or plan.span is not None:
+        raise InvalidRequest("share_weights_with must be a whole model on the same backend")
+    return plan
 
 
 def _reporting(progress: Callable[[str, int, int], None] | None) -> Callable[[str, int, int], None] | None:

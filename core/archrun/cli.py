@@ -206,9 +206,11 @@ def _kv_arg(p: argparse.ArgumentParser) -> None:
                         "(ggml's 8-bit blocks, ~0.27 of f32)")
 
 
-def _load(args: argparse.Namespace, path: Any = None, lora: list | None = None):
+def _load(args: argparse.Namespace, path: Any = None, lora: list | None = None, share: Any = None,
+          tiered: bool = True):
     """The model of args.model (or of `path`), loaded with the command's options (adapters: `lora`, else
-    the command's --lora)."""
+    the command's --lora; `share`: a model of the same file whose weights it reuses where they are not
+    adapted; tiered False: the fast model, never a tiered start)."""
     path = args.model if path is None else path
     from archrun.api import load
     from archrun.family import parse_hints
@@ -223,11 +225,13 @@ def _load(args: argparse.Namespace, path: Any = None, lora: list | None = None):
         experts = _expert_memory(args)
         if experts is not None:
             kwargs["expert_memory"] = experts
+        if share is not None:
+            kwargs["share_weights_with"] = share
         # fast, or tiered while its kernels compile (ARCHRUN_TIERED=0: wait for them instead)
         # (not for --hash: a tiered start's first tokens come from the reference backend; not with adapters
         # or streamed experts, which need the fast backend)
         tiered_ok = not getattr(args, "hash", False) and os.environ.get("ARCHRUN_TIERED", "1") != "0" and not lora \
-            and experts is None
+            and experts is None and tiered
         if args.backend is None and args.block_style is None and tiered_ok:
             from archrun import tiered
 
@@ -236,11 +240,17 @@ def _load(args: argparse.Namespace, path: Any = None, lora: list | None = None):
 
 
 def _adapter_models(args: argparse.Namespace, files: list) -> dict[str, Any]:
-    """serve --adapter NAME=PATH[:SCALE]: a loader per NAME of the (single) model with that adapter merged."""
+    """serve --adapter NAME=PATH[:SCALE]: a loader per NAME of the (single) model with that adapter merged,
+    reusing the base model's weights where the adapter changes nothing (and one of the base itself, loaded
+    once: the adapters' models share it)."""
+    import functools
+
     from archrun.errors import InvalidRequest
     from archrun.lora import parse_lora_arg
 
     loaders: dict[str, Any] = {}
+    base = str(files[0][1]) if files else ""
+    shared_base = functools.cache(lambda: _load(args, base, tiered=False))
     for spec in args.adapter:
         name, sep, rest = spec.partition("=")
         if not sep or not name or not rest:
@@ -252,11 +262,15 @@ def _adapter_models(args: argparse.Namespace, files: list) -> dict[str, Any]:
         path, scale = parse_lora_arg(rest)
         if not os.path.isfile(path):
             raise InvalidRequest(f"--adapter {name}: no adapter file at {path!r}")
-        base = str(files[0][1])
-        adapter = [*_lora(args), (os.path.abspath(path), scale)]
-        loaders[name] = lambda base=base, adapter=adapter: _load(args, base, lora=adapter)
+        adapter = [(os.path.abspath(path), scale)]
+        loaders[name] = lambda adapter=adapter: _load(args, base, lora=adapter, share=shared_base())
     if loaders and args.ray:
         raise InvalidRequest("--adapter serves from one process: it cannot be combined with --ray")
+    if loaders:
+        if _lora(args):
+            raise InvalidRequest("--adapter serves the base model as it is: give its adapters with --adapter, "
+                                 "not --lora")
+        loaders[files[0][0]] = shared_base
     return loaders
 
 
@@ -378,7 +392,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
         from archrun.serve.front import create_pool_app
 
-        files += [(name, files[0][1]) for name in loaders]
+        files += [(name, files[0][1]) for name in loaders if name != files[0][0]]
         app = create_pool_app(files, lambda path: _load(args, path), config, loaders)
         uvicorn.run(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)
         return 0

@@ -148,6 +148,11 @@ class AdaptedFile:
                                               nbytes=4 * math.prod(info.shape))
 
     @property
+    def adapted(self) -> frozenset[str]:
+        """Names of the tensors the adapters change."""
+        return self._targets
+
+    @property
     def paths(self) -> tuple[pathlib.Path, ...]:
         return (*self.base.paths, *(a.path for a, _ in self.adapters))
 

@@ -58,6 +58,20 @@ class _Binder:
     """Resolves vocabulary and binds weights for one model."""
 
     pager: Any = None  # archrun.experts.ExpertPager of a model whose experts are streamed from disk
+    made: dict | None = None     # the matrices bound so far by key (what another model may share: reuse)
+    shared: dict | None = None   # another model's `made` (same file): its matrices are reused here ...
+    adapted: frozenset = frozenset()  # ... except those of tensors a LoRA adapter changes in this model
+
+    def _reuse(self, key: tuple, names: Sequence[str], make: Callable[[], Any]) -> Any:
+        """The matrices of `key` shared with another model of the same file when none of `names` is adapted
+        here, else make() (kept by key for models that share this one's)."""
+        if self.shared is not None and key in self.shared and not self.adapted.intersection(names):
+            found = self.shared[key]
+        else:
+            found = make()
+        if self.made is not None:
+            self.made[key] = found
+        return found
 
     def __init__(self, d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str, op_backend: str):
         self.d, self.gguf, self.vocab, self.backend = d, gguf, vocab, backend
@@ -112,8 +126,12 @@ class _Binder:
                lazy: bool = False) -> Matrix:
         info = self._checked(role, layer)
         name = info.name
-        bias = self.vector(bias_role, layer) if bias_role else None
-        return Matrix(self.gguf.raw_rows(name), info.ggml_type, info.shape[0], self.backend, bias, name, lazy)
+
+        def make() -> Matrix:
+            bias = self.vector(bias_role, layer) if bias_role else None
+            return Matrix(self.gguf.raw_rows(name), info.ggml_type, info.shape[0], self.backend, bias, name, lazy)
+
+        return self._reuse(("matrix", name, bias_role, lazy), (name,), make)
 
     def packed(self, role: str, layer: int, widths: list[int], bias_role: str | None = None) -> Projections:
         """One tensor whose output columns hold several products side by side (fused QKV, gate|up)."""
@@ -133,9 +151,14 @@ class _Binder:
         biases = [br is not None for br in bias_roles]
         if self.backend != "fast" or not same or (any(biases) and not all(biases)):
             return Projections([self.matrix(r, layer, br) for r, br in zip(roles, bias_roles, strict=True)])
-        raw = [self.gguf.raw_rows(t.name) for t in infos]  # Matrix stacks them, keeping no joined copy
-        bias = np.concatenate([self.vector(br, layer) for br in bias_roles]) if all(biases) else None
-        stacked = Matrix(raw, infos[0].ggml_type, infos[0].shape[0], self.backend, bias, "+".join(roles))
+
+        def make() -> Matrix:
+            raw = [self.gguf.raw_rows(t.name) for t in infos]  # Matrix stacks them, keeping no joined copy
+            bias = np.concatenate([self.vector(br, layer) for br in bias_roles]) if all(biases) else None
+            return Matrix(raw, infos[0].ggml_type, infos[0].shape[0], self.backend, bias, "+".join(roles))
+
+        names = tuple(t.name for t in infos)
+        stacked = self._reuse(("stacked", names, tuple(bias_roles)), names, make)
         ends = np.cumsum([t.shape[1] for t in infos]).tolist()
         return Projections([stacked], list(zip([0, *ends[:-1]], ends, strict=True)))
 
@@ -143,6 +166,10 @@ class _Binder:
         """Split a stacked expert tensor {n_in, n_out, E} into E matrices (views, no copy); with
         bias_role, expert e adds row e of that {n_out, E} tensor."""
         info = self._checked(role, layer)
+        return self._reuse(("experts", info.name, bias_role), (info.name,),
+                           lambda: self._experts(info, layer, bias_role))
+
+    def _experts(self, info: TensorInfo, layer: int, bias_role: str | None) -> list[Matrix]:
         name = info.name
         n_in, n_out, n_exp = info.shape
         rows = self.gguf.raw_rows(name)  # [E * n_out, row_bytes]
@@ -181,7 +208,8 @@ def vocabulary_of(d: Descriptor) -> list[tuple[str, str]]:
 
 def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = "fast",
                progress: Callable[[str, int, int], None] | None = None,
-               layers: tuple[int, int] | None = None, expert_memory: int | None = None) -> Plan:
+               layers: tuple[int, int] | None = None, expert_memory: int | None = None,
+               share_with: Plan | None = None) -> Plan:
     """Resolve the descriptor's vocabulary and bind its weights (once per model).
 
     Every vocabulary value is checked first, so a missing op fails before any weight is touched.
@@ -194,6 +222,8 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
 
     expert_memory: bytes of MoE expert matrices kept resident; the others are paged in from an expert
     store on demand (archrun.experts; fast backend only). None: every expert resident.
+    share_with: the plan of a model of the same file on the same backend: its bound matrices are reused for
+    every tensor this file's LoRA adapters leave unchanged (one copy of the base for several adapters).
     """
     span = check_layer_span(d, layers)
     first, last = span is None or span[0] == 0, span is None or span[1] == d.n_layer
@@ -204,6 +234,9 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     norm = b.op("norm", d.norm, d.norm_eps)
     ropes = [_bind_rope(b, spec) for spec in d.rope_tables]
     b.pager = _expert_pager(d, backend, expert_memory)
+    b.made = {}
+    if share_with is not None:
+        b.shared, b.adapted = share_with.binder.made, frozenset(getattr(gguf, "adapted", ()))
     bound = _bind_layers(b, gguf, progress, span or (0, d.n_layer))
     if b.pager is not None:
         b.pager.finish()
