@@ -12,6 +12,7 @@ import pytest
 import archrun
 from archrun.contracts import KERNEL_MEMBERS, SHARED_MEMBERS, SLOT_CAPABILITIES, VALUES, OpCapabilities, check_bound
 from archrun.errors import PluginError
+from archrun.hookspecs import hookimpl
 from archrun.kernels.parts import Part
 from archrun.plugins import make_plugin_manager
 from archrun.vocab import SLOTS, Op, Vocabulary, build_vocabulary
@@ -210,3 +211,50 @@ def test_recovery_offers_mixers_only_for_mixer_conventions():
     assert mixers and {v for f, v in offered if f in ("recurrent", "parallel")} == mixers
     attention = {v for f, v in offered if f == "attention"}
     assert attention and not attention & mixers and all(("attention", v) in vocab for v in attention)
+
+
+class _CountedShortConv:
+    """A third-party token mixer: archrun-recurrent's shortconv under another name, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @hookimpl
+    def archrun_register_vocabulary(self, register) -> None:
+        inner = build_vocabulary(make_plugin_manager(names=["recurrent"])).entry("mixer", "shortconv").op
+        plugin = self
+
+        class Counted:
+            def __init__(self, spec) -> None:
+                self.inner = inner.reference(spec)
+
+            def bind(self, binder, layer: int) -> None:
+                self.inner.bind(binder, layer)
+
+            def new_slot(self, capacity: int, max_rewind: int = 64):
+                return self.inner.new_slot(capacity, max_rewind)
+
+            def mix(self, h, slot, start: int):
+                plugin.calls += 1
+                return self.inner.mix(h, slot, start)
+
+        register(Op("mixer", "counted_shortconv", Counted, None, "shortconv, counting calls", layout=inner.layout))
+
+
+def test_a_third_party_mixer_runs_a_hybrid_models_mixer_layers():
+    """The mixer slot's boundary: a caller's hint puts a test plugin's mixer on LFM2's short-convolution
+    layers; it runs there (and only there), and the logits are the shipped mixer's."""
+    pytest.importorskip("archrun_lfm2")
+    import numpy as np
+
+    path = Path(__file__).resolve().parents[1] / "families/archrun-lfm2/tests/goldens/lfm2_ccac.gguf"
+    counted = _CountedShortConv()
+    pm = make_plugin_manager(names=["blocks", "recurrent", "lfm2"], extra=[counted])
+    ids = [1, 5, 9, 2, 7]
+    want = archrun.load(path, backend="reference", plugins=pm).logits(ids)
+    m = archrun.load(path, backend="reference", plugins=pm, hints={"recurrent": "counted_shortconv"})
+    kinds = [ly.attention.kind for ly in m.descriptor.layers if ly.attention.mixer]
+    assert kinds and set(kinds) == {"counted_shortconv"}
+    assert m.plan.providers["mixer=counted_shortconv"] == pm.get_name(counted)
+    np.testing.assert_array_equal(m.logits(ids), want)
+    assert counted.calls == len(kinds)  # one whole-sequence call per mixer layer
