@@ -23,6 +23,7 @@ import pytest
 from numba import njit
 
 import archrun
+from archrun.contracts import OpCapabilities
 from archrun.errors import UnsupportedArchitecture
 from archrun.family import FamilyHints
 from archrun.hookspecs import hookimpl
@@ -227,8 +228,10 @@ class PartsPlugin:
 
     @hookimpl
     def archrun_register_vocabulary(self, register):
-        register(Op("activation", "double_silu", lambda: _np_double_silu, _fast_activation, "2 silu(x)"))
-        register(Op("norm", "twice_rms", _np_twice_rms, _fast_norm, "2 rms_norm(x) w"))
+        parts = OpCapabilities(fused=True)  # the fast ops carry kernel parts (archrun.contracts)
+        register(Op("activation", "double_silu", lambda: _np_double_silu, _fast_activation, "2 silu(x)",
+                    capabilities=parts))
+        register(Op("norm", "twice_rms", _np_twice_rms, _fast_norm, "2 rms_norm(x) w", capabilities=parts))
 
 
 # slot -> (op name, the tensors whose doubled weights give the built-in op the same result)
