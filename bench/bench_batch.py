@@ -12,6 +12,7 @@ and the ratio of each to one stream's one-token forward_step. A last line per mo
 k tokens (speculative verification) against k one-token steps.
 
     python bench/bench_batch.py smollm2 qwen25 --threads 2
+    python bench/bench_batch.py smollm2 --levels 8 --kv-type q8_0
 
 No HTTP, no scheduling: bench/bench_serve.py measures the server on top of this.
 """
@@ -33,6 +34,7 @@ from machine import describe  # noqa: E402
 
 import archrun  # noqa: E402
 from archrun import fusion  # noqa: E402
+from archrun.cache import kv_options  # noqa: E402
 from archrun.kernels import qmatrix  # noqa: E402
 
 _ROWS_READY = fusion.DecodeSteps.rows_ready
@@ -43,17 +45,17 @@ def _op_by_op(on: bool) -> None:
     fusion.DecodeSteps.rows_ready = property(lambda self: False) if on else _ROWS_READY
 
 
-def _caches(model, b: int, prompt_len: int, capacity: int) -> list:
+def _caches(model, b: int, prompt_len: int, capacity: int, kv_type: str = "f32") -> list:
     caches = []
     for i in range(b):
-        c = model.init_cache(capacity)
+        c = model.init_cache(capacity, **kv_options(kv_type))
         model.forward_step([(7 * i + j) % 1000 + 10 for j in range(prompt_len)], c)
         caches.append(c)
     return caches
 
 
-def _batch_tok_s(model, b: int, steps: int, prompt_len: int) -> float:
-    caches = _caches(model, b, prompt_len, prompt_len + steps + 2)
+def _batch_tok_s(model, b: int, steps: int, prompt_len: int, kv_type: str = "f32") -> float:
+    caches = _caches(model, b, prompt_len, prompt_len + steps + 2, kv_type)
     ids = [[100 + i] for i in range(b)]
     model.forward_step_batch(ids, caches) if b > 1 else model.forward_step(ids[0], caches[0])  # warm
     t0 = time.perf_counter()
@@ -90,6 +92,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=24, help="tokens cached per sequence before the steps")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--span", type=int, default=8, help="tokens of the verification span line (0: none)")
+    ap.add_argument("--kv-type", choices=("f32", "f16", "q8_0"), default="f32", help="the caches' K/V row format")
     args = ap.parse_args()
     qmatrix.set_threads(args.threads)
     print(f"{describe()}; threads {args.threads}, load {os.getloadavg()[0]:.2f} (1-min average at start)")
@@ -97,16 +100,17 @@ def main() -> None:
         path = model_path(name) if name in MODELS else Path(name)
         model = archrun.load(path)
         levels = [int(x) for x in args.levels.split(",")]
-        one = _batch_tok_s(model, 1, args.steps, args.prompt)
+        one = _batch_tok_s(model, 1, args.steps, args.prompt, args.kv_type)
         for b in levels:
             got = {}
             for mode in ("rows", "op-by-op", "rows"):  # alternate: host load drifts
                 _op_by_op(mode == "op-by-op")
-                got.setdefault(mode, []).append(_batch_tok_s(model, b, args.steps, args.prompt))
+                got.setdefault(mode, []).append(_batch_tok_s(model, b, args.steps, args.prompt, args.kv_type))
             _op_by_op(False)
             rows, obo = float(np.mean(got["rows"])), float(np.mean(got["op-by-op"]))
-            print(f"{path.stem[:28]:28s} B={b:2d}  rows {rows:7.1f} tok/s (x{rows / one:.2f} of one stream)  "
-                  f"op-by-op {obo:7.1f} tok/s (x{obo / one:.2f})  rows/op-by-op x{rows / obo:.2f}", flush=True)
+            print(f"{path.stem[:28]:28s} {args.kv_type} B={b:2d}  rows {rows:7.1f} tok/s "
+                  f"(x{rows / one:.2f} of one stream)  op-by-op {obo:7.1f} tok/s (x{obo / one:.2f})  "
+                  f"rows/op-by-op x{rows / obo:.2f}", flush=True)
         if args.span:
             span, steps = _span_ms(model, args.span, 4)
             print(f"{path.stem[:28]:28s} span of {args.span}: {span:.1f} ms, {args.span} one-token steps "

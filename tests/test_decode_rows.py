@@ -64,3 +64,29 @@ def test_rows_across_sliding_window_rings(name, threads):
     # rings of window + 2 rows: spans wrap around the ring and overwrite rows in order
     _check_rows_equal_steps(m, [ids[:window - 2], ids[:3]], [ids[window - 2:window + 9], ids[3:5]],
                             capacity=window + 40, max_rewind=2)
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_rows_on_other_cache_types(synth_model, kv_type, threads):
+    """Caches of f16 / q8_0 rows run the multi-row kernel too (their attention parts, on the step's thread),
+    each row with the bits of its one-token step on the same kind of cache."""
+    m = _model(synth_model, T.Q4_K)
+    assert m._rows_blocks(m.init_cache(8, kv_type=kv_type)) is m._decode.blocks_for(kv_type) is not None
+    _check_rows_equal_steps(m, [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10]], [[11], [12, 13, 14, 15], [16, 17]],
+                            kv_type=kv_type)
+
+
+def test_rows_of_a_batch_on_mixed_cache_types(synth_model):
+    """One batch over caches of three kv types: a pass per type, every row its one-token step's bits."""
+    m = _model(synth_model, T.Q8_0)
+    kinds = ["f32", "f16", "q8_0", "f16"]
+    solo = [m.init_cache(32, kv_type=k) for k in kinds]
+    together = [m.init_cache(32, kv_type=k) for k in kinds]
+    spans = [[3, 4], [5], [6, 7, 8], [9]]
+    for i, (a, b) in enumerate(zip(solo, together, strict=True)):
+        m.forward_step([1, 2 + i], a)
+        m.forward_step([1, 2 + i], b)
+    want = [np.stack([m.forward_step([t], c) for t in s]) for s, c in zip(spans, solo, strict=True)]
+    got = m.forward_step_batch_spans(spans, together, all_logits=True)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_array_equal(g, w)

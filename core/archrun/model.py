@@ -902,11 +902,14 @@ class FusedDecoder(Interpreter):
         short = [i for i, (ids, c) in enumerate(zip(spans, caches, strict=True))
                  if not lone and len(ids) <= ROWS_MAX and self._rows_blocks(c) is not None]
         rest = [i for i in range(len(spans)) if i not in set(short)]
-        for group in _group_rows([len(spans[i]) for i in short], ROWS_MAX):
-            idx = [short[g] for g in group]
-            logits = self._forward_rows([spans[i] for i in idx], [caches[i] for i in idx], all_logits)
-            for i, lg in zip(idx, logits, strict=True):
-                out[i] = lg
+        kinds = [getattr(c, "kv_type", "f32") for c in caches]
+        for kind in dict.fromkeys(kinds[i] for i in short):  # one pass per cache type
+            same = [i for i in short if kinds[i] == kind]
+            for group in _group_rows([len(spans[i]) for i in same], ROWS_MAX):
+                idx = [same[g] for g in group]
+                logits = self._forward_rows([spans[i] for i in idx], [caches[i] for i in idx], all_logits)
+                for i, lg in zip(idx, logits, strict=True):
+                    out[i] = lg
         if len(rest) == 1:  # one sequence: its own (fused, for one token) path
             i = rest[0]
             logits = self.forward_step(spans[i], caches[i], all_logits=all_logits)
@@ -921,11 +924,13 @@ class FusedDecoder(Interpreter):
         return out
 
     def _rows_blocks(self, cache: KvCache) -> list | None:
-        """The fused blocks that run a batch's rows on `cache`'s layers through the multi-row kernel, or None
-        when its rows take the op-by-op path (no dense fused layer; caches of another kv type than float32)."""
-        if getattr(cache, "kv_type", "f32") != "f32" or not self._decode.rows_ready:
+        """The fused blocks that run a batch's rows on `cache`'s layers through the multi-row kernel (those of
+        its kv type), or None when its rows take the op-by-op path (no dense fused layer, or an op without a
+        part for that kv type)."""
+        if not self._decode.rows_ready:
             return None
-        return self.fused_blocks
+        blocks = self._decode.blocks_for(getattr(cache, "kv_type", "f32"))
+        return blocks if blocks is not None and any(fb.dense for fb in blocks) else None
 
     def _span_rows(self, cache: KvCache) -> bool:
         """Whether a span on `cache` takes the multi-row kernel with every row its one-token step's bits: every

@@ -38,7 +38,8 @@ FFN kernel runs op by op in a batch (archrun.model.FusedDecoder.forward_step_bat
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from archrun.kernels import atomics, block, pool
 from archrun.kernels._jit import JIT
@@ -273,7 +274,7 @@ def _runs(seq):
 
 
 @njit(**_STEP)
-def _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq, geo):
+def _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq):
     """The ROWS_JOB's arguments for dense layer i (list index) = trunk layer li, and its slot table."""
     runs = bounds.shape[0] - 1
     table = np.zeros((Y.shape[0], T_FIELDS), np.int64)
@@ -291,27 +292,61 @@ def _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq, geo):
 
 
 @njit(**_STEP)
+def _rows_job_fits(ctrl, runs):
+    """Whether the running pool takes a ROWS_JOB of `runs` runs (several, within its chunks, holding the layers)."""
+    return runs > 1 and runs <= pool.MAX_CHUNKS and pool.shares_rows(ctrl)
+
+
+@njit(**_STEP)
+def _attend_rows_job(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds):
+    """The rows' attention as a ROWS_JOB: this thread and the pool's workers claim its runs."""
+    runs = bounds.shape[0] - 1
+    args, table = _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq)
+    shared = pool.publish_rows(ctrl, args, runs)
+    while True:
+        c, w = pool.claim(ctrl)
+        if c == -1:
+            break
+        if c >= 0:
+            attend_run(vecs, geo, fns, params, shared, c)
+            pool.done(ctrl)
+    pool.wait_done(ctrl, runs)
+    # never true: a use of Y, bounds and table after the wait (numba frees an array after its last use,
+    # and the chunks read and write them by address)
+    if bounds[0] != 0 or table[0, T_CAP] < 0 or Y.shape[0] < 0:
+        ATT[0, 0] = 0.0
+
+
+def _rows_on_pool(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds):
+    """Run the rows' attention as a ROWS_JOB when the pool takes it; returns whether it did. Float32 caches
+    only: the job's chunks read their caches by address as float32 and call the pool's (float32) layers'
+    parts, so rows on caches of other kv types (f16, q8_0) attend on the step's own thread (the compiled
+    variant for those never contains the job)."""
+    if slots[0][0][0].dtype != np.float32 or not _rows_job_fits(ctrl, bounds.shape[0] - 1):
+        return False
+    _attend_rows_job(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds)
+    return True
+
+
+@overload(_rows_on_pool, jit_options=JIT)
+def _rows_on_pool_typed(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds):
+    if slots.dtype.dtype.types[0].dtype != types.float32:
+        return lambda Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds: False
+
+    def pooled(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds):
+        if not _rows_job_fits(ctrl, bounds.shape[0] - 1):
+            return False
+        _attend_rows_job(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds)
+        return True
+    return pooled
+
+
+@njit(**_STEP)
 def _attend_rows(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, par):
     """Every row's attention (Y's q|k|v -> ATT): a ROWS_JOB when the running pool takes it and the rows
-    belong to several sequences, else in order on this thread."""
+    belong to several sequences (float32 caches), else in order on this thread."""
     ctrl = par[0]
-    bounds = _runs(seq)
-    runs = bounds.shape[0] - 1
-    if runs > 1 and runs <= pool.MAX_CHUNKS and pool.shares_rows(ctrl):
-        args, table = _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq, geo)
-        shared = pool.publish_rows(ctrl, args, runs)
-        while True:
-            c, w = pool.claim(ctrl)
-            if c == -1:
-                break
-            if c >= 0:
-                attend_run(vecs, geo, fns, params, shared, c)
-                pool.done(ctrl)
-        pool.wait_done(ctrl, runs)
-        # never true: a use of Y, bounds and table after the wait (numba frees an array after its last use,
-        # and the chunks read and write them by address)
-        if bounds[0] != 0 or table[0, T_CAP] < 0 or Y.shape[0] < 0:
-            ATT[0, 0] = 0.0
+    if _rows_on_pool(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, _runs(seq)):
         return
     for j in range(Y.shape[0]):  # in order: a span's later rows see the K/V its earlier rows stored
         kc, vc, kpos, ring, row = _row_slot(slots, li, seq[j], pos[j])
