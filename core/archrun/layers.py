@@ -86,7 +86,8 @@ class LayerFacts:
 
 def layer_patterns(plugins: Any = None) -> Mapping[str, LayerPattern]:
     """name -> LayerPattern, as the plugins register them (None: the installed plugins)."""
-    from archrun.plugins import checked_plugin_manager, collect_named
+    from archrun.plugins import checked_plugin_manager
+    from archrun.registry import collect_named
 
     return collect_named(checked_plugin_manager(plugins), "archrun_register_layer_patterns", "layer pattern",
                          LayerPattern)

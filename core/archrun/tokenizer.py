@@ -140,7 +140,8 @@ class TokenizerSource:
 def pre_tokenizers(plugins: Any = None) -> Mapping[str, PreTokenizer]:
     """`tokenizer.ggml.pre` value -> PreTokenizer, as the plugins register them (None: the installed
     plugins). A name registered twice is a PluginError naming both plugins."""
-    from archrun.plugins import checked_plugin_manager, collect_named
+    from archrun.plugins import checked_plugin_manager
+    from archrun.registry import collect_named
 
     return collect_named(checked_plugin_manager(plugins), "archrun_register_pre_tokenizers", "pre-tokenizer",
                          PreTokenizer)
@@ -149,7 +150,8 @@ def pre_tokenizers(plugins: Any = None) -> Mapping[str, PreTokenizer]:
 def tokenizer_models(plugins: Any = None) -> Mapping[str, Callable[[TokenizerSource], TokenizerParts]]:
     """`tokenizer.ggml.model` value -> its builder, as the plugins register them (None: the installed
     plugins). A name registered twice is a PluginError naming both plugins."""
-    from archrun.plugins import checked_plugin_manager, collect_named
+    from archrun.plugins import checked_plugin_manager
+    from archrun.registry import collect_named
 
     return collect_named(checked_plugin_manager(plugins), "archrun_register_tokenizer_models", "tokenizer model")
 

@@ -187,7 +187,7 @@ class Vocabulary:
 def build_vocabulary(pm: pluggy.PluginManager) -> Vocabulary:
     """Every plugin's vocabulary, remembering which plugin registered what; the hook runs once per
     plugin manager (and again after a plugin was registered or unregistered)."""
-    from archrun.plugins import collected
+    from archrun.registry import collected
 
     return collected(pm, "vocabulary", _collect_vocabulary)
 
