@@ -42,9 +42,11 @@ def cluster(files):
 
     old = signal.signal(signal.SIGALRM, _expire)
     signal.alarm(DEADLINE_S)
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             configure_logging=False)
     try:
+        if ray.is_initialized():  # a cluster another module's test left joined in this process
+            ray.shutdown()
+        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+                 configure_logging=False)
         model = pipeline.load(files[0], STAGES, {"threads": 1}, num_cpus=0.5)
         # the runtime alone (Python, numba's kernels of these types): a stage process holding a tiny model
         runtime = ray.remote(num_cpus=0.5)(pipeline.StageWorker).remote(str(files[1]), (0, 2), {"threads": 1})

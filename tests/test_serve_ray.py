@@ -40,9 +40,11 @@ def endpoint():
     path = real_model("smollm2")
     old = signal.signal(signal.SIGALRM, _expire)
     signal.alarm(DEADLINE_S)
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             configure_logging=False)
     try:
+        if ray.is_initialized():  # a cluster another module's test left joined in this process
+            ray.shutdown()
+        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+                 configure_logging=False)
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = deployment(path, ServeConfig(parallel=1, model_name="smollm2"), replicas=2,

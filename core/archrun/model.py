@@ -281,10 +281,9 @@ def check_layer_span(d: Descriptor, layers: Any) -> tuple[int, int] | None:
     InvalidRequest; the whole model's span is None too."""
     if layers is None:
         return None
-    try:
+    start = end = None
+    if isinstance(layers, tuple | list) and len(layers) == 2:  # nothing else is iterated: it may raise anything
         start, end = (int(v) if isinstance(v, int | np.integer) and not isinstance(v, bool) else None for v in layers)
-    except (TypeError, ValueError):
-        start = end = None
     if start is None or end is None or not 0 <= start < end <= d.n_layer:
         raise InvalidRequest(f"layers must be (start, end) with 0 <= start < end <= {d.n_layer} (the model's "
                              f"blocks), got {shown(layers)}")
