@@ -22,6 +22,7 @@ from archrun_blocks import reference
 
 F32 = np.float32
 _BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # binder -> {layer: bound op}
+_LOCK = threading.Lock()
 
 
 class SharedSlot:
@@ -40,28 +41,45 @@ class Gemma4Attention(reference.CausalAttention):
         super().__init__(spec)
         self.attend = attend  # [n,H,hd] x [T,KV,hd] x [T,KV,vd] -> [n,H,vd] (reference or kernel)
         self.kv_source = int(spec.param("kv_source")) if "kv_source" in dict(spec.params) else -1
-        self.source: Gemma4Attention | None = None     # the bound op of layer kv_source
         self.seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # slot -> rows of its last call
         self.made = threading.local()                  # .slot: the slot new_slot made last, in this thread
-        self.feeds = False                             # some later layer reads this layer's rows
+        self.layer = -1
+        self._bound: dict | None = None                # this model's bound ops by layer (every layer's, once bound)
+        self._source: Gemma4Attention | None = None
+        self._feeds: bool | None = None
 
     def bind(self, binder, layer: int) -> None:
-        """Link a consumer layer to its source's bound op (the source binds first: layers bind in order)."""
+        """Record this layer's bound op with its model's. Layers may bind concurrently (in any order), so a
+        consumer finds its source, and a source its consumers, on first use, when all are bound."""
         super().bind(binder, layer)
-        bound = _BOUND.setdefault(binder, {})
-        bound[layer] = self
-        if self.kv_source >= 0:
-            source = bound.get(self.kv_source)
+        with _LOCK:
+            self._bound = _BOUND.setdefault(binder, {})
+            self._bound[layer] = self
+        self.layer = layer
+
+    @property
+    def source(self) -> Gemma4Attention | None:
+        """The bound op of layer kv_source (None for a layer that computes its own keys)."""
+        if self.kv_source >= 0 and self._source is None:
+            source = (self._bound or {}).get(self.kv_source)
             if source is None or source.kv_source >= 0:
-                raise InvalidRequest(f"layer {layer} reuses the keys of layer {self.kv_source}, which is not bound "
-                                     "before it or shares keys itself")
-            self.source, source.feeds = source, True
+                raise InvalidRequest(f"layer {self.layer} reuses the keys of layer {self.kv_source}, which is not "
+                                     "bound in its model or shares keys itself")
+            self._source = source
+        return self._source
+
+    @property
+    def feeds(self) -> bool:
+        """Whether some layer of the model reads this layer's rows."""
+        if self._feeds is None:
+            self._feeds = any(op.kv_source == self.layer for op in (self._bound or {}).values())
+        return self._feeds
 
     def new_slot(self, capacity: int, max_rewind: int = 64, kv_type: str = "f32"):
         """A consumer's SharedSlot on the slot its source made last in this thread (caches make their
         slots in layer order); else causal attention's slot."""
         if self.kv_source >= 0:
-            made = getattr(self.source.made, "slot", None) if self.source is not None else None
+            made = getattr(self.source.made, "slot", None) if self._bound is not None else None  # unbound: inspect
             return SharedSlot(made)
         slot = super().new_slot(capacity, max_rewind, kv_type)
         self.made.slot = slot
@@ -71,7 +89,7 @@ class Gemma4Attention(reference.CausalAttention):
         n = q.shape[0]
         q_pos = np.arange(start, start + n)
         if isinstance(slot, SharedSlot):
-            seen = self.source.seen.get(slot.source) if self.source is not None and slot.source is not None else None
+            seen = self.source.seen.get(slot.source) if slot.source is not None else None
             if seen is None or seen[0] != start or seen[1] != n:
                 raise InvalidRequest(f"a KV-sharing layer ran at positions {start}..{start + n - 1} before its "
                                      f"source layer {self.kv_source} did")
