@@ -254,14 +254,6 @@ def repack_reference(raw_rows: np.ndarray, ggml_type: int, n_in: int) -> tuple[n
     return (words, *scales)
 
 
-def unpack_rows(raw_rows: np.ndarray, ggml_type: int, n_in: int) -> tuple[np.ndarray, tuple]:
-    """(fields [n, n_in], scales) of GGUF rows, natural order; for tests and tools."""
-    lay = LAYOUTS[ggml_type]
-    blocks = np.asarray(raw_rows).reshape(raw_rows.shape[0], n_in // lay.block, lay.type_size)
-    fields, sc = lay.unpack(blocks)
-    return fields.reshape(raw_rows.shape[0], n_in), sc
-
-
 # -- jitted repack (used at load) ---------------------------------------------------------------
 # One kernel per type writes row groups [g0, g1) of the lane layout straight from the GGUF
 # rows, reading the same bytes as the numpy unpackers above; `repack` must equal

@@ -673,8 +673,6 @@ _EXACT = ("nnan",)
 # row takes the same IEEE operations in the same order whatever the tile's size, so a row gives the same
 # bits alone and beside others.
 
-Q4_ROW_TILE = 4  # rows a tile (their int32 sums and float accumulators: 4 x 2 + 4 x 2 zmm)
-
 
 def _q4_1_rows_codegen(rows: int):
     """IR of q4_1_rows_<rows>(W, D, M, X, DX, QH, t0, acc): acc f32 [rows, LANES] for rows t0.. of the
