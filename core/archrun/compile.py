@@ -3,8 +3,8 @@
 `compile_gguf` reads the standard `<arch>.*` key layout for whatever architecture a file
 names and infers structure from which tensors exist (q/k norms, biases, fused QKV, packed
 gate|up, gated or plain FFN, expert stacks, router bias, shared experts, sandwich norms, a
-learned position table). Which layers are recurrent, sliding-window or without rope, the layer
-patterns plugins register say (archrun.layers).
+learned position table). Which layers are recurrent, without a token mixer, sliding-window or
+without rope, the layer patterns plugins register say (archrun.layers).
 What a file cannot say — its conventions (archrun.family.CONVENTIONS) — comes from the family
 plugin answering `archrun_describe_family`, with a caller's hints on top. The compiler names
 no op: every op name in a descriptor comes from those hints or from what a file says by key
@@ -455,9 +455,11 @@ class _Geometry:
         self.n_ff = meta.per_layer("feed_forward_length", n_block, 0)
         # which layers are recurrent, sliding, without rope: the registered layer patterns say
         flags = decide(LayerFacts(meta, self.fam, n_block, self.heads, self.heads_kv, MAX_LAYERS), patterns)
-        self.recurrent = flags["recurrent"]
+        self.recurrent, self.mixerless = flags["recurrent"], flags["mixerless"]
         for i, (h, kv) in enumerate(zip(self.heads, self.heads_kv, strict=True)):
-            if self.recurrent[i]:
+            if self.recurrent[i] and self.mixerless[i]:
+                raise MetadataError(f"layer {i} is marked both recurrent and without a token mixer")
+            if self.recurrent[i] or self.mixerless[i]:
                 continue  # the mixer's layout states its own geometry
             _bounded(meta.key("attention.head_count"), h, 1, MAX_HEADS)
             kv = kv or h
@@ -480,21 +482,29 @@ class _Geometry:
         self.sliding, self.nope = flags["sliding"], flags["nope"]
         self.attention_kind = conv.need("attention")
         self.layout = self._layout()
-        self.recurrent_kind = conv.need("recurrent") if any(self.recurrent) else None
-        if any(self.recurrent) and self.recurrent_kind is None:
-            conv.check()  # the recurrent layers' op is a convention nobody stated
-        if self.recurrent_kind is not None and self.recurrent_kind not in mixer_ops:
-            raise UnknownVocabulary(f"no installed plugin provides mixer={self.recurrent_kind!r}, which the "
-                                    f"recurrent layers of {self.meta.arch!r} files need (install the vocabulary "
-                                    "package that registers it)")
+        self.recurrent_kind = self._mixer_kind("recurrent", self.recurrent, "recurrent layers")
+        self.mixerless_kind = self._mixer_kind("mixerless", self.mixerless, "layers without a token mixer")
         self.n_rot = meta.get("rope.dimension_count", int, self.head_dim)
         if self.n_rot > self.head_dim:
             raise MetadataError(f"rope.dimension_count {self.n_rot} exceeds the head width {self.head_dim}")
-        rotary = self.n_rot and not all(n or r for n, r in zip(self.nope, self.recurrent, strict=True))
+        rotary = self.n_rot and not all(n or r or m for n, r, m in zip(self.nope, self.recurrent, self.mixerless,
+                                                                       strict=True))
         self.pairing = (conv.need("rope_pairing") or "") if rotary else NO_ROPE
         self.leading_dense = _bounded(meta.key("leading_dense_block_count"),
                                       meta.get("leading_dense_block_count", int, 0), 0, n_block)
         self.residual = conv.residual()
+
+    def _mixer_kind(self, convention: str, flags: tuple[bool, ...], what: str) -> str | None:
+        """The token mixer (slot "mixer") the convention names for the flagged layers, if any is flagged."""
+        if not any(flags):
+            return None
+        kind = self.conv.need(convention)
+        if kind is None:
+            self.conv.check()  # the flagged layers' op is a convention nobody stated
+        if kind not in self.mixer_ops:
+            raise UnknownVocabulary(f"no installed plugin provides mixer={kind!r}, which the {what} of "
+                                    f"{self.meta.arch!r} files need (install the vocabulary package that registers it)")
+        return kind
 
     def _layout(self) -> Any:
         """The attention op's own projection layout, if it has one. A file without the standard
@@ -590,7 +600,7 @@ class _Geometry:
     def _parallel(self, i: int) -> AttentionSpec | None:
         """The token mixer the family runs beside every layer's attention, if it states one."""
         kind = self.fam.parallel
-        if kind is None or self.recurrent[i]:
+        if kind is None or self.recurrent[i] or self.mixerless[i]:
             return None
         if kind not in self.mixer_ops:
             raise UnknownVocabulary(f"no installed plugin provides the token mixer mixer={kind!r}, which "
@@ -614,8 +624,9 @@ class _Geometry:
         return bias
 
     def _attention(self, i: int) -> AttentionSpec:
-        if self.recurrent[i]:
-            return self._layout_attention(i, self.recurrent_kind, self.mixer_ops[self.recurrent_kind], mixer=True)
+        if self.recurrent[i] or self.mixerless[i]:
+            kind = self.recurrent_kind if self.recurrent[i] else self.mixerless_kind
+            return self._layout_attention(i, kind, self.mixer_ops[kind], mixer=True)
         if self.layout is not None:
             return self._layout_attention(i, self.attention_kind, self.layout)
         t, d = self.t, self.n_embd

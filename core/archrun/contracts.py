@@ -18,7 +18,9 @@ Two kinds of capability:
 - members and values of both factories: `kv_types` (attention: the bound object's ``kv_types`` tuple;
   undeclared: float32 only), `binds` (``bind(binder, layer)`` binds per-layer tensors of its own at
   load), and the values `causal` (attention: False for an op whose queries see every position),
-  `ffn_reads_input` (residual: the FFN reads the block's input, so the block may share one norm) and
+  `ffn_reads_input` (residual: the FFN reads the block's input, so the block may share one norm),
+  `empty` (mixer: the op adds nothing to the stream, so the block's FFN may read its normed input under
+  any residual topology: the layers without a token mixer) and
   `op_backend` (block_style: the backend the small ops bind on, "reference" or None for the model's).
 """
 
@@ -37,14 +39,14 @@ KERNEL_MEMBERS = ("fused", "fused_input", "fused_for", "pool_task", "slot_arrays
 #: members both factories' objects carry when declared
 SHARED_MEMBERS = ("kv_types", "binds")
 #: declared values (read from the declaration itself, not from bound objects)
-VALUES = ("causal", "ffn_reads_input", "op_backend")
+VALUES = ("causal", "ffn_reads_input", "empty", "op_backend")
 
 #: slot -> the capabilities an op of that slot may declare (members and values)
 SLOT_CAPABILITIES: dict[str, frozenset[str]] = {
     "norm": frozenset({"fused"}),
     "rope": frozenset({"fused"}),
     "attention": frozenset({"fused", "fused_for", "pool_task", "slot_arrays", "kv_types", "binds", "causal"}),
-    "mixer": frozenset(),
+    "mixer": frozenset({"empty"}),
     "activation": frozenset({"fused"}),
     "residual": frozenset({"fused", "fused_input", "binds", "ffn_reads_input"}),
     "gating": frozenset({"fused"}),
@@ -73,6 +75,7 @@ class OpCapabilities:
     binds: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     causal: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool), kw_only=True)
     ffn_reads_input: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
+    empty: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     op_backend: str | None = attrs.field(default=None, kw_only=True,
                                          validator=attrs.validators.in_((None, "reference")))
 

@@ -44,6 +44,8 @@ CONVENTIONS: Mapping[str, tuple[str, str | None]] = MappingProxyType({
                   "mixer"),
     "parallel": ("a token mixer every block runs beside its attention, on the same input, adding its output",
                  "mixer"),
+    "mixerless": ("the op in the token mixer's place of the layers a file marks as having none (an FFN-only "
+                  "block)", "mixer"),
 })
 LOGIT_SCALE_USES = ("multiply", "divide")
 # How the rope of sliding-window layers relates to the global layers' (FamilyHints.swa_rope).
@@ -119,7 +121,9 @@ class FamilyHints:
     `full_attention_interval` P, every layer but each P-th; a file with no attention heads at all
     (`attention.head_count` 0) is recurrent throughout. `parallel`: the token mixer (slot
     "mixer") every layer runs beside its attention on the same normed input, the two outputs
-    summed (Falcon-H1's Mamba2 beside attention).
+    summed (Falcon-H1's Mamba2 beside attention). `mixerless`: the op (slot "mixer") in the token
+    mixer's place of the layers a file marks as having no mixer at all (archrun.layers' `mixerless`
+    property; an op that adds nothing, such as archrun-blocks' "none"): Nemotron-H's MLP layers.
     """
 
     name: str = field(validator=v.instance_of(str))
@@ -134,6 +138,7 @@ class FamilyHints:
     softcap: str | None = field(default=None, validator=_opt_str)
     recurrent: str | None = field(default=None, validator=_opt_str)
     parallel: str | None = field(default=None, validator=_opt_str)
+    mixerless: str | None = field(default=None, validator=_opt_str)
     moe_weights_norm: bool = False
     logit_scale_key: str | None = field(default=None, validator=v.optional(v.in_(LOGIT_SCALE_USES)))
     pre_norms: bool = True

@@ -1,6 +1,8 @@
 """Layer patterns: which layers of a model have a property, by rules plugins register.
 
-A model's layers differ in three properties (HF's `layer_types`, llama.cpp's per-layer flags):
+A model's layers differ in four properties (HF's `layer_types`, llama.cpp's per-layer flags):
+``mixerless`` (no token mixer at all: the block is norm -> FFN -> residual, Nemotron-H's MLP
+layers; the family's `mixerless` convention names the op standing in the mixer's place),
 ``recurrent`` (a token mixer runs instead of attention), ``sliding`` (attention within a window)
 and ``nope`` (no rotary embedding). Which layers have them is data — the file's keys and its
 family's hints (archrun.family.FamilyHints) — read by rules that plugins register through
@@ -24,7 +26,7 @@ import numpy as np
 
 from archrun.errors import MetadataError, PluginError, UnknownVocabulary
 
-PROPERTIES = ("recurrent", "sliding", "nope")
+PROPERTIES = ("mixerless", "recurrent", "sliding", "nope")
 
 
 @attrs.frozen

@@ -80,13 +80,13 @@ class _Binder:
         self.bound: set[str] = set()  # names of the tensors bound so far
         self._declared: dict[int, tuple[Any, OpCapabilities]] = {}  # id(bound op) -> (op, its declaration)
 
-    def op(self, slot: str, name: str, *args: Any, backend: str | None = None) -> Any:
+    def op(self, slot: str, name: str, *args: Any, backend: str | None = None, **params: Any) -> Any:
         """The op (slot, name) bound by its factory for `backend` (default: the small ops' backend),
         checked against what it declares (archrun.contracts.check_bound)."""
         entry = self.vocab.entry(slot, name)
         self.providers[f"{slot}={name}"] = entry.plugin
         backend = backend or self.op_backend
-        obj = entry.op.factory(backend)(*args)
+        obj = entry.op.factory(backend)(*args, **params)
         caps = entry.op.declared(backend)
         check_bound(obj, caps, slot, name)
         self._declared[id(obj)] = (obj, caps)
@@ -349,8 +349,10 @@ def _bind_rope(b: _Binder, spec) -> Any:
 def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     a = spec.attention
     residual = b.op("residual", spec.residual, spec.residual_scale)
-    if spec.ffn is not None and spec.attn_norm and not spec.ffn_norm and not b.declared(residual).ffn_reads_input:
-        # only a topology whose FFN reads the block's input can share the attention's norm
+    empty = a.mixer and b.vocab.entry(a.slot, a.kind).op.capabilities.empty  # a mixer that adds nothing
+    if spec.ffn is not None and spec.attn_norm and not spec.ffn_norm and not (
+            b.declared(residual).ffn_reads_input or empty):
+        # only a topology whose FFN reads the block's input (or a block whose mixer adds nothing) can share its norm
         raise MissingTensor(f"block {i} has no {b.d.tensor_name('ffn_norm', i)!r}, which its residual topology "
                             f"{spec.residual!r} needs")
     layout = b.vocab.entry(a.slot, a.kind).op.layout
@@ -432,14 +434,14 @@ def _bind_dense(b: _Binder, i: int, spec) -> DenseFfn:
     else:
         gate_up = Projections([b.matrix("ffn_up", i, up_bias)])
     down = b.matrix("ffn_down", i, "ffn_down.bias" if spec.down_bias else None)
-    return DenseFfn(b.op("activation", spec.activation), gate_up, down, spec.gated)
+    return DenseFfn(b.op("activation", spec.activation, **dict(spec.activation_params)), gate_up, down, spec.gated)
 
 
 def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> MoeFfn:
     # the mixture runs on the model's backend in every block style (the experts are heavy
     # linears), so its gating and activation are bound for that backend too
     gating = b.op("gating", spec.gating, backend=b.backend)
-    act = b.op("activation", spec.activation, backend=b.backend)
+    act = b.op("activation", spec.activation, backend=b.backend, **dict(spec.activation_params))
     moe = b.op("moe", spec.kind, spec, gating, act, backend=b.backend)
     shared = None
     if spec.n_shared:

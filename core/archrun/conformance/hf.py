@@ -118,7 +118,8 @@ class HfArch:
     llama.cpp cross-check runs on a copy with them added (and records them), never the fixture
     itself. ``checkpoint_config(hp)``: fields released checkpoints' config.json carry that
     transformers no longer writes (e.g. GPT-NeoX's ``rotary_pct``), added to the config the
-    converter reads. ``checkpoint_renames`` (regex -> replacement): tensor names transformers'
+    converter reads; a field given as None is removed from it (one transformers writes and released
+    checkpoints do not carry). ``checkpoint_renames`` (regex -> replacement): tensor names transformers'
     save gets wrong for released checkpoints (its reverse weight mapping renames too much), put
     back before llama.cpp's converter reads them.
     """

@@ -36,16 +36,24 @@ def _tiny_set_vocab(vocab: dict):
     return set_vocab
 
 
+def _checkpoint_fields(config: dict, extra: dict) -> None:
+    """`config` as released checkpoints have it: `extra`'s fields set, those given as None removed."""
+    config.update({k: v for k, v in extra.items() if v is not None})
+    for key in [k for k, v in extra.items() if v is None]:
+        config.pop(key, None)
+
+
 def _add_checkpoint_fields(model_base, extra: dict) -> None:
     """Give the converter the config fields released checkpoints carry (`extra`): it reads the
     config through transformers' AutoConfig, whose newer versions drop or rename some of them
-    (GPT-NeoX's `rotary_pct`; MPT checkpoints name their remote-code class `MPTForCausalLM`)."""
+    (GPT-NeoX's `rotary_pct`; MPT checkpoints name their remote-code class `MPTForCausalLM`), or
+    save fields those checkpoints do not have (given as None: removed)."""
     load = model_base.load_hparams
 
     def load_hparams(dir_model, is_mistral_format):
         config = load(dir_model, is_mistral_format)
         if isinstance(config, dict):
-            config.update(extra)
+            _checkpoint_fields(config, extra)
         return config
 
     model_base.load_hparams = staticmethod(load_hparams)
@@ -54,7 +62,7 @@ def _add_checkpoint_fields(model_base, extra: dict) -> None:
     def __init__(self, *args, **kwargs):  # models that read config.json themselves (Mamba2 and its hybrids)
         init(self, *args, **kwargs)
         if isinstance(getattr(self, "hparams", None), dict):
-            self.hparams.update(extra)
+            _checkpoint_fields(self.hparams, extra)
 
     model_base.__init__ = __init__
 

@@ -34,7 +34,7 @@ from archrun.family import CONVENTIONS, TRANSFORMER, FamilyHints
 from archrun.hookspecs import hookimpl
 
 #: Conventions whose values are token mixers (slot "mixer").
-MIXER_FIELDS = ("recurrent", "parallel")
+MIXER_FIELDS = ("recurrent", "parallel", "mixerless")
 #: Conventions named by a registry slot: hint field -> slot.
 SLOT_FIELDS = {name: slot for name, (_, slot) in CONVENTIONS.items()
                if slot is not None and name not in MIXER_FIELDS}

@@ -335,9 +335,20 @@ def _stated(descriptor, convention: str):
     if convention == "activation":  # the first block with an FFN (state-space blocks have none)
         ffns = [lay.ffn for lay in descriptor.layers if lay.ffn is not None]
         return ffns[0].activation if ffns else None
-    if convention == "residual":  # topologies differ only in what the FFN reads: none without one
-        return layer.residual if any(lay.ffn is not None for lay in descriptor.layers) else None
+    if convention == "residual":  # topologies differ only in a block with both branches: none without one
+        return layer.residual if any(lay.ffn is not None and not _empty(lay.attention)
+                                     for lay in descriptor.layers) else None
     return descriptor.norm
+
+
+def _empty(attention) -> bool:
+    """Whether the block's token mixer declares it adds nothing (a layer without one)."""
+    from archrun.plugins import default_plugin_manager
+    from archrun.vocab import build_vocabulary
+
+    if not attention.mixer:
+        return False
+    return build_vocabulary(default_plugin_manager()).entry(attention.slot, attention.kind).op.capabilities.empty
 
 
 def check_sensitive(gguf_path: Path, convention: str) -> None:

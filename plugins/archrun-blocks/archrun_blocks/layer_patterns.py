@@ -1,10 +1,13 @@
-"""The built-in layer patterns (archrun.layers): llama.cpp's rules for which layers are recurrent,
-sliding-window or without rope, from a file's keys and its family's hints.
+"""The built-in layer patterns (archrun.layers): llama.cpp's rules for which layers have no token
+mixer, are recurrent, sliding-window or without rope, from a file's keys and its family's hints.
 
+mixerless (only when the family names a `mixerless` op): the layers whose per-layer
+`attention.head_count_kv` is 0 and whose per-layer `feed_forward_length` is not (llama.cpp's
+nemotron_h: an FFN-only block).
 recurrent: the file's per-layer `attention.recurrent_layers` flags (llama.cpp's key, newer than
 gguf-py); every layer of a file without attention heads whose family names a recurrent op; with
 `full_attention_interval` P every layer but each P-th; else the layers whose per-layer
-`attention.head_count_kv` is 0.
+`attention.head_count_kv` is 0, those without a token mixer excepted.
 sliding (only with `attention.sliding_window` > 0): the file's `attention.sliding_window_pattern`
 (a flag per layer, or a period P), else the family's `swa_period` P: layer i slides iff
 i % P < P - 1.
@@ -46,7 +49,17 @@ def full_attention_interval(f: LayerFacts) -> tuple[bool, ...] | None:
 def kv_heads_zero(f: LayerFacts) -> tuple[bool, ...] | None:
     if not isinstance(f.value("attention.head_count_kv"), np.ndarray):
         return None
-    return tuple(kv == 0 for kv in f.heads_kv)
+    return tuple(kv == 0 and not none for kv, none in zip(f.heads_kv, f.layers("mixerless"), strict=True))
+
+
+def ffn_without_heads(f: LayerFacts) -> tuple[bool, ...] | None:
+    n_ff = f.value("feed_forward_length")
+    if f.hints.mixerless is None or not isinstance(n_ff, np.ndarray) \
+            or not isinstance(f.value("attention.head_count_kv"), np.ndarray):
+        return None
+    if len(n_ff) != f.n_layer:
+        raise MetadataError(f"'{f.arch}.feed_forward_length' must hold a width per layer ({f.n_layer})")
+    return tuple(kv == 0 and int(ff) > 0 for kv, ff in zip(f.heads_kv, n_ff, strict=True))
 
 
 def _periodic(f: LayerFacts, period: int) -> tuple[bool, ...]:
@@ -77,6 +90,9 @@ def nope_period(f: LayerFacts) -> tuple[bool, ...]:
 
 
 LAYER_PATTERNS = {
+    "ffn_without_heads": LayerPattern("mixerless", ffn_without_heads, 10,
+                                      "layers with a feed-forward width and head_count_kv 0 (the family names "
+                                      "a mixerless op)"),
     "recurrent_layers_key": LayerPattern("recurrent", marked_recurrent, 40, "the file's attention.recurrent_layers"),
     "attention_free": LayerPattern("recurrent", attention_free, 30, "no attention heads: every layer recurrent"),
     "full_attention_interval": LayerPattern("recurrent", full_attention_interval, 20,

@@ -1,0 +1,9 @@
+"""archrun-nemotron-h's tests: archrun's conformance kit (docs/conformance.md) on the tiny HF fixtures
+(hf_arch.py, goldens/). No synthetic variants: the kit's writer writes attention layers only, and
+the Mamba2 layers bring their own tensors (archrun-recurrent's mamba2)."""
+
+from archrun.conformance import Conformance
+
+archrun_conformance = Conformance("nemotron-h", synthetic=(),
+                                  op_by_op="the Mamba2 layers and the layers without a token mixer have no "
+                                           "kernel part yet")
