@@ -1,4 +1,9 @@
-"""archrun family plugin for EXAONE 4 and EXAONE MoE (descriptions only, no math).
+"""archrun family plugin for EXAONE 3.x, EXAONE 4 and EXAONE MoE (descriptions only, no math).
+
+What exaone files (EXAONE 3.0 / 3.5; llama.cpp src/models/exaone.cpp, HF's Llama implementation
+with ExaoneConfig) do not say: llama's pre-RMSNorm blocks with SwiGLU, but rope NEOX pairing (the
+converter does not permute Q/K); llama3-style rope scaling arrives as `rope_freqs` frequency
+factors, biases by presence.
 
 What exaone4 files do not say (llama.cpp src/models/exaone4.cpp, HF modeling_exaone4.py): blocks
 have no pre-norms — the attention and FFN outputs are RMS-normed (`post_attention_norm`,
@@ -19,6 +24,7 @@ from __future__ import annotations
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
 
 HINTS = {
+    "exaone": FamilyHints(name="exaone", rope_pairing="neox", activation="silu", embed_scale=1.0, **TRANSFORMER),
     "exaone4": FamilyHints(name="exaone4", rope_pairing="neox", activation="silu", embed_scale=1.0,
                            pre_norms=False, nope_global=True, **TRANSFORMER),
     "exaone-moe": FamilyHints(name="exaone-moe", rope_pairing="neox", activation="silu", embed_scale=1.0,
