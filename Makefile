@@ -38,6 +38,13 @@ demo: install
 	$(PY) scripts/fetch_models.py smollm2
 	$(VENV)/bin/archrun run $(SMOLLM2) --chat -p "What is the capital of France? Answer in one sentence." -n 48 --temp 0
 
+# Both cores compile the kernels first, once (`archrun warmup`: every weight type's products in one process;
+# the plugins' fast ops and SmolLM2's fused decode on f32/f16/q8_0 caches in the other), so the test
+# workers load them from the cache instead of each compiling the same kernels at once.
+WARMUP = (NUMBA_NUM_THREADS=1 $(VENV)/bin/archrun warmup --types all --no-plugins & \
+	NUMBA_NUM_THREADS=1 $(VENV)/bin/archrun warmup $(SMOLLM2) --kv-type f32 --kv-type f16 --kv-type q8_0; \
+	status=$$?; wait $$! && exit $$status)
+
 # Two xdist workers share the two cores, so each runs the kernels on one thread; the kernel
 # tests (and the decode pool's) then run once more on two threads with bounds checking on (an empty numba cache, since
 # cached kernels were compiled without the checks), and the small-fixture tests (the core's and
@@ -45,8 +52,9 @@ demo: install
 # nothing compiles there, so both cores do useful work).
 test: install-test models
 	$(VENV)/bin/ruff check .
+	$(WARMUP)
 	NUMBA_NUM_THREADS=1 $(VENV)/bin/python -m pytest -n 2 -q --durations=30 $(PYTEST_ARGS)
-	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$$(mktemp -d) $(VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	export NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$$(mktemp -d) && $(WARMUP) && $(VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		tests/test_kernels.py tests/test_simd.py tests/test_gemm.py tests/test_fusion.py tests/test_decode_rows.py tests/test_moe_kernel.py tests/test_pool.py \
 		tests/test_boundary.py plugins/archrun-blocks
 	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m 'not live' tests/test_kernels.py tests/test_gemm.py \

@@ -1,4 +1,4 @@
-"""The archrun command line: help, inspect, plugins, run, and one-line errors for bad input."""
+"""The archrun command line: help, inspect, plugins, run, warmup, and one-line errors for bad input."""
 
 import json
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 
 from archrun.cli import main
 
-COMMANDS = ["run", "chat", "inspect", "plugins", "bench"]
+COMMANDS = ["run", "chat", "inspect", "plugins", "bench", "warmup"]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS)
@@ -74,3 +74,25 @@ def test_console_script_exits_nonzero_with_one_line(tmp_path):
     proc = subprocess.run(exe + ["inspect", str(bad)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_warmup_fills_the_kernel_cache_for_a_model_and_weight_types(synth_model, capsys):
+    """A model and its cache types, then weight types; what it warmed a later load finds compiled."""
+    from archrun.kernels import dots
+
+    path = synth_model(n_layer=1, head_dim=32)  # q8_0 caches need 32-wide heads
+    assert main(["warmup", str(path), "--types", "q8_0,Q4_K", "--kv-type", "f16", "--kv-type", "q8_0"]) == 0
+    assert capsys.readouterr().out == ""
+    kernels = [dots.KERNELS[t] for t in (8, 12)]  # Q8_0, Q4_K
+    assert all(k.signatures for k in kernels)  # compiled (or loaded from the cache) in this process
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--types", "Q4_Z"], "unknown weight type 'Q4_Z'"),
+    (["--types", "TQ1_0"], "unknown weight type 'TQ1_0'"),
+    (["nowhere.gguf"], "No such file"),
+])
+def test_warmup_bad_inputs_print_one_line(args, message, capsys):
+    assert main(["warmup", *args]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

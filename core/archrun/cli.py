@@ -82,6 +82,17 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     _kv_arg(bench)
     bench.set_defaults(func=_cmd_bench)
+    warm = sub.add_parser("warmup", help="compile kernels into the kernel cache ahead of their first use")
+    warm.add_argument("model", nargs="*", help="models (.gguf) to warm: their ops, fused blocks and head, one prefill "
+                                               "and one decode step per --kv-type")
+    warm.add_argument("--types", default=None, metavar="T,T,...",
+                      help="weight types whose product kernels to compile, e.g. Q4_K,F16 ('all': every type the "
+                           "kernels run; default: all when no model is given, else none beyond the models' own)")
+    warm.add_argument("--no-plugins", action="store_true",
+                      help="skip the plugins' fast ops (whose modules compile their kernels at import)")
+    warm.add_argument("--kv-type", dest="kv_types", action="append", choices=("f32", "f16", "q8_0"), default=None,
+                      help="cache types the models' decode steps run on (repeatable; default f32)")
+    warm.set_defaults(func=_cmd_warmup)
     conf = sub.add_parser("conformance", help="the conformance kit: record a plugin package's goldens")
     conf_sub = conf.add_subparsers(title="conformance commands")
     rec = conf_sub.add_parser("record", help="record a package's fixtures from HF transformers "
@@ -441,6 +452,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                        prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, kv_type=args.kv_type,
                        repetitions=args.repetitions)
     print(json.dumps(result, indent=2) if args.json else render_bench(result))
+    return 0
+
+
+def _cmd_warmup(args: argparse.Namespace) -> int:
+    from archrun.warmup import warm_models, warm_plugins, warm_types, weight_types
+
+    types = weight_types(args.types if args.types is not None or args.model else "all")
+    for path in args.model:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(2, "No such file", path)
+    from archrun.progress import LoadProgress
+
+    with LoadProgress() as progress:
+        if not args.no_plugins:
+            warm_plugins()
+        warm_types(types, progress)
+        warm_models(args.model, args.kv_types or ["f32"], progress)
     return 0
 
 

@@ -99,9 +99,13 @@ class Lazy:
 
     target: str = attrs.field(validator=attrs.validators.matches_re(r"^[\w.]+:\w+$"))
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def resolve(self) -> Callable[..., Any]:
+        """The factory itself (imports its module: the kernels it compiles at import compile now)."""
         module, _, name = self.target.partition(":")
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+        return getattr(importlib.import_module(module), name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
 
 
 @attrs.frozen
