@@ -563,11 +563,17 @@ class _Geometry:
             beta_slow=meta.get("rope.scaling.yarn_beta_slow", float, 1.0),
             ext_factor=meta.get("rope.scaling.yarn_ext_factor", float, 1.0),
             attn_factor=yarn_attn or None,
-            attn_scale=meta.get("rope.scaling.attn_factor", float, 1.0) or 1.0,
+            attn_scale=self._attn_scale(scaling),
             long_factors="rope_factors_long" if longrope else None,
             short_factors="rope_factors_short" if longrope else None,
             truncate=self.fam.yarn_truncate or scaling != "yarn",
         )
+
+    def _attn_scale(self, scaling: str) -> float:
+        """The rope's cos/sin magnitude: the file's `rope.scaling.attn_factor`, unless the family fixes
+        the magnitude of a scaled rope (FamilyHints.rope_attn_scale)."""
+        stated = self.meta.get("rope.scaling.attn_factor", float, 1.0) or 1.0
+        return self.fam.rope_attn_scale if self.fam.rope_attn_scale and scaling != "none" else stated
 
     def _rope_table(self, i: int) -> int:
         if self.nope[i] and self.pairing != NO_ROPE:

@@ -114,7 +114,10 @@ class FamilyHints:
     YaRN's correction dims are not rounded to whole dims (HF's `truncate: false`, gpt-oss; llama.cpp
     always rounds them). `norm_weights` False: norms have no learned weights (no norm weight
     tensors); `ignored_tensors`: globs of tensors the architecture's files carry and no plan uses
-    (loading warns; any other unused tensor fails the load). `logit_scale_key`: how a file's
+    (loading warns; any other unused tensor fails the load). `rope_attn_scale`: the cos/sin
+    magnitude of a scaled rope (any scaling but "none") where the architecture's reference fixes it
+    instead of deriving it as the converter does (replaces the file's `rope.scaling.attn_factor`).
+    `logit_scale_key`: how a file's
     `logit_scale` key applies ("multiply", or "divide" as granite's does). `recurrent`: the op
     (slot "mixer", a token mixer such as a short convolution or a state-space scan) of the
     layers a file marks recurrent — those whose per-layer `attention.head_count_kv` is 0, or, with
@@ -145,6 +148,7 @@ class FamilyHints:
     norm_weights: bool = True
     residual_scale: float | None = field(default=None, converter=_opt_float)
     logit_scale: float | None = field(default=None, converter=_opt_float)
+    rope_attn_scale: float | None = field(default=None, converter=_opt_float)
     defaults: Mapping[str, Any] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
     tensor_names: Mapping[str, str | tuple[str, ...] | None] = field(
         factory=dict, converter=lambda d: MappingProxyType(dict(d)))

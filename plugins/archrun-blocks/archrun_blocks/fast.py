@@ -220,6 +220,12 @@ def gating_sigmoid():
     return probs
 
 
+def gating_sparsemixer(jitter_eps: float = 0.01):
+    probs = reference.gating_sparsemixer(jitter_eps)
+    probs.fused = part(parts.gating_sparsemixer, jitter_eps)
+    return probs
+
+
 def _moe_arrays(w) -> tuple | None:
     """Kernel arrays of MoeWeights w (moe_kernels.moe_arrays), or None when a matrix is not
     prepared for the fast kernels."""

@@ -286,3 +286,34 @@ def gating_sigmoid(p, logits, probs):
     """probs = 1 / (1 + exp(-logits)), per expert."""
     for e in range(logits.shape[0]):
         probs[e] = _F32(1.0) / (_F32(1.0) + np.exp(-logits[e]))
+
+
+@njit(**_EXACT)
+def _sparsemixer_weight(logits, excluded, best, gap):
+    """softmax at `best` over the experts (other than `excluded`) within the relative gap of logits[best]."""
+    top = logits[best]
+    s = _F32(0.0)
+    for e in range(logits.shape[0]):
+        factor = max(abs(logits[e]), top)  # 0 only where logits[e] = top = 0: kept (HF's 0/0 is nan)
+        if e != excluded and (factor == 0 or not ((top - logits[e]) / factor > gap)):
+            s += np.exp(logits[e] - top)
+    return _F32(1.0) / s
+
+
+@njit(SIGNATURES["gating"], **_EXACT)
+def gating_sparsemixer(p, logits, probs):
+    """PhiMoE's sparsemixer (reference.gating_sparsemixer): the best and second-best experts get their
+    masked-softmax weights, every other expert 0; p[0] = jitter eps."""
+    gap = _F32(2.0 * p[0])
+    first = 0
+    for e in range(logits.shape[0]):
+        probs[e] = _F32(0.0)
+        if logits[e] > logits[first]:
+            first = e
+    probs[first] = _sparsemixer_weight(logits, -1, first, gap)
+    if logits.shape[0] > 1:
+        second = 1 if first == 0 else 0
+        for e in range(logits.shape[0]):
+            if e != first and logits[e] > logits[second]:
+                second = e
+        probs[second] = _sparsemixer_weight(logits, first, second, gap)

@@ -66,6 +66,9 @@ def archrun_register_vocabulary(register) -> None:
                 "softmax over experts (GGUF 1)", capabilities=PART))
     register(Op("gating", "sigmoid", reference.gating_sigmoid, _fast("gating_sigmoid"), "sigmoid per expert (GGUF 2)",
                 capabilities=PART))
+    register(Op("gating", "sparsemixer", reference.gating_sparsemixer, _fast("gating_sparsemixer"),
+                "PhiMoE's sparsemixer: the best two experts, each weighted by a softmax over the experts within "
+                "a relative gap of it (2 x 0.01), the others 0", capabilities=PART))
     register(Op("moe", "topk", reference.moe_topk, _fast("moe_topk"),
                 "top-k routing with optional selection bias, group limit, renorm, scale, shared experts",
                 capabilities=OpCapabilities(act_part=True, fused_layer=True)))

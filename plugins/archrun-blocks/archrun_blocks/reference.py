@@ -470,6 +470,39 @@ def gating_sigmoid():
     return probs
 
 
+def gating_sparsemixer(jitter_eps: float = 0.01):
+    """PhiMoE's sparsemixer in inference (HF `sparsemixer`, eval mode) as gating probs: the best
+    expert i1 gets softmax(logits masked to those within the relative gap 2 eps of the best)[i1],
+    the second best i2 the same softmax over the others (i1 excluded) relative to the second best;
+    every other expert 0. Top-k of these probs picks i1 and i2 with exactly those weights (HF routes
+    to two experts whatever the top-k; a larger k adds zero-weight experts), unrenormalised.
+    jitter_eps: HF's `router_jitter_noise` (0.01 in PhimoeConfig and the released Phi-3.5-MoE;
+    GGUF files do not carry it)."""
+    gap = F32(2 * jitter_eps)
+
+    def masked_softmax_at(logits: np.ndarray, scores: np.ndarray, best: np.ndarray) -> np.ndarray:
+        top = np.take_along_axis(scores, best[:, None], axis=-1)  # [n, 1]
+        factor = np.maximum(np.abs(logits), top)
+        keep = ~((top - logits) / factor > gap) & np.isfinite(scores)
+        z = np.where(keep, scores - top, F32(-np.inf))
+        e = np.exp(z)
+        return (e / e.sum(axis=-1, keepdims=True))[np.arange(len(best)), best]
+
+    def probs(logits: np.ndarray) -> np.ndarray:
+        rows = np.arange(logits.shape[0])
+        first = np.argmax(logits, axis=-1)
+        out = np.zeros_like(logits)
+        out[rows, first] = masked_softmax_at(logits, logits, first)
+        if logits.shape[-1] > 1:
+            rest = logits.copy()
+            rest[rows, first] = F32(-np.inf)
+            second = np.argmax(rest, axis=-1)
+            out[rows, second] = masked_softmax_at(logits, rest, second)
+        return out
+
+    return probs
+
+
 def route(probs: np.ndarray, bias: np.ndarray | None, spec: MoeSpec) -> tuple[np.ndarray, np.ndarray]:
     """llama.cpp build_moe_ffn selection: ids [n, k] and weights [n, k] (llama-graph.cpp)."""
     select = probs if bias is None else probs + bias  # bias steers the choice only

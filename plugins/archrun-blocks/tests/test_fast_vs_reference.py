@@ -36,7 +36,7 @@ def test_every_fast_op_carries_a_part_compiled_for_its_slot():
     made = [(f(1e-6), "norm") for _, f in NORMS.values()]
     made += [(fast.rope_neox(rope), "rope"), (fast.rope_norm(rope), "rope"), (fast.causal_attention(spec), "attention")]
     made += [(getattr(fast, a)(), "activation") for a in ACTIVATIONS]
-    made += [(fast.gating_softmax(), "gating"), (fast.gating_sigmoid(), "gating")]
+    made += [(g(), "gating") for g in (fast.gating_softmax, fast.gating_sigmoid, fast.gating_sparsemixer)]
     for op, slot in made:
         assert usable(op.fused, slot) is not None, (op, slot)
     for _, f in RESIDUALS.values():
