@@ -74,6 +74,11 @@ ARCH_KEYS = frozenset(
     for group in vars(Keys).values() if isinstance(group, type)
     for value in vars(group).values() if isinstance(value, str) and value.startswith("{arch}.")
 )
+# gguf-py's keys that carry no `{arch}.` prefix (e.g. `xielu.alpha_n`)
+GLOBAL_KEYS = frozenset(
+    value for group in vars(Keys).values() if isinstance(group, type)
+    for value in vars(group).values() if isinstance(value, str) and "{" not in value
+)
 # Rope scalings a RopeSpec can state (the rope ops implement them); others are refused at compile time.
 ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
 
@@ -114,6 +119,27 @@ class _Meta:
             return default
         self.used.add(key)
         return _typed(key, self.gguf.metadata[key], kind)
+
+    def per_layer_floats(self, key: str, n: int) -> tuple[float, ...]:
+        """A float key gguf-py names in full (with its `{arch}.` prefix or without one, e.g.
+        `xielu.alpha_n`) holding one value or one per layer: n finite floats; MetadataError when the file
+        lacks it or holds something else."""
+        if key.removeprefix("{arch}.") not in ARCH_KEYS and key not in GLOBAL_KEYS:
+            raise KeyError(f"{key!r} is not a gguf-py metadata key (gguf.constants.Keys)")
+        full = key.replace("{arch}", self.arch)
+        if full not in self.gguf.metadata:
+            raise MetadataError(f"missing required metadata key {full!r}")
+        self.used.add(full)
+        value = self.gguf.metadata[full]
+        if isinstance(value, np.ndarray):
+            if value.ndim != 1 or len(value) != n or value.dtype.kind not in "iuf":
+                raise MetadataError(f"{full!r} must be a number or {n} numbers, got {value.dtype}[{len(value)}]")
+            values = tuple(float(x) for x in value)
+        else:
+            values = (_typed(full, value, float),) * n
+        if not all(math.isfinite(x) for x in values):
+            raise MetadataError(f"metadata key {full!r} holds a value that is not a finite number")
+        return values
 
     def per_layer(self, name: str, n: int, default: Any = ...) -> tuple[int, ...]:
         """An int key that may also be a per-layer array of length n."""
@@ -217,8 +243,9 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
     meta = _Meta(gguf, arch, fam.defaults)
     tensors = _Tensors(gguf, {**DEFAULT_TENSOR_NAMES, **fam.tensor_names})
     try:
-        attention_ops, mixer_ops = _layouts(plugins)
-        descriptor = _build(meta, tensors, fam, block_style, layer_patterns(plugins), attention_ops, mixer_ops)
+        attention_ops, mixer_ops, activation_ops = _layouts(plugins)
+        descriptor = _build(meta, tensors, fam, block_style, layer_patterns(plugins), attention_ops, mixer_ops,
+                            activation_ops)
     except (ValueError, TypeError) as e:  # a descriptor validator refused a value from the file
         raise MetadataError(f"{arch}: metadata describes an impossible model: {e.args[0]}") from None
     unused = _unused_keys(gguf, meta.used)
@@ -301,22 +328,26 @@ class _Conventions:
                                       f"or `{example}`")
 
 
-def _layouts(plugins: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _layouts(plugins: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(installed attention ops by name -> their projection layout (None: the standard projections),
-    installed token mixers (slot "mixer") by name -> their layout)."""
+    installed token mixers (slot "mixer") by name -> their layout, installed activations that read
+    parameters from the file by name -> their layout)."""
     from archrun.vocab import build_vocabulary
 
     vocab = list(build_vocabulary(plugins))
     return ({e.op.name: e.op.layout for e in vocab if e.op.slot == "attention"},
-            {e.op.name: e.op.layout for e in vocab if e.op.slot == "mixer"})
+            {e.op.name: e.op.layout for e in vocab if e.op.slot == "mixer"},
+            {e.op.name: e.op.layout for e in vocab if e.op.slot == "activation" and e.op.layout is not None})
 
 
 @frozen
 class LayerContext:
-    """What an attention layout (archrun.vocab.AttentionLayout) reads at compile time for one layer.
+    """What a layout (archrun.vocab.AttentionLayout, MixerLayout, ActivationLayout) reads at compile
+    time for one layer.
 
     meta: the architecture's metadata keys (`get(name, kind, default)`, `has(name)`, `key(name)`;
-    names as gguf-py spells them without `{arch}.`, e.g. "attention.kv_lora_rank"); tensors: the
+    names as gguf-py spells them without `{arch}.`, e.g. "attention.kv_lora_rank"; and
+    `per_layer_floats(key, n)`, a float key by its full gguf-py name, one value or one per layer); tensors: the
     file's tensors by role (`has(role, layer)`, `shape(role, layer)`, `expect(role, layer, shape)`,
     shapes in ggml order); n_head / n_head_kv: the layer's head counts as the file states them.
     """
@@ -330,7 +361,8 @@ class LayerContext:
 
 
 def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, patterns: Mapping[str, Any],
-           attention_ops: Mapping[str, Any], mixer_ops: Mapping[str, Any]) -> Descriptor:
+           attention_ops: Mapping[str, Any], mixer_ops: Mapping[str, Any],
+           activation_ops: Mapping[str, Any] | None = None) -> Descriptor:
     conv = _Conventions(meta, fam)
     n_embd = _bounded(meta.key("embedding_length"), meta.get("embedding_length", int), 1, MAX_WIDTH)
     n_ctx = _bounded(meta.key("context_length"), meta.get("context_length", int), 1, MAX_CONTEXT)
@@ -355,7 +387,7 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, 
         pos = t.shape("position_embd")
         if len(pos) != 2 or pos[0] != n_embd or pos[1] < 1:
             raise ShapeMismatch(f"position_embd has shape {tuple(pos)}, expected ({n_embd}, n_positions)")
-    geo = _Geometry(meta, t, conv, n_embd, n_block, patterns, attention_ops, mixer_ops)
+    geo = _Geometry(meta, t, conv, n_embd, n_block, patterns, attention_ops, mixer_ops, activation_ops or {})
     layers = tuple(geo.layer(i) for i in range(n_block - n_nextn))
     nextn_layers = tuple(geo.layer(i) for i in range(n_block - n_nextn, n_block) if _has_block(t, i))
     if len(nextn_layers) < n_nextn:  # e.g. converted from a transformers-saved checkpoint, which drops them
@@ -446,9 +478,10 @@ class _Geometry:
     """Per-layer geometry from metadata plus tensor presence; vocabulary from the conventions."""
 
     def __init__(self, meta: _Meta, t: _Tensors, conv: _Conventions, n_embd: int, n_block: int,
-                 patterns: Mapping[str, Any], attention_ops: Mapping[str, Any], mixer_ops: Mapping[str, Any]):
+                 patterns: Mapping[str, Any], attention_ops: Mapping[str, Any], mixer_ops: Mapping[str, Any],
+                 activation_ops: Mapping[str, Any]):
         self.meta, self.t, self.conv, self.fam = meta, t, conv, conv.fam
-        self.attention_ops, self.mixer_ops = attention_ops, mixer_ops
+        self.attention_ops, self.mixer_ops, self.activation_ops = attention_ops, mixer_ops, activation_ops
         self.n_embd, self.n_block = n_embd, n_block
         self.heads = meta.per_layer("attention.head_count", n_block)
         self.heads_kv = meta.per_layer("attention.head_count_kv", n_block, 0)
@@ -695,10 +728,21 @@ class _Geometry:
             t.expect("ffn_gate", i, (d, n_ff))
         t.expect("ffn_up", i, (d, 2 * n_ff if packed else n_ff))
         t.expect("ffn_down", i, (n_ff, d))
-        return FfnSpec(activation=self.conv.need("activation") or "", n_ff=n_ff, gated=gated or packed,
+        act = self.conv.need("activation") or ""
+        return FfnSpec(activation=act, activation_params=self._activation_params(i, act), n_ff=n_ff,
+                       gated=gated or packed,
                        packed=packed, gate_bias=gated and _vector_if_present(t, "ffn_gate.bias", i, n_ff),
                        up_bias=_vector_if_present(t, "ffn_up.bias", i, 2 * n_ff if packed else n_ff),
                        down_bias=_vector_if_present(t, "ffn_down.bias", i, d))
+
+    def _activation_params(self, i: int, kind: str) -> tuple[tuple[str, float], ...]:
+        """Layer i's parameters of an activation op that reads its own from the file (its `Op.layout`,
+        archrun.vocab.ActivationLayout), as sorted (name, value) pairs; none for the others."""
+        layout = self.activation_ops.get(kind)
+        if layout is None:
+            return ()
+        ctx = LayerContext(self.meta, self.t, i, self.n_embd, self.heads[i], self.heads_kv[i] or self.heads[i])
+        return tuple(sorted((str(k), float(v)) for k, v in layout.describe(ctx).get("params", {}).items()))
 
     def _moe(self, i: int) -> MoeSpec:
         meta, t, d = self.meta, self.t, self.n_embd
@@ -713,8 +757,10 @@ class _Geometry:
         if bias:
             t.expect("exp_probs_b", i, (n_expert,))
         n_shared, n_ff_shared = self._shared(i)
+        act = self.conv.need("activation") or ""
         return MoeSpec(
-            kind=self.conv.need("moe") or "", activation=self.conv.need("activation") or "", n_expert=n_expert,
+            kind=self.conv.need("moe") or "", activation=act, activation_params=self._activation_params(i, act),
+            n_expert=n_expert,
             n_expert_used=n_used, n_ff=n_ff, gating=self.conv.gating() or "",
             weights_norm=meta.get("expert_weights_norm", bool, self.fam.moe_weights_norm),
             weights_scale=meta.get("expert_weights_scale", float, 1.0) or 1.0, router_bias=bias,

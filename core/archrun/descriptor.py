@@ -215,17 +215,25 @@ class AttentionSpec:
         raise KeyError(f"{'mixer' if self.mixer else 'attention'} {self.kind!r} has no parameter {name!r}")
 
 
+def _named_values(pairs: Any) -> tuple[tuple[str, float], ...]:
+    """(name, value) pairs as a tuple of (str, float) tuples (also after a JSON round trip's lists)."""
+    return tuple((str(k), float(x)) for k, x in pairs)
+
+
 @frozen
 class FfnSpec:
     """A dense FFN: gated down(act(gate x) * up x), or plain down(act(up x)).
 
-    activation names the slot "activation" op; gated is found by the presence of a gate
+    activation names the slot "activation" op; activation_params: its per-layer parameters as (name,
+    value) pairs when the op reads its own from the file (archrun.vocab.ActivationLayout; passed to its
+    factory as keywords), else empty; gated is found by the presence of a gate
     projection; packed: gate|up come from one ffn_up tensor of 2 n_ff outputs. Biases (found by
     tensor presence) are added to the gate, up and down products that have one.
     """
 
     activation: str = field(validator=v.instance_of(str))  # vocabulary slot "activation"
     n_ff: int = field(validator=_pos_int)
+    activation_params: tuple[tuple[str, float], ...] = field(default=(), converter=_named_values)
     gated: bool = field(default=True, validator=v.instance_of(bool))
     packed: bool = field(default=False, validator=v.instance_of(bool))
     gate_bias: bool = field(default=False, validator=v.instance_of(bool))
@@ -250,6 +258,7 @@ class MoeSpec:
 
     kind: str = field(validator=v.instance_of(str))  # vocabulary slot "moe"
     activation: str = field(validator=v.instance_of(str))  # slot "activation" of each (gated) expert
+    activation_params: tuple[tuple[str, float], ...] = field(default=(), converter=_named_values, kw_only=True)  # as FfnSpec
     n_expert: int = field(validator=_pos_int)
     n_expert_used: int = field(validator=_pos_int)
     n_ff: int = field(validator=_pos_int)

@@ -78,6 +78,17 @@ class AttentionLayout(Protocol):
     def bind(self, binder: Any, spec: Any, layer: int) -> tuple[Callable[..., Any], Callable[..., Any]]: ...
 
 
+class ActivationLayout(Protocol):
+    """The parameters of an activation op that reads its own from the file (slot "activation",
+    `Op.layout`; e.g. learned per-layer constants): describe(ctx) runs at compile time for each layer
+    with an FFN (ctx: archrun.compile.LayerContext; `ctx.meta.per_layer_floats(key, n)` reads a float
+    key, gguf-py's full name, that holds one value or one per layer) and returns {"params": {name:
+    number}}. The descriptor keeps them (FfnSpec/MoeSpec.activation_params) and the binder passes them
+    to the op's factories as keywords: factory(**params)."""
+
+    def describe(self, ctx: Any) -> dict[str, Any]: ...
+
+
 class MixerLayout(Protocol):
     """The geometry of a token mixer (slot "mixer", `Op.layout`): describe(ctx) runs at compile time for
     each layer using the mixer (ctx: archrun.compile.LayerContext), checks the layer's tensors and returns
@@ -113,7 +124,8 @@ class Op:
     """A vocabulary entry: the math of one (slot, name), as a reference and optionally a fast factory.
 
     layout: an attention op's own projections (AttentionLayout), or None for the standard ones; a
-    mixer op's geometry (MixerLayout, required in slot "mixer").
+    mixer op's geometry (MixerLayout, required in slot "mixer"); an activation op's parameters read
+    from the file (ActivationLayout), or None for an activation without any.
     capabilities: what its bound objects can do beyond the slot's Protocol (archrun.contracts), checked
     when the op is registered.
     fast may be a `Lazy("module:factory")`, imported when a model first binds it.
@@ -124,7 +136,7 @@ class Op:
     reference: Callable[..., Any] = attrs.field(validator=attrs.validators.is_callable())
     fast: Callable[..., Any] | None = attrs.field(default=None)
     doc: str = ""
-    layout: AttentionLayout | MixerLayout | None = attrs.field(default=None, kw_only=True)
+    layout: AttentionLayout | MixerLayout | ActivationLayout | None = attrs.field(default=None, kw_only=True)
     capabilities: OpCapabilities = attrs.field(factory=OpCapabilities, kw_only=True)
 
     def declared(self, backend: str) -> OpCapabilities:

@@ -48,7 +48,8 @@ class Synthetic:
     shared experts; ``router_bias`` a selection bias; the first ``leading_dense`` layers
     dense; ``gating_func`` writes ``expert_gating_func`` (1 softmax, 2 sigmoid)).
     ``norm_key``: "rms" writes ``attention.layer_norm_rms_epsilon``, "layer" ``layer_norm_epsilon``
-    (and norm biases). ``keys``: more ``<arch>.*`` keys (names after the prefix) to write.
+    (and norm biases). ``keys``: more ``<arch>.*`` keys (names after the prefix) to write;
+    ``file_keys``: keys to write under their full names (gguf-py's unprefixed ones, e.g. ``xielu.beta``).
     """
 
     name: str
@@ -76,6 +77,7 @@ class Synthetic:
     gating_func: int | None = None
     norm_key: str = attrs.field(default="rms", validator=attrs.validators.in_(("rms", "layer")))
     keys: Mapping[str, Any] = attrs.field(factory=dict)
+    file_keys: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 def tensors(spec: Synthetic, hints: Any = None) -> dict[str, np.ndarray]:
@@ -191,6 +193,8 @@ def write(path: str | Path, spec: Synthetic, hints: Any = None, *,
     w = gguf.GGUFWriter(str(path), spec.arch)
     for k, v in keys.items():
         add_key(w, f"{spec.arch}.{k}", v)
+    for k, v in spec.file_keys.items():
+        add_key(w, k, v)
     n = spec.n_vocab
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")

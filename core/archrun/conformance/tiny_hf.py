@@ -58,7 +58,7 @@ SENSITIVITY = 10.0
 # convention -> value -> a different vocabulary entry to flip it to
 _FLIPS = {
     "rope_pairing": {"norm": "neox", "neox": "norm"},
-    "activation": {"silu": "gelu_tanh", "gelu_tanh": "silu", "gelu": "silu", "relu2": "silu"},
+    "activation": {"silu": "gelu_tanh", "gelu_tanh": "silu", "gelu": "silu", "relu2": "silu", "xielu": "silu"},
     "residual": {"sequential": "parallel", "parallel": "sequential"},
     "norm": {"rms": "layer", "layer": "rms", "rms_1p": "rms", "layer_1p": "layer"},
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from archrun.contracts import OpCapabilities
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
-from archrun_blocks import encoder, no_mixer, reference
+from archrun_blocks import encoder, no_mixer, reference, xielu
 from archrun_blocks.data_plugin import (  # noqa: F401 - the data hooks, registered with this module
     archrun_register_layer_patterns,
     archrun_register_pre_tokenizers,
@@ -51,6 +51,9 @@ def archrun_register_vocabulary(register) -> None:
                 capabilities=PART))
     register(Op("activation", "gelu", reference.gelu, _fast("gelu"), "exact (erf) GELU", capabilities=PART))
     register(Op("activation", "relu2", reference.relu2, _fast("relu2"), "squared ReLU", capabilities=PART))
+    register(Op("activation", "xielu", xielu.xielu, Lazy("archrun_blocks.xielu_part:xielu_fast"),
+                "xIELU with the file's learned per-layer alpha_n, alpha_p, beta, eps (Apertus)",
+                layout=xielu.XieluLayout(), capabilities=PART))
     register(Op("activation", "swiglu_oai", reference.swiglu_oai, None,
                 "gpt-oss's clamped SwiGLU: min(x, 7) sigmoid(1.702 min(x, 7)) (clip(up, -7, 7) + 1)"))
     register(Op("residual", "sequential", reference.Sequential, _fast("sequential"),
