@@ -309,10 +309,14 @@ class _Conventions:
             return RESIDUAL_BY_PARALLEL_KEY[self.meta.get("use_parallel_residual", bool)]
         return self.need("residual")
 
-    def gating(self) -> str | None:
+    def gating(self, router_bias: bool = False) -> str | None:
+        """The file's expert_gating_func; else the family's gating of layers with a selection bias
+        (FamilyHints.gating_biased) where the layer has one; else the convention."""
         gating_id = self.meta.get("expert_gating_func", int, 0)  # 0: the file does not say
         if gating_id:
             return GATING_BY_ID.get(gating_id, f"gguf_{gating_id}")
+        if router_bias and self.fam.gating_biased and "gating" not in self.fam.caller:
+            return self.fam.gating_biased
         return self.need("gating")
 
     def check(self) -> None:
@@ -761,7 +765,7 @@ class _Geometry:
         return MoeSpec(
             kind=self.conv.need("moe") or "", activation=act, activation_params=self._activation_params(i, act),
             n_expert=n_expert,
-            n_expert_used=n_used, n_ff=n_ff, gating=self.conv.gating() or "",
+            n_expert_used=n_used, n_ff=n_ff, gating=self.conv.gating(bias) or "",
             weights_norm=meta.get("expert_weights_norm", bool, self.fam.moe_weights_norm),
             weights_scale=meta.get("expert_weights_scale", float, 1.0) or 1.0, router_bias=bias,
             router_input_bias=t.has("ffn_gate_inp.bias", i),

@@ -117,7 +117,8 @@ class FamilyHints:
     (loading warns; any other unused tensor fails the load). `rope_attn_scale`: the cos/sin
     magnitude of a scaled rope (any scaling but "none") where the architecture's reference fixes it
     instead of deriving it as the converter does (replaces the file's `rope.scaling.attn_factor`).
-    `logit_scale_key`: how a file's
+    `gating_biased`: the gating of MoE layers that carry a selection bias (`exp_probs_b`) in a file
+    that states no `expert_gating_func` (else `gating`). `logit_scale_key`: how a file's
     `logit_scale` key applies ("multiply", or "divide" as granite's does). `recurrent`: the op
     (slot "mixer", a token mixer such as a short convolution or a state-space scan) of the
     layers a file marks recurrent — those whose per-layer `attention.head_count_kv` is 0, or, with
@@ -149,6 +150,7 @@ class FamilyHints:
     residual_scale: float | None = field(default=None, converter=_opt_float)
     logit_scale: float | None = field(default=None, converter=_opt_float)
     rope_attn_scale: float | None = field(default=None, converter=_opt_float)
+    gating_biased: str | None = field(default=None, validator=_opt_str)
     defaults: Mapping[str, Any] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
     tensor_names: Mapping[str, str | tuple[str, ...] | None] = field(
         factory=dict, converter=lambda d: MappingProxyType(dict(d)))

@@ -43,7 +43,18 @@ DEEPSEEK_V3 = HfArch("deepseek2", "deepseek_v3", "DeepseekV3ForCausalLM", "Deeps
 DEEPSEEK_V2 = HfArch("deepseek2", "deepseek_v2", "DeepseekV2ForCausalLM", "DeepseekV2Config", converter="llama.cpp",
                      defaults={**_COMMON, "topk_method": "greedy"}, llamacpp_keys=_lite_rank)
 
-ARCHES = (DEEPSEEK_V3, DEEPSEEK_V2)
+# GLM-4.7-Flash: V3's attention and router (sigmoid + selection bias, no expert_gating_func written:
+# llama.cpp tells the released model by its shape, 47/48 layers and 154880 tokens, which a tiny one
+# lacks, so its cross-check states the sigmoid gating); its config.json carries first_k_dense_replace
+# (HF's config keeps mlp_layer_types instead)
+GLM4_MOE_LITE = HfArch("deepseek2", "glm4_moe_lite", "Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig",
+                       converter="llama.cpp", defaults={**_COMMON, "n_group": 1, "topk_group": 1,
+                                                        "routed_scaling_factor": 1.8, "num_experts_per_tok": 4,
+                                                        "rms_norm_eps": 1e-5, "rope_theta": 1000000.0},
+                       checkpoint_config=lambda hp: {"first_k_dense_replace": 1}, rope_parameters=_rope,
+                       llamacpp_keys=lambda hp: {**_lite_rank(hp), "expert_gating_func": 2})
+
+ARCHES = (DEEPSEEK_V3, DEEPSEEK_V2, GLM4_MOE_LITE)
 
 _YARN = {"factor": 4.0, "original_max_position_embeddings": 32,
          "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}
@@ -60,4 +71,6 @@ FIXTURES = (
     TinyFixture("deepseek3_yarn", "deepseek_v3", 3, {"yarn": _YARN, "max_position_embeddings": 128}),
     # DeepSeek-V2: softmax router (no gating key), greedy top-k
     TinyFixture("deepseek2_lite_softmax", "deepseek_v2", 4, {"q_lora_rank": None, "routed_scaling_factor": 1.0}),
+    # GLM-4.7-Flash (glm4_moe_lite): q LoRA, 8 experts top 4 scaled 1.8, a shared expert, a dense first layer
+    TinyFixture("glm4_moe_lite_flash", "glm4_moe_lite", 5),
 )

@@ -69,7 +69,8 @@ def test_legacy_kv_b_layout_matches_hf(tmp_path, name, backend):
 
 
 def test_without_the_mla_package_the_load_names_it():
-    """deepseek2 needs attention='mla'; with archrun-mla not loaded the error says so, before any weight."""
+    """deepseek2 needs attention='mla_fixed_lora_eps'; with archrun-mla not loaded the error says so, before
+    any weight."""
     names = [n for n in installed_plugins() if n != "mla"]
-    with pytest.raises(UnknownVocabulary, match="attention='mla'"):
+    with pytest.raises(UnknownVocabulary, match="attention='mla_fixed_lora_eps'"):
         archrun.load(GOLDENS / "deepseek3_qlora.gguf", plugins=make_plugin_manager(names))

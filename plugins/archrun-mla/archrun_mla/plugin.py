@@ -15,4 +15,4 @@ def archrun_register_vocabulary(register) -> None:
                 "[k_pe | latent] row per token", layout=MlaLayout()))
     register(Op("attention", "mla_fixed_lora_eps", attention.mla_reference, attention.mla_fast,
                 "multi-head latent attention whose q_a/kv_a norms use epsilon 1e-6, not the model's (HF's Kimi "
-                "Linear)", layout=MlaLayout(lora_norm_eps=1e-6)))
+                "Linear, DeepSeek-V2/V3, GLM-4.7-Flash)", layout=MlaLayout(lora_norm_eps=1e-6)))
