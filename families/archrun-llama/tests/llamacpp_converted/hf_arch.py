@@ -41,7 +41,7 @@ FIXTURES = (
     TinyFixture("mistral_hd32_tied_nowindow", "mistral", 2,
                 {"sliding_window": None, "head_dim": 32, "tie_word_embeddings": True, "num_hidden_layers": 3}),
     TinyFixture("llama_all_biases_hd32", "llama", 3, {"mlp_bias": True, "attention_bias": True, "head_dim": 32}),
-    # InternLM3-8B-style: 16 query heads over 2 KV heads (8 : 1 as released), head width 32
+    # InternLM3-8B-style grouped K/V heads (the 8B: 32 query heads over 2), here 16 over 2, head width 32
     TinyFixture("internlm3_gqa8_hd32", "internlm3", 1, {"num_attention_heads": 16, "num_key_value_heads": 2,
                                                         "head_dim": 32, "hidden_size": 64}),
 )
