@@ -426,6 +426,7 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, 
         norm_weights=fam.norm_weights,
         token_types=_token_types(t, n_embd),
         output_norm=final_norm,
+        final_norm=fam.final_norm or "",
         causal=meta.get("attention.causal", bool, True),
         pooling=_pooling(meta),
         block_style=block_style or fam.block_style,
@@ -627,8 +628,9 @@ class _Geometry:
                                 f"{self.leading_dense} layers are dense")
         ffn = self._ffn(i)
         ffn_norm = ffn is not None and pre and (_vector_if_present(t, "ffn_norm", i, d) if weights else True)
+        attention = self._attention(i)
         return LayerSpec(
-            attention=self._attention(i),
+            attention=attention,
             ffn=ffn,
             post_attn_norm=_vector_if_present(t, "post_attn_norm", i, d),
             post_ffn_norm=_vector_if_present(t, "post_ffn_norm", i, d),
@@ -638,7 +640,17 @@ class _Geometry:
             ffn_norm=ffn_norm,
             attn_norm=pre,
             norm_bias=pre and weights and self._norm_bias(i, ffn_norm),
+            **self._sub_norms(i, attention, ffn),
         )
+
+    def _sub_norms(self, i: int, a: AttentionSpec, ffn: FfnSpec | MoeSpec | None) -> dict[str, bool]:
+        """Norms inside the branches, by presence: on the attention output before its projection
+        (`attn_sub_norm`), on a dense FFN's hidden before its down projection (`ffn_sub_norm`)."""
+        t = self.t
+        if (t.has("attn_sub_norm", i) and a.mixer) or (t.has("ffn_sub_norm", i) and not isinstance(ffn, FfnSpec)):
+            raise MetadataError(f"layer {i}: a sub-layer norm needs standard attention and a dense FFN")
+        return {"attn_sub_norm": _vector_if_present(t, "attn_sub_norm", i, a.n_head * a.v_head_dim),
+                "ffn_sub_norm": ffn is not None and _vector_if_present(t, "ffn_sub_norm", i, ffn.n_ff)}
 
     def _parallel(self, i: int) -> AttentionSpec | None:
         """The token mixer the family runs beside every layer's attention, if it states one."""

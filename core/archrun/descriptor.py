@@ -300,6 +300,9 @@ class LayerSpec:
     ffn None: the block has no FFN (a state-space block: out = combine(x, a, 0)).
     parallel: a token mixer (slot "mixer", e.g. Mamba2) running beside the attention on the same
     normed input; a is then the sum of both outputs (Falcon-H1).
+    attn_sub_norm: the attention output passes through the norm op (weight `attn_sub_norm`) before
+    its output projection; ffn_sub_norm: the FFN's hidden act(gate)*up does (weight `ffn_sub_norm`)
+    before its down projection (BitNet's sub-layer norms).
     """
 
     attention: AttentionSpec = field(validator=v.instance_of(AttentionSpec))
@@ -312,6 +315,8 @@ class LayerSpec:
     attn_norm: bool = field(default=True, validator=v.instance_of(bool))
     norm_bias: bool = field(default=False, validator=v.instance_of(bool))  # attn/ffn norms carry biases
     parallel: AttentionSpec | None = field(default=None, validator=v.optional(v.instance_of(AttentionSpec)))
+    attn_sub_norm: bool = field(default=False, validator=v.instance_of(bool))
+    ffn_sub_norm: bool = field(default=False, validator=v.instance_of(bool))
 
     @property
     def is_moe(self) -> bool:
@@ -335,7 +340,8 @@ class Descriptor:
     how the file says a sequence's hidden states become one embedding (`pooling_type`, GGUF's
     numbering by name: none, mean, cls, last, rank; archrun.embedding). norm_weights False: norms
     have no learned weight (unit scale; OLMo's non-parametric LayerNorm), so no norm weight tensors
-    exist.
+    exist. final_norm: the norm op (slot "norm") of the trunk's final norm when it is not `norm`
+    ("": the model's norm op).
     """
 
     architecture: str = field(validator=v.instance_of(str))
@@ -363,6 +369,7 @@ class Descriptor:
     norm_weights: bool = field(default=True, validator=v.instance_of(bool))
     token_types: bool = field(default=False, validator=v.instance_of(bool))
     output_norm: bool = field(default=True, validator=v.instance_of(bool))
+    final_norm: str = field(default="", validator=v.instance_of(str))  # vocabulary slot "norm"; "": norm
     causal: bool = field(default=True, validator=v.instance_of(bool))
     pooling: str = field(default="none", validator=v.in_(("none", "mean", "cls", "last", "rank")))
     block_style: str = field(default="fused", validator=v.instance_of(str))  # vocabulary slot "block_style"

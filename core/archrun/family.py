@@ -46,6 +46,7 @@ CONVENTIONS: Mapping[str, tuple[str, str | None]] = MappingProxyType({
                  "mixer"),
     "mixerless": ("the op in the token mixer's place of the layers a file marks as having none (an FFN-only "
                   "block)", "mixer"),
+    "final_norm": ("the norm op of the trunk's final norm, when it is not the model's norm op", "norm"),
 })
 LOGIT_SCALE_USES = ("multiply", "divide")
 # How the rope of sliding-window layers relates to the global layers' (FamilyHints.swa_rope).
@@ -128,6 +129,8 @@ class FamilyHints:
     summed (Falcon-H1's Mamba2 beside attention). `mixerless`: the op (slot "mixer") in the token
     mixer's place of the layers a file marks as having no mixer at all (archrun.layers' `mixerless`
     property; an op that adds nothing, such as archrun-blocks' "none"): Nemotron-H's MLP layers.
+    `final_norm`: the norm op of the trunk's final norm where it differs from every other norm's
+    (BitNet: the blocks' norms quantize what they feed, the final norm feeds a float head).
     """
 
     name: str = field(validator=v.instance_of(str))
@@ -143,6 +146,7 @@ class FamilyHints:
     recurrent: str | None = field(default=None, validator=_opt_str)
     parallel: str | None = field(default=None, validator=_opt_str)
     mixerless: str | None = field(default=None, validator=_opt_str)
+    final_norm: str | None = field(default=None, validator=_opt_str)
     moe_weights_norm: bool = False
     logit_scale_key: str | None = field(default=None, validator=v.optional(v.in_(LOGIT_SCALE_USES)))
     pre_norms: bool = True

@@ -189,6 +189,8 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], 
     """
     if lp.mixer is not None or lp.parallel is not None or lp.ffn is None:
         return None  # a token mixer's layer (or one beside the attention), or a block without FFN: op by op
+    if lp.attn_sub_norm is not None or (isinstance(lp.ffn, DenseFfn) and lp.ffn.sub_norm is not None):
+        return None  # norms inside the branches (the layer kernel has no step for them): op by op
     a = lp.spec.attention
     rope = ropes[a.rope]
     found = _parts(lp, norm, rope, kv_type, declared)

@@ -202,6 +202,8 @@ def vocabulary_of(d: Descriptor) -> list[tuple[str, str]]:
             wanted.append(("activation", layer.ffn.activation))
     if d.logit_softcap:
         wanted.append(("softcap", d.softcap))
+    if d.final_norm:
+        wanted.append(("norm", d.final_norm))
     wanted.append(("block_style", d.block_style))
     return list(dict.fromkeys(wanted))
 
@@ -251,6 +253,8 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
     final_norm = b.norm_weight("output_norm") if d.output_norm and last else None
     plan = Plan(d, embed, output, final_norm, output_norm_b, norm, ropes, bound, softcap,
                 b.providers, b, positions, span=span, pager=b.pager)
+    if d.final_norm and last:
+        plan.final_norm_op = b.op("norm", d.final_norm, d.norm_eps)
     _check_causality(d, bound, b)
     if d.token_types and first:  # every token is segment 0 ("sentence A"), as llama.cpp feeds BERT
         plan.token_type = np.ascontiguousarray(b.table("token_types").reshape(-1, d.n_embd)[0])
@@ -372,6 +376,10 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
         ffn_norm=b.norm_weight("ffn_norm", i) if spec.ffn_norm else None,
         ffn=_bind_ffn(b, i, spec.ffn),
     )
+    if spec.attn_sub_norm:
+        lp.attn_sub_norm = b.vector("attn_sub_norm", i)
+    if spec.ffn_sub_norm:
+        lp.ffn.sub_norm = _normed(b.op("norm", b.d.norm, b.d.norm_eps), b.vector("ffn_sub_norm", i))
     if spec.norm_bias:
         lp.attn_norm_b = b.vector("attn_norm.bias", i)
         lp.ffn_norm_b = b.vector("ffn_norm.bias", i) if spec.ffn_norm else None
@@ -395,6 +403,11 @@ def _bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
         lp.parallel = b.op(spec.parallel.slot, spec.parallel.kind, spec.parallel)
         lp.parallel.bind(b, i)
     return lp
+
+
+def _normed(norm: Callable[..., np.ndarray], w: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """x -> norm(x, w): a norm with its weight bound."""
+    return lambda x: norm(x, w)
 
 
 def _qk_norm(norm, lp: LayerPlan, a, q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -667,7 +680,7 @@ class Interpreter:
         p = self.plan
         if p.output_norm is None or self.gives_hidden:
             return x
-        return p.norm(x, p.output_norm, p.output_norm_b)
+        return (p.final_norm_op or p.norm)(x, p.output_norm, p.output_norm_b)
 
     @property
     def chat_template(self) -> str | None:
@@ -804,7 +817,8 @@ class Interpreter:
             q, k = rope(q, cos, sin), rope(k, cos, sin)
         if lp.q_norm is not None and a.qk_norm_after_rope:
             q, k = _qk_norm(norm, lp, a, q, k)
-        return lp.o(attend(q, k, v).reshape(n, a.n_head * a.v_head_dim))
+        out = attend(q, k, v).reshape(n, a.n_head * a.v_head_dim)
+        return lp.o(out if lp.attn_sub_norm is None else norm(out, lp.attn_sub_norm))
 
 
 class FusedDecoder(Interpreter):

@@ -39,11 +39,14 @@ class DenseFfn:
     gate_up yields [gate, up] for a gated FFN and [up] for a plain one.
     """
 
-    def __init__(self, act: Callable[..., np.ndarray], gate_up: Projections, down: Matrix, gated: bool):
+    def __init__(self, act: Callable[..., np.ndarray], gate_up: Projections, down: Matrix, gated: bool,
+                 sub_norm: Callable[[np.ndarray], np.ndarray] | None = None):
         self.act, self.gate_up, self.down, self.gated = act, gate_up, down, gated
+        self.sub_norm = sub_norm  # a norm of the hidden before the down projection (BitNet), or None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.down(self.act(*self.gate_up(x)))
+        h = self.act(*self.gate_up(x))
+        return self.down(h if self.sub_norm is None else self.sub_norm(h))
 
 
 class MoeFfn:
@@ -74,6 +77,7 @@ class LayerPlan:
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
+    attn_sub_norm: np.ndarray | None = None  # a norm of the attention output before its projection
     mixer: Callable | None = None      # a token-mixer op (qkv and o None): mix(h[n, d], slot, start) -> [n, d]
     parallel: Any = None               # a token-mixer op beside the attention (its slot: PairSlot.mixer)
 
@@ -101,3 +105,4 @@ class Plan:
     # model has no embeddings (it takes hidden states), one that does not end it no output head
     span: tuple[int, int] | None = None
     pager: Any = None  # archrun.experts.ExpertPager when MoE experts are streamed from disk, else None
+    final_norm_op: Callable[..., np.ndarray] | None = None  # the final norm's op when it is not `norm`

@@ -121,7 +121,10 @@ class HfArch:
     converter reads; a field given as None is removed from it (one transformers writes and released
     checkpoints do not carry). ``checkpoint_renames`` (regex -> replacement): tensor names transformers'
     save gets wrong for released checkpoints (its reverse weight mapping renames too much), put
-    back before llama.cpp's converter reads them.
+    back before llama.cpp's converter reads them. ``eval_model(model)``: turns the built model, in
+    place, into what released checkpoints run in eval mode when transformers loads them with a
+    quantization config (e.g. BitNet's linears swapped for its quantizing ones); the weights, and so
+    the converted file, stay as built.
     """
 
     name: str
@@ -142,6 +145,7 @@ class HfArch:
     llamacpp_keys: Mapping[str, Any] | Callable[[Mapping[str, Any]], Mapping[str, Any]] = attrs.field(factory=dict)
     checkpoint_config: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_metadata
     checkpoint_renames: Mapping[str, str] = attrs.field(factory=dict)
+    eval_model: Callable[[Any], None] | None = None
 
     @property
     def gguf_arch(self) -> gguf.MODEL_ARCH:
@@ -233,6 +237,8 @@ def build_tiny(arch: HfArch, seed: int, **overrides: Any):
     torch.manual_seed(seed)
     model = getattr(transformers, arch.model_class)(config).eval()
     _randomize(model, seed, arch, prefix="")
+    if arch.eval_model is not None:
+        arch.eval_model(model)
     n_mtp = getattr(config, arch.mtp.layers_key, 0) if arch.mtp is not None else 0
     if n_mtp > 0:
         from transformers.modeling_layers import MtpModel

@@ -226,9 +226,11 @@ def build(path: str | Path, descriptor: Descriptor, plugins: Any = None, backend
 
 
 def rope_scaled(table: RopeSpec) -> bool:
-    """Whether ``table`` scales its rotation in any way (a scaling kind, frequency factors, a magnitude)."""
-    return (table.scaling != "none" or table.freq_factors is not None or table.attn_scale != 1.0
-            or table.attn_factor is not None)
+    """Whether ``table`` scales its rotation in any way (a scaling kind, frequency factors, a magnitude);
+    linear scaling by 1 (BitNet's converter writes it) does not."""
+    linear_1 = table.scaling == "linear" and table.scaling_factor == 1.0
+    return ((table.scaling != "none" and not linear_1) or table.freq_factors is not None
+            or table.attn_scale != 1.0 or table.attn_factor is not None)
 
 
 def _plain(table: RopeSpec) -> RopeSpec:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from archrun.contracts import OpCapabilities
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
-from archrun_blocks import encoder, no_mixer, reference, xielu
+from archrun_blocks import act_quant, encoder, no_mixer, reference, xielu
 from archrun_blocks.data_plugin import (  # noqa: F401 - the data hooks, registered with this module
     archrun_register_layer_patterns,
     archrun_register_pre_tokenizers,
@@ -76,6 +76,8 @@ def archrun_register_vocabulary(register) -> None:
                 "top-k routing with optional selection bias, group limit, renorm, scale, shared experts",
                 capabilities=OpCapabilities(act_part=True, fused_layer=True)))
     register(Op("softcap", "tanh", reference.softcap_tanh, None, "c * tanh(logits / c)"))
+    register(Op("norm", "rms_act8", act_quant.rms_act8, None,
+                "RMSNorm, then each row quantized to int8 by its absmax (BitNet b1.58's activations)"))
     register(Op("mixer", "none", no_mixer.NoMixer, None,
                 "no token mixer: adds nothing, keeps nothing (an FFN-only block, e.g. Nemotron-H's MLP layers)",
                 layout=no_mixer.NoMixerLayout(), capabilities=OpCapabilities(empty=True)))

@@ -1,0 +1,6 @@
+"""archrun-bitnet's tests: archrun's conformance kit (docs/conformance.md) on the tiny HF fixtures
+(hf_arch.py, goldens/)."""
+
+from archrun.conformance import Conformance
+
+archrun_conformance = Conformance("bitnet", op_by_op="the sub-layer norms have no step in the fused layer kernel")
