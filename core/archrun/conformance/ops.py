@@ -6,7 +6,9 @@ its kernel part (what the fused decode path calls for one token), for any regist
 where fast and reference differ. A package may excuse a known deviation of some input cases
 (``deviations``: case-label pattern -> why); they must then still differ, so a fix is noticed.
 Attention ops whose layout states its own heads and parameters (``Op.layout``) are driven on
-the ``AttentionSpec``s the package declares for them (``specs``).
+the ``AttentionSpec``s the package declares for them (``specs``); activation ops whose layout reads
+their parameters from the file, on the parameter dicts declared (each passed to both factories as
+keywords).
 """
 
 from __future__ import annotations
@@ -111,9 +113,9 @@ def check_fast_op(entry: Any, deviations: Mapping[str, str] | None = None, specs
     harness = _HARNESSES.get(op.slot)
     if harness is None:
         raise Unsupported(f"no kit harness for slot {op.slot!r}")
-    if op.layout is not None and op.slot == "attention" and not specs:  # an activation's layout: parameters
-        raise Unsupported(f"{label} has its own projection layout: declare the AttentionSpecs to drive it on "
-                          "(Conformance(op_specs={...}), docs/conformance.md)")
+    if op.layout is not None and not specs:
+        raise Unsupported(f"{label} has its own layout: declare the specs to drive it on (attention: AttentionSpecs; "
+                          "activation: parameter dicts) (Conformance(op_specs={...}), docs/conformance.md)")
     # extreme inputs overflow on purpose
     with _collecting(specs, op.declared("fast")) as run, np.errstate(all="ignore"):
         harness(label, op.reference, op.fast)
@@ -296,7 +298,12 @@ def _attention_part_run(label: str, rng: np.random.Generator, spec: Any, ref: An
 
 
 def _activation(label: str, ref_f: Callable, fast_f: Callable) -> None:
-    ref, fast = ref_f(), fast_f()
+    for params in (_RUN[-1].specs if _RUN and _RUN[-1].specs else ({},)):
+        named = f"{label} {params}" if params else label
+        _activation_cases(named, ref_f(**params), fast_f(**params))
+
+
+def _activation_cases(label: str, ref: Callable, fast: Callable) -> None:
     rng = _rng(label)
     for shape in [(0, 5), (1, 1), (3, 17), (6, 96), (2, 1001), (2, 3, 5)]:
         g = (rng.standard_normal(shape) * 4).astype(F32)
