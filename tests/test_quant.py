@@ -98,10 +98,10 @@ def test_block_info_and_row_bytes() -> None:
 def test_supported_types() -> None:
     names = {T(t).name for t in quant.SUPPORTED_TYPES}
     assert names == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4",
-                     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}  # fmt: skip
+                     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "TQ1_0", "TQ2_0"}  # fmt: skip
 
 
-@pytest.mark.parametrize("ggml_type", [T.IQ4_XS, T.IQ2_XXS, T.Q8_K, T.TQ1_0, T.F64, T.I8])
+@pytest.mark.parametrize("ggml_type", [T.IQ4_XS, T.IQ2_XXS, T.Q8_K, T.IQ1_S, T.F64, T.I8])
 def test_unsupported_type_is_named(ggml_type: T) -> None:
     bs, ts = GGML_QUANT_SIZES[ggml_type]
     raw = np.zeros(ts * 2, np.uint8)

@@ -247,6 +247,20 @@ def _q6_k(b: np.ndarray, out: np.ndarray) -> None:
     np.multiply(dl, q.reshape(n, 16, 16), out=out.reshape(n, 16, 16))
 
 
+# ---- ternary types (BitNet b1.58) ---------------------------------------------------------------
+
+
+def _gguf_reference(qtype: GGMLQuantizationType) -> Callable[[np.ndarray, np.ndarray], None]:
+    """gguf-py's numpy dequantizer of `qtype` (the ternary types TQ1_0 and TQ2_0, whose matrices have no
+    kernel yet: the fast backend multiplies their dequantized float32 copy)."""
+    from gguf import quants
+
+    def fn(b: np.ndarray, out: np.ndarray) -> None:
+        out[:] = quants.dequantize(b, qtype).reshape(out.shape)
+
+    return fn
+
+
 # ---- plain float types --------------------------------------------------------------------------
 
 
@@ -281,6 +295,8 @@ _DEQUANT: dict[int, _BlockFn] = {
     _T.Q4_K: _q4_k,
     _T.Q5_K: _q5_k,
     _T.Q6_K: _q6_k,
+    _T.TQ1_0: _gguf_reference(_T.TQ1_0),
+    _T.TQ2_0: _gguf_reference(_T.TQ2_0),
 }
 assert QK_K == 256, "k-quant layouts above assume 256-element super-blocks"
 
