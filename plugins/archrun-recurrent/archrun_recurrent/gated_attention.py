@@ -56,6 +56,43 @@ class GatedAttentionLayout:
         return qkv, o
 
 
+class GateProjAttentionLayout:
+    """describe/bind of causal attention gated by its own projection (AFMoE / Trinity: HF
+    AfmoeAttention's gate_proj, llama.cpp src/models/afmoe.cpp `attn_gate`):
+
+        out = attn_output(attention(q, k, v) * sigmoid(attn_gate h))          [n, H hd] -> [n, d]
+    """
+
+    def describe(self, ctx: Any) -> dict[str, Any]:
+        """AttentionSpec fields of layer ctx.layer (see archrun.vocab.AttentionLayout)."""
+        m, t, i, d, heads, kv = ctx.meta, ctx.tensors, ctx.layer, ctx.n_embd, ctx.n_head, ctx.n_head_kv
+        hd = m.get("attention.key_length", int, d // heads)
+        for role, shape in (("attn_q", (d, heads * hd)), ("attn_k", (d, kv * hd)), ("attn_v", (d, kv * hd)),
+                            ("attn_gate", (d, heads * hd)), ("attn_output", (heads * hd, d))):
+            t.expect(role, i, shape)
+        qk_norm = t.has("attn_q_norm", i)
+        if qk_norm:
+            t.expect("attn_q_norm", i, (hd,))
+            t.expect("attn_k_norm", i, (hd,))
+        return {"n_head_kv": kv, "head_dim": hd, "v_head_dim": hd, "qk_norm": qk_norm}
+
+    def bind(self, binder: Any, spec: Any, layer: int) -> tuple[Any, Any]:
+        """(qkv, o): qkv(h) -> (q, k, v) keeping attn_gate h; o(a) -> attn_output(a * sigmoid(gate))."""
+        wq, wk, wv, wg = (binder.matrix(r, layer) for r in ("attn_q", "attn_k", "attn_v", "attn_gate"))
+        wo = binder.matrix("attn_output", layer)
+        held: list[np.ndarray] = []
+
+        def qkv(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            held[:] = [wg(h)]
+            return wq(h), wk(h), wv(h)
+
+        def o(a: np.ndarray) -> np.ndarray:
+            gate = held.pop()
+            return wo((a * (1.0 / (1.0 + np.exp(-gate)))).astype(F32))
+
+        return qkv, o
+
+
 def gated_reference(spec: Any) -> Any:
     """The attention itself: archrun-blocks' causal attention (reference)."""
     from archrun_blocks import reference

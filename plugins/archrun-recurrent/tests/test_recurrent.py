@@ -211,3 +211,28 @@ def test_fast_channel_scan_equals_reference(n, width, dims):
     np.testing.assert_allclose(channel_scan(s1, x, dt, a, b, c), scan_reference(s2, x, dt, a, b, c),
                                rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(s1, s2, rtol=1e-4, atol=1e-5)
+
+
+def test_gate_proj_attention_gates_the_output_by_its_own_projection():
+    """AFMoE's layout: q/k/v as projected, the output projection sees attention * sigmoid(attn_gate h)."""
+    from archrun_recurrent.gated_attention import GateProjAttentionLayout
+
+    d, heads, hd = 6, 2, 3
+    w = {r: rng.normal(size=(d, heads * hd)).astype(np.float32) for r in ("attn_q", "attn_k", "attn_v", "attn_gate")}
+    w["attn_output"] = rng.normal(size=(heads * hd, d)).astype(np.float32)
+
+    class Binder:
+        def matrix(self, role, layer):
+            return lambda x: x @ w[role]
+
+    spec = AttentionSpec(kind="gated_causal_gate_proj", n_head=heads, n_head_kv=heads, head_dim=hd, v_head_dim=hd,
+                         scale=1.0)
+    qkv, o = GateProjAttentionLayout().bind(Binder(), spec, 0)
+    h = rng.normal(size=(4, d)).astype(np.float32)
+    q, k, v = qkv(h)
+    np.testing.assert_allclose(q, h @ w["attn_q"], rtol=1e-6)
+    a = rng.normal(size=(4, heads * hd)).astype(np.float32)
+    want = (a / (1 + np.exp(-(h @ w["attn_gate"])))) @ w["attn_output"]
+    np.testing.assert_allclose(o(a), want, rtol=1e-5, atol=1e-6)
+    vocab = build_vocabulary(make_plugin_manager(names=["recurrent"]))
+    assert ("attention", "gated_causal_gate_proj") in vocab
