@@ -416,7 +416,7 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, 
         norm_eps=eps,
         embed_scale=math.sqrt(n_embd) if embed_scale == "sqrt_n_embd" else embed_scale,
         tied_output=tied,
-        logit_scale=_logit_scale(meta, conv, fam),
+        logit_scale=_logit_scale(meta, conv, fam, n_embd),
         logit_softcap=softcap_value,
         output_norm_bias=_vector_if_present(t, "output_norm.bias", None, n_embd),
         output_bias=not tied and _vector_if_present(t, "output.bias", None, n_vocab),
@@ -461,10 +461,11 @@ def _has_block(t: _Tensors, i: int) -> bool:
     return any(name.startswith(f"blk.{i}.") for name in t.gguf.tensors)
 
 
-def _logit_scale(meta: _Meta, conv: _Conventions, fam: FamilyHints) -> float:
-    """The logits' multiplier: the file's `logit_scale` key as the family says it applies, else the hint."""
+def _logit_scale(meta: _Meta, conv: _Conventions, fam: FamilyHints, n_embd: int) -> float:
+    """The logits' multiplier: the file's `logit_scale` key as the family says it applies, else the hint
+    (`logit_scale`, or `logit_scale_base` / n_embd)."""
     if not meta.has("logit_scale"):
-        return fam.logit_scale or 1.0
+        return fam.logit_scale or (fam.logit_scale_base or 0.0) / n_embd or 1.0
     value = meta.get("logit_scale", float)
     if not 0.0 < value < 1e6:
         raise MetadataError(f"{meta.key('logit_scale')!r} = {value} is not a valid logit scale")
@@ -635,7 +636,8 @@ class _Geometry:
             post_attn_norm=_vector_if_present(t, "post_attn_norm", i, d),
             post_ffn_norm=_vector_if_present(t, "post_ffn_norm", i, d),
             residual=self.residual or "",
-            residual_scale=self.meta.get("residual_scale", float, 0.0) or self.fam.residual_scale or 1.0,
+            residual_scale=self.meta.get("residual_scale", float, 0.0) or self.fam.residual_scale
+            or (self.fam.residual_scale_depth or 0.0) / math.sqrt(self.n_block) or 1.0,
             parallel=self._parallel(i),
             ffn_norm=ffn_norm,
             attn_norm=pre,

@@ -118,6 +118,9 @@ class FamilyHints:
     (loading warns; any other unused tensor fails the load). `rope_attn_scale`: the cos/sin
     magnitude of a scaled rope (any scaling but "none") where the architecture's reference fixes it
     instead of deriving it as the converter does (replaces the file's `rope.scaling.attn_factor`).
+    `residual_scale_depth` D: the residual scale D / sqrt(block_count) where neither the file nor
+    `residual_scale` states one; `logit_scale_base` B: the logit scale B / n_embd where neither the
+    file nor `logit_scale` states one (MiniCPM's scale_depth and dim_model_base).
     `gating_biased`: the gating of MoE layers that carry a selection bias (`exp_probs_b`) in a file
     that states no `expert_gating_func` (else `gating`). `logit_scale_key`: how a file's
     `logit_scale` key applies ("multiply", or "divide" as granite's does). `recurrent`: the op
@@ -155,6 +158,8 @@ class FamilyHints:
     logit_scale: float | None = field(default=None, converter=_opt_float)
     rope_attn_scale: float | None = field(default=None, converter=_opt_float)
     gating_biased: str | None = field(default=None, validator=_opt_str)
+    residual_scale_depth: float | None = field(default=None, converter=_opt_float)
+    logit_scale_base: float | None = field(default=None, converter=_opt_float)
     defaults: Mapping[str, Any] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
     tensor_names: Mapping[str, str | tuple[str, ...] | None] = field(
         factory=dict, converter=lambda d: MappingProxyType(dict(d)))

@@ -49,9 +49,10 @@ class MlaLayout:
         lora = m.get("attention.kv_lora_rank", int)
         rope = m.get("rope.dimension_count", int)
         legacy = t.has("attn_kv_b", i)
-        if legacy:  # key/value_length are the per-head widths there (llama.cpp: the *_mla keys default to them)
+        if legacy:  # key/value_length are the per-head widths there (llama.cpp: the *_mla keys default to them,
+            # value_length to n_embd / n_head: MiniCPM3's files carry none)
             k_mla = m.get("attention.key_length_mla", int, 0) or m.get("attention.key_length", int)
-            v_mla = m.get("attention.value_length_mla", int, 0) or m.get("attention.value_length", int)
+            v_mla = m.get("attention.value_length_mla", int, 0) or m.get("attention.value_length", int, d // n_head)
         else:
             k_mla = m.get("attention.key_length_mla", int)
             v_mla = m.get("attention.value_length_mla", int)
