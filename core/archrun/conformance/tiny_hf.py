@@ -60,7 +60,7 @@ _FLIPS = {
     "rope_pairing": {"norm": "neox", "neox": "norm"},
     "activation": {"silu": "gelu_tanh", "gelu_tanh": "silu", "gelu": "silu", "relu2": "silu", "xielu": "silu"},
     "residual": {"sequential": "parallel", "parallel": "sequential"},
-    "norm": {"rms": "layer", "layer": "rms", "rms_1p": "rms", "layer_1p": "layer"},
+    "norm": {"rms": "layer", "layer": "rms", "rms_1p": "rms", "layer_1p": "layer", "rms_act8": "rms"},
 }
 
 
