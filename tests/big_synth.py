@@ -7,9 +7,8 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from synth import _tokenizer
 
-from archrun.conformance.gguf_edit import add_key
+from archrun.conformance.synthetic import Quantized, write_gguf
 
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
 
@@ -28,19 +27,16 @@ def write_big(path: str | Path, *, n_layer: int = 24, n_embd: int = 512, n_ff: i
     """A qwen3-layout decoder with every matrix in Q8_0 (norms float32); its path."""
     rng = np.random.default_rng(seed)
     hd = n_embd // n_head
-    w = gguf.GGUFWriter(str(path), "qwen3")
     keys = {"context_length": 512, "embedding_length": n_embd, "block_count": n_layer, "feed_forward_length": n_ff,
             "attention.head_count": n_head, "attention.head_count_kv": n_head_kv, "attention.key_length": hd,
             "attention.value_length": hd, "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 10000.0}
-    for k, v in keys.items():
-        add_key(w, f"qwen3.{k}", v)
-    _tokenizer(w, n_vocab)
+    tensors: dict = {}
 
     def q8(name: str, rows: int, cols: int) -> None:
-        w.add_tensor(name, _q8_0(rng, rows, cols), raw_dtype=Q8_0)
+        tensors[name] = Quantized(_q8_0(rng, rows, cols), int(Q8_0))
 
     def norm(name: str, n: int) -> None:
-        w.add_tensor(name, (1 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+        tensors[name] = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     q8("token_embd.weight", n_vocab, n_embd)
     norm("output_norm.weight", n_embd)
@@ -58,8 +54,4 @@ def write_big(path: str | Path, *, n_layer: int = 24, n_embd: int = 512, n_ff: i
         q8(p + "ffn_gate.weight", n_ff, n_embd)
         q8(p + "ffn_up.weight", n_ff, n_embd)
         q8(p + "ffn_down.weight", n_embd, n_ff)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return write_gguf(path, "qwen3", {f"qwen3.{k}": v for k, v in keys.items()}, tensors, n_vocab=n_vocab)

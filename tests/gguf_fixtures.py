@@ -1,6 +1,7 @@
 """Build small GGUF files for tests.
 
-* ``write_gguf`` goes through the real ``gguf.GGUFWriter``, so files are what converters produce.
+* ``write_gguf`` goes through the real ``gguf.GGUFWriter`` (the synthetic writer of the conformance kit,
+  ``archrun.conformance.synthetic.write_gguf``), so files are what converters produce.
 * ``RawGGUF`` writes bytes exactly as told (wrong counts, bad offsets, nested arrays, invalid
   UTF-8, ...) to make the hostile files the writer refuses to produce.
 * ``random_blocks`` makes random quantized data with finite scales for every ggml block type.
@@ -15,8 +16,9 @@ from typing import Any
 
 import attrs
 import numpy as np
-from gguf import GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+from archrun.conformance import synthetic
 
 __all__ = [
     "QuantTensor",
@@ -48,48 +50,24 @@ def write_gguf(
     tensors: Mapping[str, np.ndarray | QuantTensor] | None = None,
     alignment: int | None = None,
 ) -> pathlib.Path:
-    """Write a GGUF file with gguf.GGUFWriter and return its path.
+    """Write a GGUF file with gguf.GGUFWriter (archrun.conformance.synthetic.write_gguf) and return its path.
 
     ``metadata`` values are plain python values (types inferred by the writer: int -> INT32,
     float -> FLOAT32, list -> ARRAY), or ``(value, GGUFValueType)`` / ``(list, ARRAY, element
     type)`` tuples for explicit types. ``tensors`` maps names to float32/float16 arrays (numpy
     order) or QuantTensor.
     """
-    path = pathlib.Path(path)
-    w = GGUFWriter(str(path), arch)
-    if alignment is not None:
-        w.add_custom_alignment(alignment)
-    for key, value in (metadata or {}).items():
-        _add_kv(w, key, value)
+    quant = {}
     for name, t in (tensors or {}).items():
         if isinstance(t, QuantTensor):
             block_size, type_size = GGML_QUANT_SIZES[T(t.ggml_type)]
             row_bytes = t.np_shape[-1] // block_size * type_size
-            data = np.ascontiguousarray(t.data).reshape(*t.np_shape[:-1], row_bytes)
-            w.add_tensor(name, data, raw_dtype=T(t.ggml_type))
-        else:
-            w.add_tensor(name, np.ascontiguousarray(t))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def _add_kv(w: GGUFWriter, key: str, value: Any) -> None:
-    if isinstance(value, tuple) and len(value) >= 2 and isinstance(value[1], GGUFValueType):
-        sub = value[2] if len(value) > 2 else None
-        w.add_key_value(key, value[0], value[1], sub_type=sub)
-    elif isinstance(value, str):
-        w.add_string(key, value)
-    elif isinstance(value, bool):
-        w.add_bool(key, value)
-    elif isinstance(value, int):
-        w.add_int32(key, value)
-    elif isinstance(value, float):
-        w.add_float32(key, value)
-    else:
-        w.add_array(key, value)
+            t = synthetic.Quantized(np.ascontiguousarray(t.data).reshape(*t.np_shape[:-1], row_bytes), t.ggml_type)
+        quant[name] = t
+    # plain ints as INT32 here (what most converters write for counts); add_key would pick UINT32
+    keys = {k: (v, V.INT32) if isinstance(v, int) and not isinstance(v, bool) else v
+            for k, v in (metadata or {}).items()}
+    return synthetic.write_gguf(path, arch, keys, quant, alignment=alignment)
 
 
 # ---- byte-level builder ---------------------------------------------------------------------------

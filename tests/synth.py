@@ -13,30 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import gguf
 import numpy as np
 
-from archrun.conformance.gguf_edit import add_key
-
-
-class Quantized(NamedTuple):
-    """A tensor for write_model as raw ggml blocks: data uint8 [rows, row bytes] of type ggml_type."""
-
-    data: np.ndarray
-    ggml_type: int
-
-
-def _tokenizer(w: gguf.GGUFWriter, n_vocab: int) -> None:
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    # ids 0-3 spell "<", "t", "<t", ">" so one real merge exists; every other id is "<tN>"
-    w.add_token_list(["<", "t", "<t", ">"] + [f"<t{i}>" for i in range(4, n_vocab)])
-    w.add_token_types([1] * n_vocab)
-    w.add_token_merges(["< t"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
+from archrun.conformance.synthetic import Quantized, write_gguf
 
 
 def model_tensors(rng: np.random.Generator, *, n_vocab: int, n_embd: int, n_layer: int, n_head: int,
@@ -108,25 +90,10 @@ def write_model(path: str | Path, *, arch: str = "qwen3", seed: int = 0, n_vocab
         keys.update({"expert_count": n_expert, "expert_used_count": n_expert_used,
                      "expert_feed_forward_length": n_ff_exp})
     keys.update(key_overrides or {})
-    w = gguf.GGUFWriter(str(path), arch)
-    for k, v in keys.items():
-        if k not in drop_keys:
-            add_key(w, f"{arch}.{k}", v)
-    _tokenizer(w, n_vocab)
-    for name, arr in tensors.items():
-        if name in drop_tensors:
-            continue
-        if isinstance(arr, Quantized):
-            w.add_tensor(name, arr.data, raw_dtype=arr.ggml_type)
-        elif quant_types and name in quant_types:
-            w.add_tensor(name, arr, raw_dtype=quant_types[name])
-        else:
-            w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    quant_types = quant_types or {}
+    return write_gguf(path, arch, {f"{arch}.{k}": v for k, v in keys.items() if k not in drop_keys},
+                      {name: Quantized(arr, quant_types[name]) if name in quant_types else arr
+                       for name, arr in tensors.items() if name not in drop_tensors}, n_vocab=n_vocab)
 
 
 # -- structure transforms (for `transform=`): tensors in, tensors out ---------------------------------

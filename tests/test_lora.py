@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import attrs
-import gguf
 import numpy as np
 import pytest
 
 import archrun
 from archrun.conformance import hf, llamacpp
 from archrun.conformance.gguf_edit import rewrite_gguf
+from archrun.conformance.synthetic import write_gguf
 from archrun.errors import AdapterError, AdapterMismatch, InvalidRequest
 from archrun.ggufset import open_gguf
 from archrun.lora import parse_lora_arg
@@ -126,29 +126,26 @@ def test_adapter_with_half_a_pair_or_another_rank(cases, tmp_path):
         archrun.load(case.base, lora=rank3)
 
 
+def _lora_keys(alpha: float) -> dict:
+    """The keys of a LoRA adapter file (llama.cpp's convert_lora_to_gguf.py)."""
+    return {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": alpha}
+
+
 def test_merge_is_w_plus_scaled_b_a(synth_model, tmp_path):
     """A hand-written adapter (alpha 8, rank 4, user scale 0.5) against the base file with W + 1.0 * B @ A
     written into it: the same bits on both backends; another merge is another cache owner."""
     base = synth_model()
     names = ["blk.0.attn_q.weight", "blk.1.ffn_down.weight", "blk.1.attn_v.weight"]
-    w = gguf.GGUFWriter(tmp_path / "adapter.gguf", "qwen3")
-    w.add_type("adapter")
-    w.add_string("adapter.type", "lora")
-    w.add_float32("adapter.lora.alpha", 8.0)
     rng = np.random.default_rng(0)
-    merged = {}
+    merged, tensors = {}, {}
     with open_gguf(base) as g:
         for name in names:
             n_out, n_in = g.tensors[name].np_shape
             a = rng.standard_normal((4, n_in)).astype(np.float32)
             b = rng.standard_normal((n_out, 4)).astype(np.float32)
-            w.add_tensor(name + ".lora_a", a)
-            w.add_tensor(name + ".lora_b", b)
+            tensors[name + ".lora_a"], tensors[name + ".lora_b"] = a, b
             merged[name] = g.dequantize(name) + (b @ a) * np.float32(0.5 * 8 / 4)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(tmp_path / "adapter.gguf", "qwen3", _lora_keys(8.0), tensors)
     by_hand = rewrite_gguf(base, tmp_path / "merged.gguf", drop_tensors=names, add_tensors=merged)
     for backend in ("reference", "fast"):
         want, got, plain = (archrun.load(p, backend=backend, lora=lo) for p, lo in
@@ -170,16 +167,8 @@ def test_cli_lora_option(synth_model, tmp_path, capsys):
 
     base = synth_model()
     adapter = tmp_path / "adapter.gguf"
-    w = gguf.GGUFWriter(adapter, "qwen3")
-    w.add_type("adapter")
-    w.add_string("adapter.type", "lora")
-    w.add_float32("adapter.lora.alpha", 0.0)
-    w.add_tensor("blk.0.attn_q.weight.lora_a", np.full((2, 32), 0.3, np.float32))
-    w.add_tensor("blk.0.attn_q.weight.lora_b", np.full((64, 2), 0.3, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(adapter, "qwen3", _lora_keys(0.0), {"blk.0.attn_q.weight.lora_a": np.full((2, 32), 0.3, np.float32),
+                                                     "blk.0.attn_q.weight.lora_b": np.full((64, 2), 0.3, np.float32)})
     args = ["run", str(base), "-p", "<t5><t7>", "-n", "4", "--temp", "0", "--backend", "reference"]
     assert main([*args, "--lora", f"{adapter}:2"]) == 0
     assert main([*args, "--lora", str(base)]) == 1

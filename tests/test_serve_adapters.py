@@ -5,7 +5,6 @@ tests/test_lora.py); two adapters and the base answer differently."""
 
 from __future__ import annotations
 
-import gguf
 import httpx
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from synth import write_model
 
 import archrun
 from archrun.cli import _adapter_models, _parser
+from archrun.conformance.synthetic import write_gguf
 from archrun.errors import InvalidRequest
 from archrun.ggufset import open_gguf
 from archrun.serve.config import ServeConfig
@@ -21,26 +21,20 @@ from archrun.serve.front import create_pool_app
 from archrun.serve.models import model_files
 
 PROMPT = [5, 9, 17, 33]
+LORA_KEYS = {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": 8.0}
 
 
 def _adapter(path, base, seed: int):
     """A rank-4 LoRA adapter (alpha 8) on three of the base's matrices, written with the gguf writer."""
     names = ["blk.0.attn_q.weight", "blk.1.ffn_down.weight", "blk.1.attn_v.weight"]
-    w = gguf.GGUFWriter(path, "qwen3")
-    w.add_type("adapter")
-    w.add_string("adapter.type", "lora")
-    w.add_float32("adapter.lora.alpha", 8.0)
     rng = np.random.default_rng(seed)
+    tensors = {}
     with open_gguf(base) as g:
         for name in names:
             n_out, n_in = g.tensors[name].np_shape
-            w.add_tensor(name + ".lora_a", rng.standard_normal((4, n_in)).astype(np.float32))
-            w.add_tensor(name + ".lora_b", rng.standard_normal((n_out, 4)).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+            tensors[name + ".lora_a"] = rng.standard_normal((4, n_in)).astype(np.float32)
+            tensors[name + ".lora_b"] = rng.standard_normal((n_out, 4)).astype(np.float32)
+    return write_gguf(path, "qwen3", LORA_KEYS, tensors)
 
 
 @pytest.fixture(scope="module")

@@ -63,8 +63,13 @@ def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None =
 
 def add_key(w, key: str, value: Any) -> None:
     """Write one metadata value with gguf-py's typed adder for its Python type (bool, int as
-    uint32 or uint64, float32, str, or a list as an array)."""
-    if isinstance(value, bool):
+    uint32 or uint64, float32, str, or a list, tuple or 1-D array as an array), or with the type
+    given: ``(value, GGUFValueType)`` / ``(list, GGUFValueType.ARRAY, element type)``."""
+    import gguf
+
+    if isinstance(value, tuple) and len(value) >= 2 and isinstance(value[1], gguf.GGUFValueType):
+        w.add_key_value(key, value[0], value[1], sub_type=value[2] if len(value) > 2 else None)
+    elif isinstance(value, bool):
         w.add_bool(key, value)
     elif isinstance(value, int):
         (w.add_uint32 if 0 <= value < 2**32 else w.add_uint64)(key, value)
@@ -72,7 +77,7 @@ def add_key(w, key: str, value: Any) -> None:
         w.add_float32(key, value)
     elif isinstance(value, str):
         w.add_string(key, value)
-    elif isinstance(value, (list, tuple)):
+    elif isinstance(value, (list, tuple, np.ndarray)):
         w.add_array(key, list(value))
     else:
         raise TypeError(f"cannot write {key}={value!r}")

@@ -176,6 +176,48 @@ def metadata(spec: Synthetic) -> dict[str, Any]:
     return keys
 
 
+@attrs.frozen
+class Quantized:
+    """A tensor for `write_gguf` as raw ggml blocks: data uint8 [..., row bytes] of type ggml_type."""
+
+    data: np.ndarray
+    ggml_type: int
+
+
+def write_gguf(path: str | Path, arch: str, keys: Mapping[str, Any], tensors: Mapping[str, Any], *,
+               n_vocab: int | None = None, alignment: int | None = None) -> Path:
+    """Write a synthetic GGUF file with gguf.GGUFWriter: the one writer of archrun's synthetic files.
+
+    keys: full key -> value (gguf_edit.add_key: a Python value, or (value, GGUFValueType[, element
+    type]) for an explicit type). tensors: name -> array in numpy order (written as its dtype) or
+    `Quantized` blocks. n_vocab: also write a minimal byte-level BPE vocabulary of that many tokens
+    (ids 0-3 spell "<", "t", "<t", ">", one real merge; every other id is "<tN>"; bos 0, eos 1).
+    """
+    w = gguf.GGUFWriter(str(path), arch)
+    if alignment is not None:
+        w.add_custom_alignment(alignment)
+    for k, v in keys.items():
+        add_key(w, k, v)
+    if n_vocab is not None:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(["<", "t", "<t", ">"] + [f"<t{i}>" for i in range(4, n_vocab)])
+        w.add_token_types([1] * n_vocab)
+        w.add_token_merges(["< t"])
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(1)
+    for name, arr in tensors.items():
+        if isinstance(arr, Quantized):
+            w.add_tensor(name, np.ascontiguousarray(arr.data), raw_dtype=gguf.GGMLQuantizationType(arr.ggml_type))
+        else:
+            w.add_tensor(name, np.ascontiguousarray(arr))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
 def write(path: str | Path, spec: Synthetic, hints: Any = None, *,
           edit_keys: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
           edit_tensors: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None) -> Path:
@@ -190,27 +232,8 @@ def write(path: str | Path, spec: Synthetic, hints: Any = None, *,
         keys = edit_keys(dict(keys))
     if edit_tensors is not None:
         ts = edit_tensors(dict(ts))
-    w = gguf.GGUFWriter(str(path), spec.arch)
-    for k, v in keys.items():
-        add_key(w, f"{spec.arch}.{k}", v)
-    for k, v in spec.file_keys.items():
-        add_key(w, k, v)
-    n = spec.n_vocab
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    # ids 0-3 spell "<", "t", "<t", ">" (one real merge); every other id is "<tN>"
-    w.add_token_list(["<", "t", "<t", ">"] + [f"<t{i}>" for i in range(4, n)])
-    w.add_token_types([1] * n)
-    w.add_token_merges(["< t"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
-    for name, arr in ts.items():
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return write_gguf(path, spec.arch, {**{f"{spec.arch}.{k}": v for k, v in keys.items()}, **spec.file_keys}, ts,
+                      n_vocab=spec.n_vocab)
 
 
 # ------------------------------------------------------------------------------ bad inputs
