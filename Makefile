@@ -38,12 +38,13 @@ demo: install
 	$(PY) scripts/fetch_models.py smollm2
 	$(VENV)/bin/archrun run $(SMOLLM2) --chat -p "What is the capital of France? Answer in one sentence." -n 48 --temp 0
 
-# Both cores compile the kernels first, once (`archrun warmup`: every weight type's products in one process;
-# the plugins' fast ops and SmolLM2's fused decode on f32/f16/q8_0 caches in the other), so the test
-# workers load them from the cache instead of each compiling the same kernels at once.
-WARMUP = (NUMBA_NUM_THREADS=1 $(VENV)/bin/archrun warmup --types all --no-plugins & \
-	NUMBA_NUM_THREADS=1 $(VENV)/bin/archrun warmup $(SMOLLM2) --kv-type f32 --kv-type f16 --kv-type q8_0; \
-	status=$$?; wait $$! && exit $$status)
+# Both cores compile the kernels first, once (`archrun warmup`: every weight type's products, then SmolLM2's
+# fused decode on f16/q8_0 caches in one process; the plugins' fast ops and SmolLM2's fused decode on f32
+# caches in the other), so the test workers load them from the cache instead of each compiling the same
+# kernels at once.
+WARMUP = (NUMBA_NUM_THREADS=1 $(VENV)/bin/archrun warmup --types all --no-plugins && \
+	NUMBA_NUM_THREADS=1 $(VENV)/bin/archrun warmup $(SMOLLM2) --kv-type f16 --kv-type q8_0 & \
+	NUMBA_NUM_THREADS=1 $(VENV)/bin/archrun warmup $(SMOLLM2); status=$$?; wait $$! && exit $$status)
 
 # Two xdist workers share the two cores, so each runs the kernels on one thread; the kernel
 # tests (and the decode pool's) then run once more on two threads with bounds checking on (an empty numba cache, since
