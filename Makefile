@@ -56,13 +56,13 @@ test: install-test models
 	$(WARMUP)
 	NUMBA_NUM_THREADS=1 $(VENV)/bin/python -m pytest -n 2 -q --durations=30 $(PYTEST_ARGS)
 	export NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$$(mktemp -d) && $(WARMUP) && $(VENV)/bin/python -m pytest -q -p no:cacheprovider \
-		tests/test_kernels.py tests/test_simd.py tests/test_gemm.py tests/test_fusion.py tests/test_decode_rows.py tests/test_moe_kernel.py tests/test_pool.py \
-		tests/test_boundary.py plugins/archrun-blocks
-	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m 'not live' tests/test_kernels.py tests/test_gemm.py \
+		tests/kernels/test_kernels.py tests/kernels/test_simd.py tests/kernels/test_gemm.py tests/kernels/test_fusion.py tests/kernels/test_decode_rows.py tests/kernels/test_moe_kernel.py tests/kernels/test_pool.py \
+		tests/plugins/test_boundary.py plugins/archrun-blocks
+	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m 'not live' tests/kernels/test_kernels.py tests/kernels/test_gemm.py \
 		plugins/archrun-blocks/tests/test_decode_attention.py plugins/archrun-blocks/tests/test_kv_codec.py \
 		plugins/archrun-blocks/tests/test_split_attention.py plugins/archrun-blocks/tests/test_prefill_attention.py \
 		plugins/archrun-blocks/tests/test_elementwise.py \
-		tests/test_tiny_hf.py tests/test_model.py families/*/tests/test_*_tiny_hf.py
+		tests/run/test_tiny_hf.py tests/run/test_model.py families/*/tests/test_*_tiny_hf.py
 	NUMBA_DISABLE_JIT=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m 'not live' families -k TestArchrunTinyHf
 
 lint: install-test

@@ -3,7 +3,7 @@
 For each model and batch size B it prints aggregate decode tok/s of B sequences stepping together
 through `forward_step_batch`, on two paths measured alternately in the same process:
 
-- rows: the fused multi-row kernel (kernels.layer.decode_rows: one kernel call per layer for all
+- rows: the fused multi-row kernel (kernels.decode.layer.decode_rows: one kernel call per layer for all
   rows, products through the decode pool, every row bit-identical to its one-token step);
 - op-by-op: the multi-row op-by-op path the batch took before (the prefill's products and attention
   per sequence), forced by reporting the rows kernel unavailable.
@@ -34,8 +34,8 @@ from machine import describe  # noqa: E402
 
 import archrun  # noqa: E402
 from archrun import fusion  # noqa: E402
-from archrun.cache import kv_options  # noqa: E402
-from archrun.kernels import qmatrix  # noqa: E402
+from archrun.kernels.matmul import qmatrix  # noqa: E402
+from archrun.run.cache import kv_options  # noqa: E402
 
 _ROWS_READY = fusion.DecodeSteps.rows_ready
 

@@ -5,7 +5,7 @@
 Each run is a fresh process with its own empty NUMBA_CACHE_DIR. Printed per run: seconds until the
 first byte of the streamed answer, total seconds, peak RSS of the `archrun` process. Runs:
 - cold (tiered, the default): the reference backend answers while the kernels compile in a
-  background process (archrun.tiered);
+  background process (archrun.run.tiered);
 - full speed: when that background compile has finished (its stamp appears), then a warm run on
   the same cache (the fast backend at once);
 - with --untiered, also cold with `--backend fast` (the first token waits for every kernel).

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def fixtures() -> dict[str, Path]:
     """architecture -> the first fixture file of it (by sorted name) under families/*/tests/goldens."""
-    from archrun.compile import describe
+    from archrun.describe.compile import describe
 
     found: dict[str, Path] = {}
     for path in sorted(ROOT.glob("families/*/tests/goldens/*.gguf")) + sorted(
@@ -36,7 +36,7 @@ def fixtures() -> dict[str, Path]:
 
 def decode_speed(path: Path, steps: int) -> tuple[float, bool]:
     import archrun
-    from archrun.cache import rewind_to
+    from archrun.run.cache import rewind_to
 
     model = archrun.load(path, backend="fast")
     room = min(model.descriptor.n_ctx, 64)  # tiny fixtures may have tiny contexts: rewind and go on

@@ -36,7 +36,7 @@ def worker(mode: str, tokens: int, threads: int | None) -> dict:
     from fetch_models import model_path
 
     import archrun
-    from archrun import grammar
+    from archrun.generation import grammar
 
     model = archrun.load(model_path("smollm2"), threads=threads)
     no_end = {t: -100.0 for t in model.tokenizer.eog_ids}

@@ -131,16 +131,16 @@ PRODUCT_SHAPES = [(4864, 1024), (896, 4864)]
 def bench_products(types: list[str], seconds: float, rng) -> None:
     """CPU time of one one-token decode product per type (one thread, no parallel region), and which
     block dot it runs (dots.DOT_PATHS: a SIMD byte-pair dot, or the portable lane loops)."""
-    paths = getattr(kernels.dots, "DOT_PATHS", {})
+    paths = getattr(kernels.matmul.dots, "DOT_PATHS", {})
     for n_out, n_in in PRODUCT_SHAPES:
         for name in types:
             t = int(GGMLQuantizationType[name])
-            if t not in kernels.dots.KERNELS:
+            if t not in kernels.matmul.dots.KERNELS:
                 continue
             m = kernels.prepare(random_rows(t, n_out, n_in, rng), t, n_in)
             x = rng.standard_normal((1, n_in), np.float32)
             out = np.empty((1, n_out), np.float32)
-            run = kernels.dots.KERNELS[t]
+            run = kernels.matmul.dots.KERNELS[t]
             run(*m.arrays, x, out, 1)
             reps, c0, w0 = 0, time.thread_time(), time.perf_counter()
             while time.perf_counter() - w0 < seconds:

@@ -30,7 +30,7 @@ PEAK = "int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).
 IMPORT_SNIPPET = f"""
 import json
 import numpy, numba, llvmlite.binding
-import archrun, archrun.kernels.block, archrun.kernels.layer
+import archrun, archrun.kernels.decode.block, archrun.kernels.decode.layer
 print(json.dumps({{"peak_mb": {PEAK}}}))
 """
 

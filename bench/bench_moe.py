@@ -3,7 +3,7 @@
     PYTHONPATH=core:tests python bench/bench_moe.py [--threads 2] [--tokens 64] [--rounds 3] [--gguf PATH]
 
 No MoE GGUF is among the real models, so this writes a qwen3moe-shaped file with the tests'
-fixture tooling (tests/synth.py, random ggml blocks): d 1024, 8 layers, 32 experts of width 512,
+fixture tooling (tests/support/synth.py, random ggml blocks): d 1024, 8 layers, 32 experts of width 512,
 8 used per token (the ratios of Qwen3-30B-A3B at a smaller scale), attention in Q4_K, expert
 gate/up in Q4_K and down in Q6_K. The same loaded model decodes in alternating rounds with the pool
 (every layer's products, routers and experts included, shared with the pool's workers) and
@@ -29,7 +29,7 @@ from gguf_fixtures import random_quant_tensor  # noqa: E402
 from synth import write_model  # noqa: E402
 
 import archrun  # noqa: E402
-from archrun.kernels import qmatrix  # noqa: E402
+from archrun.kernels.matmul import qmatrix  # noqa: E402
 
 D, LAYERS, HEADS, KV, HD, E, K, FF = 1024, 8, 16, 4, 64, 32, 8, 512
 

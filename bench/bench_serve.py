@@ -167,7 +167,7 @@ def main() -> int:
     args = ap.parse_args()
     path = str(model_path(args.model)) if args.model in MODELS else args.model
     levels = [int(x) for x in args.levels.split(",")]
-    from archrun.tokenizer import Tokenizer
+    from archrun.text.tokenizer import Tokenizer
 
     no_end = {str(t): -100 for t in Tokenizer.from_gguf(path).eog_ids}
     port = _free_port()

@@ -46,7 +46,7 @@ from machine import describe, machine  # noqa: E402
 
 import archrun  # noqa: E402
 from archrun import speculative  # noqa: E402
-from archrun.generation import chat_prompt  # noqa: E402
+from archrun.generation.generate import chat_prompt  # noqa: E402
 
 DERIVED = MODEL_DIR / "derived"   # models the bench writes once from the fetched ones (the F16 targets)
 GLM_TINY = HERE.parent / "families" / "archrun-glm4moe" / "tests" / "goldens" / "glm4moe_base.gguf"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from archrun.conformance.llamacpp import LLAMA_CPP_PYTHON
 
-TOOLS = ("llama-bench", "llama-batched-bench", "llama-gguf-split")  # the last: tests/test_ggufset.py
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-gguf-split")  # the last: tests/io/test_ggufset.py
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 _SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
 

@@ -43,12 +43,12 @@ __all__ = [
 
 _LAZY = {
     "load": ("archrun.api", "load"),
-    "embed": ("archrun.embedding", "embed"),
+    "embed": ("archrun.generation.embedding", "embed"),
     "Model": ("archrun.api", "Model"),
     "Descriptor": ("archrun.descriptor", "Descriptor"),
-    "Tokenizer": ("archrun.tokenizer", "Tokenizer"),
-    "generate": ("archrun.generation", "generate"),
-    "chat": ("archrun.generation", "chat"),
+    "Tokenizer": ("archrun.text.tokenizer", "Tokenizer"),
+    "generate": ("archrun.generation.generate", "generate"),
+    "chat": ("archrun.generation.generate", "chat"),
 }
 
 

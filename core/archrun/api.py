@@ -8,12 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from archrun.compile import compile_gguf
-from archrun.errors import InvalidRequest, shown
-from archrun.ggufset import open_gguf
-from archrun.lora import apply_adapters
-from archrun.model import Interpreter, build_plan
+from archrun.describe.compile import compile_gguf
+from archrun.errors import InvalidRequest, check_flag, shown
+from archrun.io.ggufset import open_gguf
+from archrun.io.lora import apply_adapters
 from archrun.plugins import checked_plugin_manager
+from archrun.run.bind import build_plan
+from archrun.run.interpreter import Interpreter
 from archrun.vocab import BACKENDS, build_vocabulary
 
 Model = Interpreter  # every loaded model is an Interpreter of its block style (a Decoder)
@@ -24,7 +25,7 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
          progress: Callable[[str, int, int], None] | None = None,
          hints: Mapping[str, Any] | None = None, lora: Any = None, lora_scale: float = 1.0,
          layers: tuple[int, int] | None = None, expert_memory: int | None = None,
-         share_weights_with: Interpreter | None = None) -> Interpreter:
+         share_weights_with: Interpreter | None = None, fused: bool = True) -> Interpreter:
     """Load a GGUF file into a runnable model.
 
     block_style: a registered block style, e.g. "fused" | "host_reference" (default: what the
@@ -39,17 +40,20 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
     progress: called as progress(stage, done, total) during slow steps (the CLI shows a bar).
     lora: LoRA adapter files (GGUF, llama.cpp's convert_lora_to_gguf.py) merged into the weights at
     load: a path, or a list of paths and (path, scale) pairs; lora_scale is the scale of those given
-    without one (archrun.lora: the adapted weights become float32, the others keep their encoding).
-    path may name any part of a split model (archrun.ggufset).
+    without one (archrun.io.lora: the adapted weights become float32, the others keep their encoding).
+    path may name any part of a split model (archrun.io.ggufset).
     layers: (start, end) loads a pipeline stage, blocks start..end-1 only (archrun.pipeline): a stage after
     the first takes hidden states float32 [n, d] where a model takes token ids, one before the last gives
     the hidden states of every position where a model gives logits.
     expert_memory: bytes of a mixture-of-experts model's expert matrices kept in memory; the others are paged
-    in from disk when the router picks them (archrun.experts: the same logits as with every expert resident).
+    in from disk when the router picks them (archrun.io.experts: the same logits as with every expert resident).
     share_weights_with: a model loaded from the same file on the same backend (without adapters): this model
     reuses its weights wherever `lora` changes nothing, so several adapters on one base hold the base once.
+    fused: False runs every one-token step and batch op by op (the interpreter's block, on the backend's
+    ops) even where the ops declare kernel parts: the path the fused kernels are checked against.
     """
     backend = "fast" if backend is None or (isinstance(backend, str) and not backend) else backend
+    fused = check_flag("fused", fused)
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise InvalidRequest(f"backend must be one of {', '.join(BACKENDS)}, got {shown(backend)}")
     if progress is not None and not callable(progress):
@@ -68,12 +72,13 @@ def load(path: str | os.PathLike, block_style: str | None = None, backend: str |
         share = _shared_plan(share_weights_with, gguf, backend)
         compiled = compile_gguf(gguf, plugins=pm, block_style=block_style, hints=hints)
         # refuses bad input first
-        plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress, layers, expert_memory, share)
+        plan = build_plan(compiled.descriptor, gguf, vocab, backend, progress, layers, expert_memory, share,
+                          fused=fused)
         style = vocab.entry("block_style", compiled.descriptor.block_style).op.reference()
         model = style(plan, gguf, lambda: _tokenizer(gguf, pm), compiled.chat_template)
         if backend == "fast":
             gguf.release_pages()  # the kernels hold repacked copies; file pages would double the RSS
-            from archrun.kernels.warmup import warm_up
+            from archrun.kernels.matmul.warmup import warm_up
 
             # compile before the first token: the kernels of the file's weight types, then a
             # throwaway prefill and decode step (the model's ops, its fused blocks and head)
@@ -128,7 +133,7 @@ def _throwaway_steps(model: Interpreter) -> None:
 
 
 def _tokenizer(gguf, pm):
-    from archrun.tokenizer import Tokenizer
+    from archrun.text.tokenizer import Tokenizer
 
     return Tokenizer.from_metadata(gguf.metadata, pm)
 

@@ -20,8 +20,8 @@ def run_bench(path: str | os.PathLike, threads: int | None = None, backend: str 
     `repetitions` timed runs on a cleared cache; the rates are the median run's, with every run's
     rate listed (`prefill_runs`, `decode_runs`)."""
     from archrun.api import load
-    from archrun.cache import kv_options
     from archrun.errors import ContextOverflow, InvalidRequest
+    from archrun.run.cache import kv_options
 
     kv = kv_options(kv_type)
     for name, n in (("prompt_tokens", prompt_tokens), ("gen_tokens", gen_tokens), ("repetitions", repetitions)):

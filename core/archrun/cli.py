@@ -202,7 +202,7 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "max_tokens", "stop")
     options = {k: getattr(args, k) for k in keys}
     if args.json_schema is not None:
-        from archrun.grammar import Grammar
+        from archrun.generation.grammar import Grammar
 
         with open(args.json_schema, encoding="utf-8") as f:
             options["grammar"] = Grammar.json_schema(f.read())  # checked before the model loads
@@ -210,7 +210,7 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _kv_arg(p: argparse.ArgumentParser) -> None:
-    from archrun.cache import KV_TYPES
+    from archrun.run.cache import KV_TYPES
 
     p.add_argument("--kv-type", choices=KV_TYPES, default="f32",
                    help="how the KV cache stores keys and values: f32 (default), f16 (half the memory) or q8_0 "
@@ -244,7 +244,7 @@ def _load(args: argparse.Namespace, path: Any = None, lora: list | None = None, 
         tiered_ok = not getattr(args, "hash", False) and os.environ.get("ARCHRUN_TIERED", "1") != "0" and not lora \
             and experts is None and tiered
         if args.backend is None and args.block_style is None and tiered_ok:
-            from archrun import tiered
+            from archrun.run import tiered
 
             return tiered.load(path, **kwargs)
         return load(path, backend=args.backend, **kwargs)
@@ -257,7 +257,7 @@ def _adapter_models(args: argparse.Namespace, files: list) -> dict[str, Any]:
     import functools
 
     from archrun.errors import InvalidRequest
-    from archrun.lora import parse_lora_arg
+    from archrun.io.lora import parse_lora_arg
 
     loaders: dict[str, Any] = {}
     base = str(files[0][1]) if files else ""
@@ -293,7 +293,7 @@ def _expert_memory(args: argparse.Namespace) -> int | None:
 
 
 def _lora(args: argparse.Namespace) -> list[tuple[str, float]]:
-    from archrun.lora import parse_lora_arg
+    from archrun.io.lora import parse_lora_arg
 
     return [(os.path.abspath(path), scale) for path, scale in map(parse_lora_arg, getattr(args, "lora", None) or [])]
 
@@ -314,7 +314,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options["logit_hashes"] = True
     model = _load(args)
     if args.speculative is not None:
-        from archrun import speculative
+        from archrun.generation import speculative
 
         chat, generate = speculative.chat, speculative.generate
         options.update(drafter=args.speculative, draft_max=args.draft_max)
@@ -328,7 +328,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.speculative is not None:
         _print_speculation(gen.result.timings)
     if args.hash:
-        from archrun.fingerprint import system_fingerprint
+        from archrun.generation.fingerprint import system_fingerprint
 
         print(f"system_fingerprint: {system_fingerprint(model)}", file=sys.stderr)
         print(f"logit_hashes: {' '.join(gen.result.logit_hashes)}", file=sys.stderr)
@@ -343,7 +343,7 @@ def _print_speculation(t: dict[str, float]) -> None:
 
 def _cmd_chat(args: argparse.Namespace) -> int:
     import archrun
-    from archrun.cache import PrefixCache, kv_options
+    from archrun.run.cache import PrefixCache, kv_options
 
     options = _sampling(args)
     model = _load(args)
@@ -429,8 +429,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    from archrun.describe.inspect import inspect_model, render_text
     from archrun.family import parse_hints
-    from archrun.inspect import inspect_model, render_text
 
     info = inspect_model(args.model, parse_hints(args.hint))
     print(json.dumps(info, indent=2) if args.json else render_text(info))
@@ -438,7 +438,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from archrun.inspect import list_plugins, render_plugins
+    from archrun.describe.inspect import list_plugins, render_plugins
 
     info = list_plugins()
     print(json.dumps(info, indent=2) if args.json else render_plugins(info))
@@ -456,7 +456,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_warmup(args: argparse.Namespace) -> int:
-    from archrun.warmup import warm_models, warm_plugins, warm_types, weight_types
+    from archrun.run.warmup import warm_models, warm_plugins, warm_types, weight_types
 
     types = weight_types(args.types if args.types is not None or args.model else "all")
     for path in args.model:

@@ -10,7 +10,7 @@ declares, and never asks an object what it happens to carry.
 Two kinds of capability:
 
 - kernel members, which only the fast factory's objects carry (the reference factory's never do):
-  `fused` (an archrun.kernels.parts.Part, or None for an instance without one), `fused_input` (the
+  `fused` (an archrun.kernels.decode.parts.Part, or None for an instance without one), `fused_input` (the
   residual's FFN-input Part), `fused_for` (attention: ``fused_for(kv_type) -> Part | None``),
   `pool_task` (attention: a numba function compiled for SIGNATURES["task"], or None), `slot_arrays`
   (attention: ``slot_arrays(slot) -> (k, v, pos, ring)``), `act_part` (moe: its activation's Part, or
@@ -119,7 +119,7 @@ def check_declaration(slot: str, name: str, fast: object, caps: object, plugin: 
 def check_bound(obj: Any, caps: OpCapabilities, slot: str, name: str) -> None:
     """PluginError unless the bound object `obj` carries every member its op declares, each of its kind
     (a Part or None; a callable or None; a tuple of kv type names)."""
-    from archrun.kernels.parts import Part
+    from archrun.kernels.decode.parts import Part
 
     for member in caps.members():
         try:
@@ -210,7 +210,7 @@ class SoftcapOp(Protocol):
     def __call__(self, logits: np.ndarray) -> np.ndarray: ...
 
 
-#: slot -> the Protocol of its bound objects (block_style's factory returns a Decoder class: archrun.model)
+#: slot -> the Protocol of its bound objects (block_style's factory returns a Decoder class: archrun.run.interpreter)
 PROTOCOLS: dict[str, type | Callable[..., Any]] = {
     "norm": NormOp, "rope": RopeOp, "attention": AttentionOp, "mixer": MixerOp, "activation": ActivationOp,
     "residual": ResidualOp, "gating": GatingOp, "moe": MoeOp, "softcap": SoftcapOp,

@@ -29,11 +29,11 @@ class Caps:
 
 @runtime_checkable
 class Cache(Protocol):
-    """Per-sequence state of a Decoder (archrun.cache.KvCache is one).
+    """Per-sequence state of a Decoder (archrun.run.cache.KvCache is one).
 
     A cache whose state cannot be truncated (recurrent layers) also offers `restore_point(length)`
     (the longest length <= length it can return to exactly) and `checkpoint()` (keep the current
-    state as one); generic layers ask `archrun.cache.restore_point(cache, length)`, which falls
+    state as one); generic layers ask `archrun.run.cache.restore_point(cache, length)`, which falls
     back to `max_rewind` for caches without them.
     """
 
@@ -70,7 +70,7 @@ class Decoder(Protocol):
 
     @property
     def tokenizer(self) -> Any:
-        """The model's tokenizer (archrun.tokenizer.Tokenizer: encode, decode, special tokens)."""
+        """The model's tokenizer (archrun.text.tokenizer.Tokenizer: encode, decode, special tokens)."""
         ...
 
     @property
@@ -110,7 +110,7 @@ class Trunk(Protocol):
         ...
 
     def bind_matrix(self, role: str, layer: int | None = None) -> Any:
-        """The product of the tensor of `role`: a callable x[n, n_in] -> [n, n_out] (archrun.weights.Matrix)."""
+        """The product of the tensor of `role`: a callable x[n, n_in] -> [n, n_out] (archrun.io.weights.Matrix)."""
         ...
 
     def bind_vector(self, role: str, layer: int | None = None) -> np.ndarray:

@@ -11,7 +11,7 @@ packed gate|up projections, a learned position table. Per-layer geometry is a tu
 `LayerSpec`, so interleaved sliding/global layers, NoPE layers, leading dense layers and
 per-layer head counts are data.
 
-Build descriptors with `archrun.compile.describe(path)` (or `compile_gguf` for the full
+Build descriptors with `archrun.describe.compile.describe(path)` (or `compile_gguf` for the full
 report); variants with `attrs.evolve`. Never construct one from raw metadata.
 """
 
@@ -258,7 +258,8 @@ class MoeSpec:
 
     kind: str = field(validator=v.instance_of(str))  # vocabulary slot "moe"
     activation: str = field(validator=v.instance_of(str))  # slot "activation" of each (gated) expert
-    activation_params: tuple[tuple[str, float], ...] = field(default=(), converter=_named_values, kw_only=True)  # as FfnSpec
+    # as FfnSpec's
+    activation_params: tuple[tuple[str, float], ...] = field(default=(), converter=_named_values, kw_only=True)
     n_expert: int = field(validator=_pos_int)
     n_expert_used: int = field(validator=_pos_int)
     n_ff: int = field(validator=_pos_int)
@@ -338,7 +339,7 @@ class Descriptor:
     whose blocks end normed). causal False: the file states `attention.causal` false (an encoder):
     its attention ops must be bidirectional and the model embeds, it does not generate. pooling:
     how the file says a sequence's hidden states become one embedding (`pooling_type`, GGUF's
-    numbering by name: none, mean, cls, last, rank; archrun.embedding). norm_weights False: norms
+    numbering by name: none, mean, cls, last, rank; archrun.generation.embedding). norm_weights False: norms
     have no learned weight (unit scale; OLMo's non-parametric LayerNorm), so no norm weight tensors
     exist. final_norm: the norm op (slot "norm") of the trunk's final norm when it is not `norm`
     ("": the model's norm op).

@@ -103,7 +103,7 @@ class FamilyHints:
     `swa_period` P > 0 makes layer i sliding iff
     i % P < P - 1 unless the file has attention.sliding_window_pattern; `nope_period` P > 0 makes
     every P-th layer (i % P == P - 1) use no rotary embedding (the layer patterns archrun-blocks
-    registers read these and `nope_global`, archrun.layers); `block_style` the default style.
+    registers read these and `nope_global`, archrun.describe.layers); `block_style` the default style.
     `qk_norm_after_rope`: per-head Q/K norms apply to the rotated Q/K (HunYuan), not before rope.
     `nope_global`: when a model has sliding-window layers, its full-attention layers use no
     rotary embedding (cohere2, exaone4). `pre_norms` False: blocks have no attn/ffn pre-norms
@@ -130,7 +130,7 @@ class FamilyHints:
     (`attention.head_count` 0) is recurrent throughout. `parallel`: the token mixer (slot
     "mixer") every layer runs beside its attention on the same normed input, the two outputs
     summed (Falcon-H1's Mamba2 beside attention). `mixerless`: the op (slot "mixer") in the token
-    mixer's place of the layers a file marks as having no mixer at all (archrun.layers' `mixerless`
+    mixer's place of the layers a file marks as having no mixer at all (archrun.describe.layers' `mixerless`
     property; an op that adds nothing, such as archrun-blocks' "none"): Nemotron-H's MLP layers.
     `final_norm`: the norm op of the trunk's final norm where it differs from every other norm's
     (BitNet: the blocks' norms quantize what they feed, the final norm feeds a float head).
@@ -232,7 +232,7 @@ def parse_hints(items: list[str] | tuple[str, ...]) -> dict[str, str]:
 class FamilyPlugin:
     """A family plugin made from architecture -> FamilyHints: implements the family hooks (and, given
     `tool_calls`, archrun_tool_call_format for its architectures; given `reasoning`, an
-    archrun.reasoning.ReasoningFormat, archrun_reasoning_format for its architectures when the chat
+    archrun.text.reasoning.ReasoningFormat, archrun_reasoning_format for its architectures when the chat
     template uses that format).
 
     A family package needs only `plugin = FamilyPlugin({...})` and the entry point
@@ -241,8 +241,8 @@ class FamilyPlugin:
 
     def __init__(self, hints: Mapping[str, FamilyHints], tool_calls: Any = None, reasoning: Any = None):
         self.hints = MappingProxyType(dict(hints))
-        self.tool_calls = tool_calls  # an archrun.tools.ToolCallFormat for these architectures, or None
-        self.reasoning = reasoning    # an archrun.reasoning.ReasoningFormat, or None
+        self.tool_calls = tool_calls  # an archrun.generation.tools.ToolCallFormat for these architectures, or None
+        self.reasoning = reasoning    # an archrun.text.reasoning.ReasoningFormat, or None
 
     @hookimpl
     def archrun_describe_family(self, architecture: str) -> FamilyHints | None:

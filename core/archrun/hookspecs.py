@@ -39,7 +39,7 @@ def archrun_register_pre_tokenizers(register: Callable[..., None]) -> None:
     """Register pre-tokenizers.  Called once per plugin manager on every plugin.
 
     Call ``register(name, pre)`` with a `tokenizer.ggml.pre` value and an
-    `archrun.tokenizer.PreTokenizer` (its regexes or splitters and llama.cpp's flags for it).
+    `archrun.text.tokenizer.PreTokenizer` (its regexes or splitters and llama.cpp's flags for it).
     Registering a name another plugin already provides raises `archrun.errors.PluginError`
     naming both plugins.
     """
@@ -50,7 +50,7 @@ def archrun_register_tokenizer_models(register: Callable[..., None]) -> None:
     """Register vocabulary kinds.  Called once per plugin manager on every plugin.
 
     Call ``register(name, build)`` with a `tokenizer.ggml.model` value and its builder:
-    ``build(source: archrun.tokenizer.TokenizerSource) -> archrun.tokenizer.TokenizerParts``.
+    ``build(source: archrun.text.tokenizer.TokenizerSource) -> archrun.text.tokenizer.TokenizerParts``.
     Registering a name another plugin already provides raises `archrun.errors.PluginError`
     naming both plugins.
     """
@@ -60,7 +60,7 @@ def archrun_register_tokenizer_models(register: Callable[..., None]) -> None:
 def archrun_register_layer_patterns(register: Callable[..., None]) -> None:
     """Register layer patterns.  Called once per plugin manager on every plugin.
 
-    Call ``register(name, pattern)`` with an `archrun.layers.LayerPattern`: a rule that says, from
+    Call ``register(name, pattern)`` with an `archrun.describe.layers.LayerPattern`: a rule that says, from
     a file's metadata and its family's hints, which layers have a property (recurrent, sliding,
     nope). Registering a name another plugin already provides raises
     `archrun.errors.PluginError` naming both plugins.
@@ -93,7 +93,7 @@ def archrun_register_drafters(register: Callable[..., None]) -> None:
     """Register speculative-decoding drafters.  Called once per lookup on every plugin.
 
     Call ``register(name, factory, doc="")``: ``factory(model, arg)`` returns an
-    `archrun.speculative.Drafter` for a target model (``arg`` is the text after ``name:`` in a
+    `archrun.generation.speculative.Drafter` for a target model (``arg`` is the text after ``name:`` in a
     spec such as ``draft:PATH``, or None). Registering a name another plugin already provides
     raises `archrun.errors.PluginError` naming both plugins.
     """
@@ -101,7 +101,7 @@ def archrun_register_drafters(register: Callable[..., None]) -> None:
 
 @hookspec(firstresult=True)
 def archrun_tool_call_format(architecture: str, chat_template: str | None) -> Any:
-    """Return an `archrun.tools.ToolCallFormat` for a model, or None.  firstresult.
+    """Return an `archrun.generation.tools.ToolCallFormat` for a model, or None.  firstresult.
 
     Called when a chat offers tools. ``architecture`` is the file's `general.architecture`,
     ``chat_template`` the template the chat renders with (the file's or the family default; None
@@ -112,7 +112,7 @@ def archrun_tool_call_format(architecture: str, chat_template: str | None) -> An
 
 @hookspec(firstresult=True)
 def archrun_reasoning_format(architecture: str, chat_template: str | None) -> Any:
-    """Return an `archrun.reasoning.ReasoningFormat` for a model, or None.  firstresult.
+    """Return an `archrun.text.reasoning.ReasoningFormat` for a model, or None.  firstresult.
 
     Asked once per served model (and per chat that splits reasoning). ``architecture`` is the
     file's `general.architecture`, ``chat_template`` the template the chat renders with (None if

@@ -182,7 +182,7 @@ class PipelineModel:
     @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
-            from archrun.tokenizer import Tokenizer
+            from archrun.text.tokenizer import Tokenizer
 
             self._tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
         return self._tokenizer
@@ -288,8 +288,8 @@ def load(path: str | os.PathLike, stages: int, load_options: dict[str, Any] | No
         import ray
     except ImportError as exc:
         raise ArchrunError(f"pipeline stages need the 'ray' extra (pip install 'archrun[ray]'): {exc}") from None
-    from archrun.compile import compile_gguf
-    from archrun.ggufset import open_gguf
+    from archrun.describe.compile import compile_gguf
+    from archrun.io.ggufset import open_gguf
 
     options = dict(load_options or {})
     if "layers" in options:

@@ -23,9 +23,9 @@ hd head width, f FFN width, E experts, k experts used):
   residual    factory(scale: float) -> obj: obj.ffn_input(x[n, d], a[n, d]) -> [n, d] (what the FFN reads
                         before its norm); obj.combine(x, a, f) -> [n, d] (the stream after the block)
   gating      factory() -> f(logits[n, E]) -> probs[n, E]
-  moe         factory(spec: MoeSpec, gating, act) -> f(x[n, d], weights: archrun.weights.MoeWeights) -> [n, d]
+  moe         factory(spec: MoeSpec, gating, act) -> f(x[n, d], weights: archrun.io.weights.MoeWeights) -> [n, d]
   softcap     factory(cap: float) -> f(logits[n, V]) -> [n, V]
-  block_style factory() -> a Decoder class (see archrun.model): its `caps` say which entries it carries;
+  block_style factory() -> a Decoder class (see archrun.run.interpreter): its `caps` say which entries it carries;
               the op's declared `op_backend` ("reference" or None) which backend the small ops run on
 
 An attention op whose Q/K/V are not the standard attn_q/attn_k/attn_v (or attn_qkv) products
@@ -35,9 +35,9 @@ the cache, the residual) stays the interpreter's.
 
 What an op can do beyond its slot's contract it declares at registration (`Op.capabilities`, an
 archrun.contracts.OpCapabilities): a fast op joins the fused one-call-per-layer decode path by declaring
-kernel parts (archrun.kernels.parts: `fused`, and the residual op's `fused_input`); an FFN op with its own
+kernel parts (archrun.kernels.decode.parts: `fused`, and the residual op's `fused_input`); an FFN op with its own
 layer kernel (e.g. moe) declares `fused_layer`: `op.fused_layer(weights, common, group_id=None)`
-(group_id, when given, registers its product groups with the decode worker pool: archrun.fusion).
+(group_id, when given, registers its product groups with the decode worker pool: archrun.kernels.decode.fusion).
 The core reads only what an op declares.
 """
 
@@ -61,7 +61,7 @@ class AttentionLayout(Protocol):
     """The projections of an attention op that brings its own (slot "attention", `Op.layout`).
 
     describe(ctx) runs at compile time for each layer using the op: `ctx` is an
-    archrun.compile.LayerContext (the layer's metadata keys, tensor shapes, head counts). It checks
+    archrun.describe.compile.LayerContext (the layer's metadata keys, tensor shapes, head counts). It checks
     the layout's tensors and returns AttentionSpec fields: `n_head_kv`, `head_dim`, `v_head_dim`
     (what the attention op and its cache see), `scale`, and `params` (name -> number).
 
@@ -81,7 +81,7 @@ class AttentionLayout(Protocol):
 class ActivationLayout(Protocol):
     """The parameters of an activation op that reads its own from the file (slot "activation",
     `Op.layout`; e.g. learned per-layer constants): describe(ctx) runs at compile time for each layer
-    with an FFN (ctx: archrun.compile.LayerContext; `ctx.meta.per_layer_floats(key, n)` reads a float
+    with an FFN (ctx: archrun.describe.compile.LayerContext; `ctx.meta.per_layer_floats(key, n)` reads a float
     key, gguf-py's full name, that holds one value or one per layer) and returns {"params": {name:
     number}}. The descriptor keeps them (FfnSpec/MoeSpec.activation_params) and the binder passes them
     to the op's factories as keywords: factory(**params)."""
@@ -91,7 +91,7 @@ class ActivationLayout(Protocol):
 
 class MixerLayout(Protocol):
     """The geometry of a token mixer (slot "mixer", `Op.layout`): describe(ctx) runs at compile time for
-    each layer using the mixer (ctx: archrun.compile.LayerContext), checks the layer's tensors and returns
+    each layer using the mixer (ctx: archrun.describe.compile.LayerContext), checks the layer's tensors and returns
     the mixer's spec fields: `params` (name -> number: its conv taps, state sizes, inner widths, ...) and,
     when the mixer has heads, `n_head`, `n_head_kv`, `head_dim`, `v_head_dim`. The mixer op binds its own
     tensors (`bind(binder, layer)`) and keeps its own state (archrun.contracts.MixerOp)."""
@@ -203,7 +203,7 @@ class Vocabulary:
 def build_vocabulary(pm: pluggy.PluginManager) -> Vocabulary:
     """Every plugin's vocabulary, remembering which plugin registered what; the hook runs once per
     plugin manager (and again after a plugin was registered or unregistered)."""
-    from archrun.registry import collected
+    from archrun.plugins.registry import collected
 
     return collected(pm, "vocabulary", _collect_vocabulary)
 

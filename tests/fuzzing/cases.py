@@ -452,7 +452,7 @@ def cross_cases() -> st.SearchStrategy[dict]:
 
 def signature_cases() -> st.SearchStrategy[dict]:
     """One public function called with None, or a value of the wrong type, for one of its arguments
-    (tests/test_api_arguments.py's walk: which function and argument by index)."""
+    (tests/api/test_api_arguments.py's walk: which function and argument by index)."""
     return st.builds(lambda seed, backend, target, param, value: {
         "kind": "signature", "seed": seed, "backend": backend, "target": target, "param": param, "value": value},
         st.integers(0, len(SEEDS) - 1), st.sampled_from(["fast", "reference"]), st.integers(0, 10**6),

@@ -75,7 +75,7 @@ def parse(data: bytes, path_hint: str = "seed") -> GGUFModel:
     import os
     import tempfile
 
-    from archrun.ggufset import open_gguf
+    from archrun.io.ggufset import open_gguf
 
     fd, tmp = tempfile.mkstemp(suffix=".gguf")
     try:

@@ -96,7 +96,7 @@ _SCALES = {"nan": np.nan, "inf": np.inf, "denormal": 3e-8, "zero": 0.0, "huge": 
 def _quantize(t: Tensor, qtype: int, scales: str, seed: int) -> None:
     """Replace t's data with random blocks of `qtype` (scales finite or hostile)."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf_fixtures import SCALE_FIELDS, random_blocks
+    from support.gguf_fixtures import SCALE_FIELDS, random_blocks
 
     block, _size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
     n = math.prod(t.dims) if t.dims else 0
@@ -475,7 +475,7 @@ def _model(seed: int, backend: str) -> Any:
 
 
 def scenario_template(case: dict, steps: Steps, tmp: Path) -> None:
-    from archrun.chat_template import chat_tokens, render_chat
+    from archrun.text.chat_template import chat_tokens, render_chat
 
     messages = build_value(case["messages"])
     if case["via"] == "render":
@@ -486,8 +486,8 @@ def scenario_template(case: dict, steps: Steps, tmp: Path) -> None:
 
 
 def scenario_api(case: dict, steps: Steps, tmp: Path) -> None:
-    from archrun.chat_template import chat_tokens, render_chat
-    from archrun.sampling import Sampler, SamplingParams
+    from archrun.generation.sampling import Sampler, SamplingParams
+    from archrun.text.chat_template import chat_tokens, render_chat
 
     model = _model(case["seed"], case["backend"])
     tok = model.tokenizer
@@ -527,7 +527,7 @@ def scenario_api(case: dict, steps: Steps, tmp: Path) -> None:
     elif call == "chat_tokens":
         steps.run(call, chat_tokens, tok, a)
     elif call == "describe":
-        from archrun.compile import describe
+        from archrun.describe.compile import describe
         steps.run(call, describe, a)
 
 
@@ -576,7 +576,7 @@ def scenario_special(case: dict, steps: Steps, tmp: Path) -> None:
         return
     path = _special_path(what, tmp, case["seed"])
     steps.run("load", archrun.load, path, backend=case["backend"])
-    from archrun.ggufset import open_gguf
+    from archrun.io.ggufset import open_gguf
 
     steps.run("open_gguf", lambda: open_gguf(path).close())
     steps.run("tokenizer_from_gguf", archrun.Tokenizer.from_gguf, path)
@@ -673,8 +673,8 @@ def _replace(cache: Any, other: Any, how: str) -> None:
 
 def _use(steps: Steps, use: str, model: Any, cache: Any, other: Any, n_vocab: int) -> None:
     """Step `model` on `cache` through one entry."""
-    from archrun import speculative
-    from archrun.cache import PrefixCache
+    from archrun.generation import speculative
+    from archrun.run.cache import PrefixCache
 
     ids = [1 % n_vocab, 2 % n_vocab]
     if use == "forward_step":
@@ -700,11 +700,11 @@ def _use(steps: Steps, use: str, model: Any, cache: Any, other: Any, n_vocab: in
 
 def scenario_cross(case: dict, steps: Steps, tmp: Path) -> None:
     """Objects made by one model used by another (or with replaced internals)."""
-    from archrun import speculative
-    from archrun.cache import PrefixCache
-    from archrun.generation import Decoding, make_request
-    from archrun.grammar import Constraint, Grammar
-    from archrun.sampling import Sampler, SamplingParams
+    from archrun.generation import speculative
+    from archrun.generation.generate import Decoding, make_request
+    from archrun.generation.grammar import Constraint, Grammar
+    from archrun.generation.sampling import Sampler, SamplingParams
+    from archrun.run.cache import PrefixCache
 
     a = steps.run("load_a", _model, case["a"], case["backend_a"])
     b = steps.run("load_b", _model, case["b"], case["backend_b"])
@@ -759,7 +759,7 @@ def scenario_cross(case: dict, steps: Steps, tmp: Path) -> None:
 
 def scenario_signature(case: dict, steps: Steps, tmp: Path) -> None:
     """A public function called with None or a value of the wrong type for one argument (the API walk)."""
-    import test_api_arguments as walk
+    import support.api_walk as walk
 
     model = _model(case["seed"], case["backend"])
     targets = walk._targets(model, _host_model(case["seed"]))
@@ -773,7 +773,7 @@ def scenario_signature(case: dict, steps: Steps, tmp: Path) -> None:
 
 
 def scenario_selftest(case: dict, steps: Steps, tmp: Path) -> None:
-    """The harness's own check: each finding kind on demand (tests/test_fuzz.py)."""
+    """The harness's own check: each finding kind on demand (tests/api/test_fuzz.py)."""
     import signal
     import time
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from archrun.fnv import fnv1a64_rows
+from archrun.generation.fnv import fnv1a64_rows
 
 FOLDER = "logit_hashes"
 FORMAT = 1

@@ -63,7 +63,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         t = reference_trace(model, args.tokenizer, args.prompt)
     else:
         from archrun.conformance.recover import trace_gguf
-        from archrun.tokenizer import Tokenizer
+        from archrun.text.tokenizer import Tokenizer
 
         ids = Tokenizer.from_gguf(model).encode(args.prompt)
         t = trace_gguf(model, ids, args.backend, hints=_hints(args))
@@ -114,7 +114,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 def _start(args: argparse.Namespace) -> Any:
     """The family's hints (or the first guess) with the caller's --hint values on top."""
     from archrun.conformance.recover import starting_hints, vocab_names
-    from archrun.ggufset import open_gguf
+    from archrun.io.ggufset import open_gguf
     from archrun.plugins import default_plugin_manager
 
     pm = default_plugin_manager()

@@ -79,9 +79,9 @@ def _recovered(path: str | Path, ids: Sequence[int], want: np.ndarray, tolerance
                hints: Any) -> str:
     """What the recovery loop (archrun.conformance.recover, the same engine as `archrun recover`) finds
     from the reference's logits alone, starting from the conventions as stated."""
-    from archrun.compile import compile_gguf
     from archrun.conformance.recover import hint_dict, recover
     from archrun.conformance.trace_format import Trace
+    from archrun.describe.compile import compile_gguf
     from archrun.errors import ArchrunError, NotRecovered
 
     reference = Trace(np.asarray(ids, np.int64), np.asarray(want, np.float32), {}, "reference")

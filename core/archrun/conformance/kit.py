@@ -203,8 +203,8 @@ def check_fused(model: Any, ids: np.ndarray, name: str) -> None:
 
 
 def _ops_without_part(model: Any) -> list[str]:
-    from archrun.fusion import fused_part
-    from archrun.plan import DenseFfn
+    from archrun.kernels.decode.fusion import fused_part
+    from archrun.run.plan import DenseFfn
 
     declared = model.plan.binder.declared
     out = []
@@ -231,7 +231,7 @@ def check_backends_agree(fast: Any, reference: Any, ids: np.ndarray, name: str) 
 
 def check_descriptor(path: Path, name: str) -> None:
     """The file compiles; its descriptor survives a JSON round trip unchanged."""
-    from archrun.compile import describe
+    from archrun.describe.compile import describe
 
     d = describe(path)
     text = json.dumps(d.to_dict())
@@ -240,10 +240,10 @@ def check_descriptor(path: Path, name: str) -> None:
 
 
 def check_inspect(path: Path, entry_point: str, name: str) -> None:
-    """`archrun inspect` (its JSON and its text: archrun.inspect, which the command prints) names the
+    """`archrun inspect` (its JSON and its text: archrun.describe.inspect, which the command prints) names the
     family, every op's provider (all installed), the descriptor."""
-    from archrun.compile import describe
-    from archrun.inspect import inspect_model, render_text
+    from archrun.describe.compile import describe
+    from archrun.describe.inspect import inspect_model, render_text
 
     info = json.loads(json.dumps(inspect_model(path)))  # what `archrun inspect --json` prints
     d = describe(path)

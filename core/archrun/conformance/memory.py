@@ -2,7 +2,7 @@
 
 A layer's cache slot that cannot be truncated (a recurrent state, a convolution window; alone or
 beside attention rows in a ``PairSlot``) states ``can_restore(length)`` and keeps copies of its
-state (``archrun.cache``). The kit generates these checks for every tiny HF fixture whose model
+state (``archrun.run.cache``). The kit generates these checks for every tiny HF fixture whose model
 has such a slot (``is_stateful``), each against the fixture's HF float32 logits (an independent
 reference), on the backend given:
 
@@ -129,7 +129,7 @@ def check_checkpoint(model: Any, ids: np.ndarray, ref: np.ndarray, name: str, at
 def check_chat_reuse(model: Any, ids: np.ndarray, ref: np.ndarray, name: str, turn: int = 18) -> None:
     """Turn 1: prompt ids[:turn] and a reply; turn 2's prompt (all ids) differs from the reply. The
     cache returns to the checkpoint kept at ``turn`` and recomputes only the rest."""
-    from archrun.cache import PrefixCache
+    from archrun.run.cache import PrefixCache
 
     cache = PrefixCache(model.init_cache(len(ids), max_rewind=2))
     prompt1 = [int(t) for t in ids[:turn]]
@@ -147,7 +147,7 @@ def check_chat_reuse(model: Any, ids: np.ndarray, ref: np.ndarray, name: str, tu
 
 
 def _rejected_drafter():
-    from archrun.speculative import Draft, Drafter
+    from archrun.generation.speculative import Draft, Drafter
 
     class Rejected(Drafter):
         """Drafts k copies of the last token plus one: mostly rejected, so most rounds rewind."""
@@ -161,7 +161,7 @@ def _rejected_drafter():
 def check_speculative(model: Any, ids: np.ndarray, name: str, n: int = 14) -> None:
     """Speculative decoding whose drafts are rejected (each rejection rewinds the states) = plain greedy."""
     import archrun
-    from archrun import speculative
+    from archrun.generation import speculative
 
     prompt = [int(t) for t in ids[:10]]
     no_end = {t: -100.0 for t in model.tokenizer.eog_ids}

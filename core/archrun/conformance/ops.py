@@ -238,8 +238,8 @@ def _attend_case(label: str, rng: np.random.Generator, spec: Any, ref: Any, fast
 def _kv_parts(fast: Any) -> list[tuple[str, Any]]:
     """(kv type, Part) of each kernel part of an attention op: ``op.fused`` for float32 caches, and
     ``op.fused_for(kv_type)`` for each other kv type the op stores (``op.kv_types``) that has one
-    compiled for ``SIGNATURES["attention:<kv type>"]`` (archrun.kernels.parts); each as the op declares."""
-    from archrun.kernels.parts import usable
+    compiled for ``SIGNATURES["attention:<kv type>"]`` (archrun.kernels.decode.parts); each as the op declares."""
+    from archrun.kernels.decode.parts import usable
 
     out = []
     for kv in _member(fast, "kv_types") or ("f32",):
@@ -272,7 +272,7 @@ def _attention_part_cases(label: str, rng: np.random.Generator, spec: Any, ref_f
 
 def _attention_part_run(label: str, rng: np.random.Generator, spec: Any, ref: Any, fast: Any, p: Any, rs: Any,
                         fs: Any, what: str) -> None:
-    from archrun.kernels.parts import NO_TASK
+    from archrun.kernels.decode.parts import NO_TASK
 
     heads, kv, hd, vd = spec.n_head, spec.n_head_kv, spec.head_dim, spec.v_head_dim
 
@@ -380,7 +380,7 @@ def _installed(slot: str) -> list[Any]:
 
 def _moe_weights(seed: int, spec: Any, d: int, backend: str) -> Any:
     """Random float32 MoeWeights of ``spec`` (router, experts, shared experts) for ``backend``."""
-    from archrun.weights import Matrix, MoeWeights
+    from archrun.io.weights import Matrix, MoeWeights
 
     rng = np.random.default_rng(seed)
 

@@ -129,7 +129,7 @@ class Declared:
 
 def declared(pm: Any, path: str | Path) -> Declared:
     """What the installed family plugins declare that could apply to the model at ``path``."""
-    from archrun.ggufset import open_gguf
+    from archrun.io.ggufset import open_gguf
 
     g = open_gguf(path)
     arch = str(g.metadata["general.architecture"])
@@ -181,7 +181,7 @@ class _Search:
 
     def __init__(self, path: Path, reference: Trace, plugins: Any, backend: str, tolerance: float,
                  budget: float):
-        from archrun.ggufset import open_gguf
+        from archrun.io.ggufset import open_gguf
         from archrun.plugins import make_plugin_manager
 
         self.path, self.reference, self.backend, self.tolerance = path, reference, backend, tolerance
@@ -441,7 +441,7 @@ def reference_trace(reference: str | Path, gguf_path: str | Path, prompt: str) -
         if not (ref / "config.json").is_file():
             raise BadTrace(f"{ref}: an HF model directory needs a config.json")
         from archrun.conformance.hf_trace import load_hf, trace_hf
-        from archrun.tokenizer import Tokenizer
+        from archrun.text.tokenizer import Tokenizer
 
         ids = Tokenizer.from_gguf(gguf_path).encode(prompt)
         return trace_hf(load_hf(ref), ids, ref.name)

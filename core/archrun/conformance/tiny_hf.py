@@ -85,8 +85,8 @@ def _zero_biases(path: Path, out: Path) -> Path | None:
 
 def _halve_rope(path: Path, out: Path) -> Path | None:
     """A copy with half the rotary dims (None: the model has no rope, or too few dims to halve)."""
-    from archrun.compile import describe
     from archrun.conformance.gguf_edit import rewrite_gguf
+    from archrun.describe.compile import describe
     from archrun.descriptor import NO_ROPE
 
     d = describe(path)

@@ -210,9 +210,9 @@ def first_divergence(a: list[Record], b: list[Record], tolerance: float = 1e-4) 
 
 def build(path: str | Path, descriptor: Descriptor, plugins: Any = None, backend: str = "reference") -> Any:
     """A model of the file at ``path`` run by ``descriptor`` (the block style it names)."""
-    from archrun.ggufset import open_gguf
-    from archrun.model import build_plan
+    from archrun.io.ggufset import open_gguf
     from archrun.plugins import default_plugin_manager
+    from archrun.run.bind import build_plan
     from archrun.vocab import build_vocabulary
 
     vocab = build_vocabulary(plugins or default_plugin_manager())

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 # first: the kernels' cache folder is named by a digest of their sources, taken before any is imported
 from archrun.kernels._jit import kernel_cache  # noqa: I001
-from archrun.kernels.qmatrix import (
+from archrun.kernels.matmul.qmatrix import (
     SUPPORTED_TYPES,
     QMatrix,
     embedding_rows,

@@ -162,7 +162,8 @@ def _register(folder: str, within: _Sources | None) -> _Sources:
         h = hashlib.sha256(f"{salt} {numba.__version__} {llvmlite.__version__} {numba.config.BOUNDSCHECK} "
                            f"{numba.config.OPT}".encode())
         files = {}
-        for src in sorted(Path(folder).glob("*.py")):
+        # the core's kernels span its subpackages (the matmul engine, the decode runtime); a plugin's, one folder
+        for src in sorted(Path(folder).rglob("*.py") if within is None else Path(folder).glob("*.py")):
             if str(src) == os.path.realpath(__file__):
                 continue  # this file: only its constants (in the core's salt) reach compiled code
             try:
@@ -171,7 +172,7 @@ def _register(folder: str, within: _Sources | None) -> _Sources:
                 continue
             if _KERNELS.search(text):
                 files[str(src)] = hashlib.sha256(text).digest()
-                h.update(src.name.encode() + b"\0" + files[str(src)])
+                h.update(src.relative_to(folder).as_posix().encode() + b"\0" + files[str(src)])
         digest = h.hexdigest()
         try:
             path = cache_base() / f"archrun-{Path(folder).name}-{digest[:16]}"
@@ -288,6 +289,8 @@ def _install_locator() -> bool:
         def from_function(cls, py_func, py_file):
             file = os.path.realpath(py_file)
             sources = _REGISTERED.get(os.path.dirname(file))
+            if sources is None and file.startswith(_CORE + os.sep):  # a kernel subpackage of the core
+                sources = _REGISTERED[_CORE]
             if sources is None:
                 return None  # not archrun's kernels: numba's own locators
             self = cls(py_func, *sources.location(file))

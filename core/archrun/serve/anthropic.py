@@ -17,7 +17,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from archrun.errors import InvalidRequest
-from archrun.generation import GenerationResult
+from archrun.generation.generate import GenerationResult
 from archrun.serve.reply import Blocks, Part, ReplyParts
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

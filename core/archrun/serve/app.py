@@ -29,10 +29,10 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from archrun.errors import ArchrunError, NotGenerative
-from archrun.fingerprint import system_fingerprint
-from archrun.generation import GenerationRequest, GenerationResult, make_request
-from archrun.grammar import vocabulary
-from archrun.reasoning import ReasoningBudget, effort_budget, reasoning_format, says_effort
+from archrun.generation.fingerprint import system_fingerprint
+from archrun.generation.generate import GenerationRequest, GenerationResult, make_request
+from archrun.generation.grammar import vocabulary
+from archrun.generation.tools import ToolPlan, plan_tool_chat
 from archrun.serve import anthropic, protocol, responses
 from archrun.serve.config import ServeConfig
 from archrun.serve.embeddings import Embedder
@@ -40,7 +40,7 @@ from archrun.serve.engine import Engine, EngineDown, Event, QueueFull, Ticket
 from archrun.serve.memory import MemoryBudget, weights_bytes
 from archrun.serve.metrics import Metrics
 from archrun.serve.reply import PROMPT_TAIL, Blocks, Part, ReplyParts, reasoning_stream, split_reply, stop_sequence
-from archrun.tools import ToolPlan, plan_tool_chat
+from archrun.text.reasoning import ReasoningBudget, effort_budget, reasoning_format, says_effort
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 GENERATING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
@@ -83,7 +83,7 @@ def _drafter(model: Any, spec: str | None) -> Any:
     """The drafter of `archrun serve --speculative SPEC`, or None."""
     if spec is None:
         return None
-    from archrun import speculative
+    from archrun.generation import speculative
 
     speculative.check_target(model)
     return speculative.make_drafter(model, spec)

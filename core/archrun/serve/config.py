@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from archrun.cache import kv_options
 from archrun.errors import InvalidRequest
+from archrun.run.cache import kv_options
 
 
 def _int_in(lo: int, hi: int | None = None):

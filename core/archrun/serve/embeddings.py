@@ -1,4 +1,4 @@
-"""POST /v1/embeddings in OpenAI's shape, on archrun.embedding.
+"""POST /v1/embeddings in OpenAI's shape, on archrun.generation.embedding.
 
 A body {"input": str | [str] | [int] | [[int]], "encoding_format": "float" | "base64",
 "dimensions": d (optional; only the model's own width), "model": ...} is answered
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from archrun import embedding
 from archrun.errors import InvalidRequest, shown
+from archrun.generation import embedding
 
 ENCODINGS = ("float", "base64")
 MAX_TOKENS = 1 << 16  # tokens of all inputs of one request (past it: 400; split the batch)

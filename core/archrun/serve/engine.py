@@ -2,19 +2,19 @@
 
 Requests wait in a bounded queue (QueueFull beyond it) and join the running batch at a token
 boundary, in a slot whose cached ids share the longest prefix with their prompt (that KV is
-reused, see archrun.cache.PrefixCache). A prompt is computed in chunks alongside the other
+reused, see archrun.run.cache.PrefixCache). A prompt is computed in chunks alongside the other
 sequences' next tokens, so running streams keep flowing: `prefill_chunk` tokens per step, or,
 automatically (None), up to AUTO_MAX_CHUNK tokens when no sequence is decoding and otherwise as
 many as fit in the time of the decode-only step (StepCosts, measured as the engine runs).
 Each step is one call of the model's batch entry (`forward_step_batch`, where `caps.batch`
 says it exists; else one forward_step per sequence). A cancelled request leaves at the next
-boundary and its slot is free at once. With a drafter (archrun.speculative), each decoding
+boundary and its slot is free at once. With a drafter (archrun.generation.speculative), each decoding
 sequence appends [last token, *drafts] instead of one token; the step's logits of every
 position verify the drafts, and the rejected ones are rewound from that sequence's cache.
 
 Several choices of one prompt (`submit_group`, a request's `n`) share its computation: the
 first computes the prompt; the others wait until it has, then start in a slot holding a copy
-of its cache (archrun.cache.KvCache.copy_from), recompute only the prompt's last token, and
+of its cache (archrun.run.cache.KvCache.copy_from), recompute only the prompt's last token, and
 decode in the batch beside it.
 
 Results go back through a sink: a callable the engine thread calls with each Event (the
@@ -34,9 +34,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from archrun.cache import PrefixCache, common_prefix, kv_options
 from archrun.errors import ArchrunError, InvalidRequest
-from archrun.generation import Decoding, GenerationRequest, GenerationResult, TokenLogprob
+from archrun.generation.generate import Decoding, GenerationRequest, GenerationResult, TokenLogprob
+from archrun.run.cache import PrefixCache, common_prefix, kv_options
 from archrun.serve.memory import KvCacheTooLarge, MemoryBudget, MemoryBudgetExceeded
 from archrun.serve.metrics import Metrics
 
@@ -105,7 +105,7 @@ class Ticket:
                  reuse_prefix: bool = True, leader: Ticket | None = None, steer: Any = None):
         self.engine, self.request, self.sink, self.reuse_prefix = engine, request, sink, reuse_prefix
         # forces tokens: steer.forced(text so far, tokens so far) -> ids to take next instead of sampling
-        # (archrun.reasoning.ReasoningBudget), or None
+        # (archrun.text.reasoning.ReasoningBudget), or None
         self.steer = steer
         self.cancelled = False
         self.leader = leader          # the choice of the same prompt whose computed prompt this one copies
@@ -133,7 +133,7 @@ class _Running:
 
     def __init__(self, ticket: Ticket, slot: _Slot, feed: list[int], decoding: Decoding, spec: Any = None):
         self.ticket, self.slot, self.feed, self.decoding = ticket, slot, feed, decoding
-        self.spec = spec              # an archrun.speculative.Speculation, or None
+        self.spec = spec              # an archrun.generation.speculative.Speculation, or None
         self.cached = len(ticket.request.ids) - len(feed)
         self.t_start = time.perf_counter()
         self.t_first: float | None = None
@@ -161,7 +161,7 @@ class Engine:
             model.init_cache(2, **self.kv)
         self.prefill_chunk = prefill_chunk  # prompt tokens per step; None: automatic (StepCosts)
         self.costs = StepCosts()
-        self.drafter, self.draft_max = drafter, draft_max   # an archrun.speculative.Drafter, or None
+        self.drafter, self.draft_max = drafter, draft_max   # an archrun.generation.speculative.Drafter, or None
         if drafter is not None and drafter.follows_trunk:
             raise InvalidRequest(f"drafter {drafter.name!r} must see every target step itself; the server's "
                                  "batched steps cannot host it (use it with archrun run)")
@@ -426,7 +426,7 @@ class Engine:
             if self.drafter is not None and ticket.request.grammar is None and ticket.steer is None and \
                     slot.capacity == self.ctx:
                 # constrained or steered: one token a step
-                from archrun.speculative import Speculation
+                from archrun.generation.speculative import Speculation
 
                 spec = Speculation(self.model, self.drafter, decoding, self.draft_max, self.ctx)
             ticket.slot, ticket.state = slot, "prefilling"

@@ -58,7 +58,7 @@ def model_facts(model_id: str, path: str | os.PathLike) -> ModelFacts:
     """The ModelFacts of a GGUF file (a ModelLoadError for a file that is not one)."""
     import gguf as gguf_py
 
-    from archrun.ggufset import open_gguf
+    from archrun.io.ggufset import open_gguf
 
     path = Path(path)
     with open_gguf(path) as g:

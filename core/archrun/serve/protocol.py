@@ -17,9 +17,9 @@ from typing import Any
 import attrs
 
 from archrun.errors import InvalidRequest
-from archrun.generation import GenerationResult, TokenLogprob
-from archrun.grammar import Grammar
-from archrun.reasoning import EFFORTS
+from archrun.generation.generate import GenerationResult, TokenLogprob
+from archrun.generation.grammar import Grammar
+from archrun.text.reasoning import EFFORTS
 
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
@@ -31,7 +31,7 @@ ROLES = {"system", "user", "assistant", "tool", "developer"}  # "developer" is r
 class Options:
     """What a request asks for beyond the prompt: make_request keyword arguments and output shape."""
 
-    generation: dict[str, Any]        # archrun.generation.make_request keywords
+    generation: dict[str, Any]        # archrun.generation.generate.make_request keywords
     stream: bool = False
     include_usage: bool = False       # stream_options.include_usage
     logprobs: int | None = None       # alternatives per token (None: no logprobs)
@@ -196,7 +196,7 @@ _MESSAGE_FIELDS = {"tool_calls": list, "tool_call_id": str, "name": str}
 
 
 def chat_tools(body: dict) -> tuple[Any, Any, dict[str, Any]]:
-    """(tools, tool_choice, chat_template_kwargs) of a chat body; archrun.tools validates the first two.
+    """(tools, tool_choice, chat_template_kwargs) of a chat body; archrun.generation.tools validates the first two.
 
     chat_template_kwargs (an extension) are variables for the chat template, e.g.
     {"enable_thinking": false} for Qwen3; OpenAI's reasoning_effort sets enable_thinking (false for
@@ -251,7 +251,8 @@ def usage(*results: GenerationResult) -> dict[str, Any]:
 
 
 def envelope(kind: str, rid: str, model: str, fingerprint: str, created: int | None = None) -> dict[str, Any]:
-    """The fields every response object and chunk carries (fingerprint: archrun.fingerprint.system_fingerprint)."""
+    """The fields every response object and chunk carries
+    (fingerprint: archrun.generation.fingerprint.system_fingerprint)."""
     return {"id": rid, "object": kind, "created": created or int(time.time()), "model": model,
             "system_fingerprint": fingerprint}
 

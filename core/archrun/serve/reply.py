@@ -12,9 +12,9 @@ from typing import Any
 
 import attrs
 
-from archrun.generation import GenerationResult
-from archrun.reasoning import ReasoningFormat, ReasoningStream
-from archrun.tools import ToolCall, ToolCallFormat, ToolCallStream
+from archrun.generation.generate import GenerationResult
+from archrun.generation.tools import ToolCall, ToolCallFormat, ToolCallStream
+from archrun.text.reasoning import ReasoningFormat, ReasoningStream
 
 PROMPT_TAIL = 16  # prompt tokens decoded to see whether the template opened the thinking
 

@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 from archrun.errors import InvalidRequest
-from archrun.generation import GenerationResult
-from archrun.reasoning import EFFORTS
+from archrun.generation.generate import GenerationResult
 from archrun.serve import protocol
 from archrun.serve.reply import Blocks, Part, ReplyParts
+from archrun.text.reasoning import EFFORTS
 
 INPUT_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from archrun.kernels.parts import part
+from archrun.kernels.decode.parts import part
 from archrun_example_vocab import parts
 from archrun_example_vocab.reference import ALPHA
 
@@ -20,5 +20,5 @@ def gelu_quick():
         p.fn(p.params, x.reshape(-1), out.reshape(-1))
         return out if up is None else out * np.asarray(up, dtype=np.float32)
 
-    act.fused = p  # what archrun.fusion looks for: with it, layers using this op decode fused
+    act.fused = p  # what archrun.kernels.decode.fusion looks for: with it, layers using this op decode fused
     return act

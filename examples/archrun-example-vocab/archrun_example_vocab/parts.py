@@ -1,11 +1,11 @@
 """The kernel part of gelu_quick: its math for one token, callable from the core's fused layer kernel.
 
 A part is a numba function compiled *eagerly* with its slot's signature,
-archrun.kernels.parts.SIGNATURES["activation"] = void(p float64[:], x float32[:], out float32[:]):
-the core's layer kernel (archrun.kernels.layer) receives it as a first-class function value
+archrun.kernels.decode.parts.SIGNATURES["activation"] = void(p float64[:], x float32[:], out float32[:]):
+the core's layer kernel (archrun.kernels.decode.layer) receives it as a first-class function value
 and calls it on the FFN's gate row, so this plugin's math runs inside the one-call-per-layer
 decode step without the core knowing what it computes. `p` carries the op's scalar parameters
-(archrun.kernels.parts.part(fn, *params)); here p[0] is the sigmoid's slope 1.702.
+(archrun.kernels.decode.parts.part(fn, *params)); here p[0] is the sigmoid's slope 1.702.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from archrun.kernels.parts import JIT, SIGNATURES
+from archrun.kernels.decode.parts import JIT, SIGNATURES
 
 _F32 = np.float32
 

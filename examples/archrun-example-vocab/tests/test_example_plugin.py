@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from archrun.conformance import check_family_plugin, check_vocabulary_plugin
-from archrun.kernels.parts import compiled_for, usable
+from archrun.kernels.decode.parts import compiled_for, usable
 from archrun_example_vocab import fast, parts, reference
 from archrun_example_vocab.plugin import ARCHITECTURE
 

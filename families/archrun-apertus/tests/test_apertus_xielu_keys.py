@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import archrun
-from archrun.compile import describe
 from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.conformance.hf import rel_err
+from archrun.describe.compile import describe
 from archrun.errors import MetadataError
 
 FIXTURE = Path(__file__).parent / "goldens" / "apertus_3layer_8head.gguf"

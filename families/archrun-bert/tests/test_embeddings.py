@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import archrun
-from archrun.embedding import embed_ids
 from archrun.errors import ContextOverflow, InvalidRequest, MetadataError, NotGenerative
+from archrun.generation.embedding import embed_ids
 
 GOLDENS = Path(__file__).parent / "goldens"
 FIXTURES = ("bert_tiny", "nomic_bert_tiny")

@@ -18,7 +18,7 @@ cancels its own YaRN magnitude for deepseek2) and the scores take mscale^2 inste
 from __future__ import annotations
 
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
-from archrun.reasoning import THINK_TAGS
+from archrun.text.reasoning import THINK_TAGS
 
 HINTS = {
     "deepseek2": FamilyHints(name="deepseek2", rope_pairing="norm", activation="silu", embed_scale=1.0,

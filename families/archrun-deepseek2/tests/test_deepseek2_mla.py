@@ -11,7 +11,7 @@ import pytest
 import archrun
 from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.errors import UnknownVocabulary
-from archrun.ggufset import open_gguf
+from archrun.io.ggufset import open_gguf
 from archrun.plugins import installed_plugins, make_plugin_manager
 
 GOLDENS = Path(__file__).parent / "goldens"

@@ -26,7 +26,7 @@ def test_every_block_runs_mamba2_beside_its_attention(loaded):
 
 
 def test_inspect_shows_rows_and_state():
-    from archrun.inspect import inspect_model
+    from archrun.describe.inspect import inspect_model
 
     memory = inspect_model(GOLDENS / "falcon_h1_g1.gguf")["memory"]
     conv, ssm = 3 * (128 + 2 * 16), 8 * 16 * 16

@@ -75,7 +75,7 @@ def test_converter_layout(name):
 
 def test_shared_layers_cost_no_cache_memory():
     """`archrun inspect`: the KV-sharing layers add no bytes per token; the others their K/V rows."""
-    from archrun.inspect import inspect_model
+    from archrun.describe.inspect import inspect_model
 
     cfg = hf.load_golden(GOLDENS / "gemma4_kv_shared.npz")["config"]
     memory = inspect_model(GOLDENS / "gemma4_kv_shared.gguf")["memory"]

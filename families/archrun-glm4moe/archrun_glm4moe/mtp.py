@@ -33,7 +33,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from archrun.cache import KvCache
 from archrun.errors import (
     ContextOverflow,
     InvalidRequest,
@@ -42,7 +41,8 @@ from archrun.errors import (
     ShapeMismatch,
     WrongBlockStyle,
 )
-from archrun.speculative import MAX_DRAFT, Draft, Drafter, DraftSampler
+from archrun.generation.speculative import MAX_DRAFT, Draft, Drafter, DraftSampler
+from archrun.run.cache import KvCache
 
 F32 = np.float32
 _REQUIRED = ("nextn.eh_proj", "nextn.enorm", "nextn.hnorm")

@@ -9,8 +9,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from archrun.grammar import Grammar
-from archrun.tools import Tool, ToolCallFormat
+from archrun.generation.grammar import Grammar
+from archrun.generation.tools import Tool, ToolCallFormat
 
 _CALL = re.compile(r"<tool_call>\s*([^\s<]+)\s*(.*?)</tool_call>", re.DOTALL)
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 import archrun
-from archrun.tools import ToolCallStream
+from archrun.generation.tools import ToolCallStream
 from archrun_glm4moe import plugin
 from archrun_glm4moe.tools import Glm45ToolCalls
 

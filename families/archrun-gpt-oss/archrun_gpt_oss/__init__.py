@@ -20,7 +20,7 @@ call's header (commentary channel, `to=functions.NAME`) is kept for HarmonyToolC
 from __future__ import annotations
 
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
-from archrun.reasoning import ReasoningFormat
+from archrun.text.reasoning import ReasoningFormat
 from archrun_gpt_oss.tools import HarmonyToolCalls
 
 __all__ = ["HARMONY", "HINTS", "HarmonyToolCalls", "plugin"]

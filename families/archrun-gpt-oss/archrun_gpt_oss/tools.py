@@ -21,8 +21,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from archrun.grammar import Grammar
-from archrun.tools import Tool, ToolCallFormat
+from archrun.generation.grammar import Grammar
+from archrun.generation.tools import Tool, ToolCallFormat
 
 _RECIPIENT = r"to=(?P<{}>[^\s<]+)"
 _HEADER = re.compile(
@@ -65,7 +65,7 @@ class HarmonyToolCalls(ToolCallFormat):
 
     def grammar(self, tools: Sequence[Tool]) -> Grammar:
         """One call to one of `tools` on the commentary channel. The markup is text: gpt-oss's vocabulary
-        has `<|channel|>`, `<|constrain|>` and `<|message|>` as user-defined tokens (archrun.tokenizer, as
+        has `<|channel|>`, `<|constrain|>` and `<|message|>` as user-defined tokens (archrun.text.tokenizer, as
         llama.cpp renders them), so each is one token the grammar admits as its text."""
         rules = [f"start: {' | '.join(f'call{i}' for i in range(len(tools)))}"]
         for i, tool in enumerate(tools):

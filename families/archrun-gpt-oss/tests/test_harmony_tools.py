@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from archrun.grammar import Constraint
-from archrun.reasoning import ReasoningBudget, ReasoningStream
+from archrun.generation.grammar import Constraint
+from archrun.generation.tools import Tool
 from archrun.serve.reply import ReplyParts
-from archrun.tools import Tool
+from archrun.text.reasoning import ReasoningBudget, ReasoningStream
 from archrun_gpt_oss import HARMONY, HarmonyToolCalls
 
 THINK = "<|channel|>analysis<|message|>Need the weather.<|end|>"
@@ -69,7 +69,7 @@ def test_a_call_that_does_not_parse_is_given_back_as_text():
 
 
 def test_the_family_declares_the_format():
-    from archrun.tools import tool_format
+    from archrun.generation.tools import tool_format
 
     gpt_oss = type("M", (), {"descriptor": type("D", (), {"architecture": "gpt-oss"})(), "chat_template": None})()
     assert isinstance(tool_format(gpt_oss), HarmonyToolCalls)

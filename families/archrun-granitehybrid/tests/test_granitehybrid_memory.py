@@ -39,7 +39,7 @@ def test_the_server_reuses_a_prefix_through_the_prompt_end_checkpoint():
     the prompt is reused, only the new tokens are computed, and the output is plain greedy decoding's."""
     import queue
 
-    from archrun.generation import make_request
+    from archrun.generation.generate import make_request
     from archrun.serve.engine import Engine
 
     model = archrun.load(GOLDENS / "granitehybrid_mmam_dense.gguf", backend="fast")

@@ -22,7 +22,7 @@ def test_layers_choose_their_kind(name):
 
 
 def test_inspect_shows_the_per_channel_state():
-    from archrun.inspect import inspect_model
+    from archrun.describe.inspect import inspect_model
 
     memory = inspect_model(GOLDENS / "jamba_mmam_moe2.gguf")["memory"]
     inner = 2 * 64

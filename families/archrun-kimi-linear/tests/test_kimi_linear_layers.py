@@ -26,7 +26,7 @@ def test_layers_choose_their_kind(name):
 
 
 def test_inspect_shows_the_delta_state_and_the_latent_rows():
-    from archrun.inspect import inspect_model
+    from archrun.describe.inspect import inspect_model
 
     memory = inspect_model(GOLDENS / "kimi_linear_kkkm.gguf")["memory"]
     conv, delta = 3 * 3 * 4 * 16, 4 * 16 * 16     # (K-1) x (q|k|v channels); heads x dk x dv

@@ -27,7 +27,7 @@ def test_layers_choose_their_kind_from_head_count_kv(loaded):
 
 
 def test_inspect_shows_each_layers_kind_and_its_state_bytes():
-    from archrun.inspect import inspect_model, render_text
+    from archrun.describe.inspect import inspect_model, render_text
 
     info = inspect_model(GOLDENS / "lfm2_ccac.gguf")
     d, kv = 64, 2 * 16  # width; kv heads x head_dim

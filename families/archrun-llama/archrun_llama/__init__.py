@@ -9,7 +9,7 @@ SwiGLU (SiLU activation), blocks are sequential pre-norm blocks, embeddings are 
 from __future__ import annotations
 
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
-from archrun.reasoning import THINK_TAGS
+from archrun.text.reasoning import THINK_TAGS
 from archrun_llama.tools import Llama3ToolCalls
 
 HINTS = {"llama": FamilyHints(name="llama", rope_pairing="norm", activation="silu", embed_scale=1.0, **TRANSFORMER)}

@@ -7,8 +7,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from archrun.grammar import Grammar
-from archrun.tools import Tool, ToolCallFormat, arguments_schema
+from archrun.generation.grammar import Grammar
+from archrun.generation.tools import Tool, ToolCallFormat, arguments_schema
 
 _TAG = "<|python_tag|>"
 

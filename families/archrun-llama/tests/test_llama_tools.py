@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from archrun.generation.tools import Tool, ToolCallStream
 from archrun.plugins import make_plugin_manager
-from archrun.tools import Tool, ToolCallStream
 from archrun_llama import plugin
 from archrun_llama.tools import Llama3ToolCalls
 

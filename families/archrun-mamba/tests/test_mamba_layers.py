@@ -22,7 +22,7 @@ def test_every_layer_is_a_mamba_mixer(name, norms):
 
 
 def test_inspect_shows_the_state():
-    from archrun.inspect import inspect_model
+    from archrun.describe.inspect import inspect_model
 
     memory = inspect_model(GOLDENS / "mamba_k3_n24.gguf")["memory"]
     conv, ssm = 2 * 128, 128 * 24     # (K-1) x d_inner; d_inner x state

@@ -21,7 +21,7 @@ def test_every_layer_is_a_mamba2_block_without_ffn(name):
 
 
 def test_inspect_shows_a_fixed_state_and_no_per_token_bytes():
-    from archrun.inspect import inspect_model
+    from archrun.describe.inspect import inspect_model
 
     memory = inspect_model(GOLDENS / "mamba2_g1_k4.gguf")["memory"]
     conv, ssm = 3 * (128 + 2 * 16), 8 * 16 * 16   # (K-1) x conv_dim; heads x head_dim x state

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import archrun
+from archrun.describe.inspect import inspect_model
 from archrun.descriptor import FfnSpec
-from archrun.inspect import inspect_model
 
 GOLDENS = Path(__file__).parent / "goldens"
 PATTERNS = {"nemotron_h_8b_pattern": "M-M*-M-", "nemotron_h_nano_pattern": "*-MM-*M"}

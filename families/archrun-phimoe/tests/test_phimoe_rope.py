@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import archrun
-from archrun.ggufio import GGUFFile
+from archrun.io.ggufio import GGUFFile
 
 GOLDEN = Path(__file__).parent / "goldens" / "phimoe_4experts_bias.gguf"
 

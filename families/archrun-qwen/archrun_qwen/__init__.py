@@ -13,7 +13,7 @@ from the file by the generic compiler.
 from __future__ import annotations
 
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
-from archrun.reasoning import THINK_TAGS
+from archrun.text.reasoning import THINK_TAGS
 from archrun_qwen.tools import QwenToolCalls
 
 _QWEN = dict(TRANSFORMER, rope_pairing="neox", activation="silu", embed_scale=1.0)

@@ -9,8 +9,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from archrun.grammar import Grammar
-from archrun.tools import Tool, ToolCallFormat, arguments_schema
+from archrun.generation.grammar import Grammar
+from archrun.generation.tools import Tool, ToolCallFormat, arguments_schema
 
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 

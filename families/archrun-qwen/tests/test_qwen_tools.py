@@ -8,8 +8,8 @@ import json
 import pytest
 
 from archrun.errors import InvalidRequest
+from archrun.generation.tools import Tool, ToolCallStream
 from archrun.plugins import make_plugin_manager
-from archrun.tools import Tool, ToolCallStream
 from archrun_qwen import plugin
 from archrun_qwen.tools import QwenToolCalls
 

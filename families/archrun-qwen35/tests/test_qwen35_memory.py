@@ -25,7 +25,7 @@ def test_layers_choose_their_kind(name):
 
 
 def test_inspect_shows_the_delta_state():
-    from archrun.inspect import inspect_model
+    from archrun.describe.inspect import inspect_model
 
     memory = inspect_model(GOLDENS / "qwen35_dddA.gguf")["memory"]
     conv, delta = 3 * (2 * 2 * 16 + 4 * 16), 4 * 16 * 16     # (K-1) x conv_dim; value heads x dk x dv

@@ -13,7 +13,7 @@ Shapes of the inner loops are what makes this fast (measured, 9 heads x 150 rows
 More than SPLIT_MIN_ROWS visible rows go in chunks of CHUNK_ROWS rows (`attend_split`): each
 chunk's online softmax gives per-head partials (max, sum, value accumulator), merged in chunk order
 with the log-sum-exp rule. The chunks are the decode pool's task `attend_chunk`
-(archrun.kernels.pool), so the step's other threads share them: a layer's K/V is read from memory
+(archrun.kernels.decode.pool), so the step's other threads share them: a layer's K/V is read from memory
 at one thread's rate (~5 GB/s measured), the second core doubles it. Chunk boundaries and the
 merge order depend only on the number of visible rows, so the result is the same bits on any
 number of threads and with no pool; up to SPLIT_MIN_ROWS rows the one-pass code (attend_biased)
@@ -28,10 +28,11 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from archrun.kernels import atomics, pool
+from archrun.kernels import atomics
 from archrun.kernels._jit import JIT
-from archrun.kernels.addresses import address, array_at, get_float, put_float
-from archrun.kernels.parts import SIGNATURES
+from archrun.kernels.decode import pool
+from archrun.kernels.decode.addresses import address, array_at, get_float, put_float
+from archrun.kernels.decode.parts import SIGNATURES
 from archrun_blocks.kv_codec import load_rows
 from archrun_blocks.tile_simd import COLS, ROWS, dots4x2, mm4x16_acc
 
@@ -442,7 +443,7 @@ def _merge(mx, tot, acc, out):
 @njit(**JIT)
 def attend_split(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, out, ctrl, task):
     """attend_biased (same arguments) in chunks of chunk_rows(count) rows, merged in chunk order; the chunks are
-    shared with the running decode pool `ctrl` (archrun.kernels.pool; empty: none) as its task `task` (-1:
+    shared with the running decode pool `ctrl` (archrun.kernels.decode.pool; empty: none) as its task `task` (-1:
     none) unless the pool backs off after a stall (pool.share_task), else computed here in order: the same
     bits either way. q, rows, slopes, dist C-contiguous."""
     hd, vd = q.shape[0] // n_head, out.shape[0] // n_head

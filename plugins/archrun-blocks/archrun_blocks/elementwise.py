@@ -17,8 +17,8 @@ from numba import njit, prange, typed
 
 from archrun.errors import ShapeMismatch
 from archrun.kernels._jit import JIT, JIT_PAR
-from archrun.kernels.addresses import address, array_at
-from archrun.kernels.parts import part
+from archrun.kernels.decode.addresses import address, array_at
+from archrun.kernels.decode.parts import part
 from archrun_blocks import parts
 from archrun_blocks.decode_attention import attend_biased
 from archrun_blocks.prefill_attention import TILE_MIN_QUERIES, attend_tiled
@@ -44,7 +44,7 @@ def _part_handle(fn) -> None:
     # function, in every process, and a (fn,) tuple costs ~0.1 ms a call to convert: kernels take
     # a part's handle (Part.handle, a typed list built once)
     if not (isinstance(fn, typed.List) or (numba.config.DISABLE_JIT and isinstance(fn, list))):
-        raise TypeError(f"expected a kernel part's handle (archrun.kernels.parts.Part.handle), got {fn!r}")
+        raise TypeError(f"expected a kernel part's handle (archrun.kernels.decode.parts.Part.handle), got {fn!r}")
 
 
 def _f32(a, name: str, ndim: int) -> None:
@@ -69,7 +69,7 @@ def _norm_rows(fn, p, x, w, b, out):
 def norm_rows(fn, params: np.ndarray, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
     """The norm part fn over the rows of x[n, d] with weight w[d] (and bias b[d]) -> float32 [n, d].
 
-    fn is the part's handle (archrun.kernels.parts.Part.handle)."""
+    fn is the part's handle (archrun.kernels.decode.parts.Part.handle)."""
     _part_handle(fn)
     _f32(x, "x", 2)
     _f32(w, "w", 1)

@@ -3,7 +3,7 @@
 Each factory has the same contract as its reference twin in archrun_blocks.reference (the
 plugin's tests check every pair on random inputs); only the inner computation is swapped
 for a kernel. Each fast op also carries its kernel part (`op.fused`, an
-archrun.kernels.parts.Part from archrun_blocks.parts) so the fused decode path runs it; the
+archrun.kernels.decode.parts.Part from archrun_blocks.parts) so the fused decode path runs it; the
 op-by-op path runs the same part over rows (archrun_blocks.elementwise). Shapes and
 validation stay with the callers, which build them from the descriptor, so the kernels never
 see an unchecked index.
@@ -17,8 +17,9 @@ import numpy as np
 
 from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
 from archrun.errors import ShapeMismatch
-from archrun.kernels import pool, qmatrix
-from archrun.kernels.parts import Part, part, usable
+from archrun.kernels.decode import pool
+from archrun.kernels.decode.parts import Part, part, usable
+from archrun.kernels.matmul import qmatrix
 from archrun_blocks import decode_attention, elementwise, kv_codec, parts, reference
 from archrun_blocks import moe_kernels as mk
 
@@ -37,7 +38,7 @@ def _norm(fn, eps: float, offset: float = 0.0):
         x2 = np.ascontiguousarray(x, dtype=F32).reshape(-1, shape[-1])
         return elementwise.norm_rows(p.handle, p.params, x2, w, b).reshape(shape)
 
-    norm.fused = p  # lets archrun.fusion run it inside a fused decode block
+    norm.fused = p  # lets archrun.kernels.decode.fusion run it inside a fused decode block
     return norm
 
 
@@ -137,7 +138,7 @@ def _with_kernels(op, name: str, params: tuple):
     op.attend = _attend
     op.codec = KernelKvCodec
     op.fused = part(getattr(parts, name), *params)
-    op.fused_for = functools.partial(_kv_parts, name, params)  # kv type -> Part (archrun.fusion)
+    op.fused_for = functools.partial(_kv_parts, name, params)  # kv type -> Part (archrun.kernels.decode.fusion)
     op.pool_task = decode_attention.attend_chunk  # the parts' chunks of a long context (decode pool task)
     op.slot_arrays = _slot_arrays  # the fused block reads and writes the cache through these
     return op
@@ -289,7 +290,7 @@ class _FastMoe:
         """(kernel, args, parallel) of a whole decode layer with this FFN, or None.
 
         common: a typed list holding the layer's (qkv, o_mat, vecs, geo, fns, params) as
-        archrun.kernels.layer documents them; the kernel is called as kernel(x, *args, kc, vc,
+        archrun.kernels.decode.layer documents them; the kernel is called as kernel(x, *args, kc, vc,
         kpos, ring, row, pos, cos, sin, chunks, par). group_id(ms, n_in) -> id, when given,
         registers product groups with the decode pool: the router's and every expert's products
         then go to the running pool (moe_kernels.pool_group_ids).

@@ -5,7 +5,7 @@ of every value as uint16 [cap, KV, width]; "q8_0" holds each row as ggml's q8_0 
 uint8 [cap, KV, width / 32 * 34]: per 32 values a float16 scale d (2 bytes, little endian)
 then 32 int8 quants, value = q * d. The conversions match numpy's float16 casts
 (round to nearest even, subnormals, inf) and gguf-py's q8_0 quantizer bit for bit
-(plugins/archrun-blocks/tests/test_kv_types.py); the numpy twins the reference backend uses are
+(plugins/archrun-blocks/tests/run/test_kv_types.py); the numpy twins the reference backend uses are
 in archrun_blocks.reference (encode_rows / decode_rows).
 
 The encoders compile without fastmath (the rounding must be the exact one); the decoders are
@@ -20,8 +20,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from archrun.kernels import simd
 from archrun.kernels._jit import JIT
+from archrun.kernels.matmul import simd
 
 _F32 = np.float32
 _EXACT = dict(cache=True, nogil=True)

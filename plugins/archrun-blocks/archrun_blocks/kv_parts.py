@@ -1,7 +1,7 @@
 """Attention kernel parts over float16 and q8_0 caches (archrun_blocks.kv_codec's row formats).
 
 The same math as archrun_blocks.parts' causal and ALiBi parts, compiled for another cache
-dtype (a part's signature fixes it: archrun.kernels.parts.SIGNATURES["attention:<kv type>"]).
+dtype (a part's signature fixes it: archrun.kernels.decode.parts.SIGNATURES["attention:<kv type>"]).
 This module is imported on the first cache of such a type, so a process that keeps float32
 caches never compiles or loads these.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from numba import njit
 
 from archrun.kernels._jit import JIT
-from archrun.kernels.parts import SIGNATURES
+from archrun.kernels.decode.parts import SIGNATURES
 from archrun_blocks.parts import alibi, causal
 
 

@@ -1,4 +1,4 @@
-"""The built-in layer patterns (archrun.layers): llama.cpp's rules for which layers have no token
+"""The built-in layer patterns (archrun.describe.layers): llama.cpp's rules for which layers have no token
 mixer, are recurrent, sliding-window or without rope, from a file's keys and its family's hints.
 
 mixerless (only when the family names a `mixerless` op): the layers whose per-layer
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from archrun.describe.layers import LayerFacts, LayerPattern
 from archrun.errors import MetadataError
-from archrun.layers import LayerFacts, LayerPattern
 
 RECURRENT_LAYERS_KEY = "attention.recurrent_layers"
 SLIDING_PATTERN_KEY = "attention.sliding_window_pattern"

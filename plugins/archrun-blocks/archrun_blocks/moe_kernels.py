@@ -16,20 +16,20 @@ Python loop over experts:
 4. shared experts, if any, run on every token and are added last.
 
 The numerics are those of the op-by-op fast path for few tokens: every product quantizes
-its activation rows to 8-bit blocks (kernels.block.product_rows), as kernels.matmul does
+its activation rows to 8-bit blocks (kernels.decode.block.product_rows), as kernels.matmul does
 for up to INT_MAX_TOKENS rows. Routing is compiled without fastmath, so ties and the -inf
 of excluded groups compare exactly as in numpy.
 
 Expert weights are passed without copying: `expert_list` holds one uniform matrix
-(kernels.block.uniform) per expert and role in a numba typed list, index 3 e + j with
+(kernels.decode.block.uniform) per expert and role in a numba typed list, index 3 e + j with
 j = 0 gate, 1 up, 2 down, each a view of that expert's prepared arrays. Experts of any
 width work (no lane-multiple condition).
 
-`decode_moe_layer` is archrun.kernels.layer's block with this FFN: one call per MoE layer for
+`decode_moe_layer` is archrun.kernels.decode.layer's block with this FFN: one call per MoE layer for
 a single token. On more than one thread its products (router, each selected expert's gate/up and
-down, the shared experts) are shared with the decode worker pool (kernels.pool) like a dense
+down, the shared experts) are shared with the decode worker pool (kernels.decode.pool) like a dense
 layer's: `pool_group_ids` registers them as product groups (gids: their ids), and a product goes
-to the running pool `par` when it is big enough (kernels.block.pooled_product), else it runs on
+to the running pool `par` when it is big enough (kernels.decode.block.pooled_product), else it runs on
 the calling thread. With a running pool the kernel is called with chunks = 1, so numba's own
 threads never spin beside the pool's workers. Pooled or not, every output row is computed by one
 thread with the same kernels: the results are the same bits.
@@ -46,13 +46,13 @@ import numpy as np
 from numba import njit, typed
 
 from archrun.errors import ShapeMismatch
-from archrun.kernels import block, layer
 from archrun.kernels._jit import JIT
-from archrun.kernels.lists import typed_list
-from archrun.kernels.qmatrix import QMatrix
+from archrun.kernels.decode import block, layer
+from archrun.kernels.decode.lists import typed_list
+from archrun.kernels.matmul.qmatrix import QMatrix
 
 _F32 = np.float32
-# Steps inlined into their callers at numba IR level (as kernels.block's: fewer separately
+# Steps inlined into their callers at numba IR level (as kernels.decode.block's: fewer separately
 # compiled levels that each re-optimize the linked product kernels).
 _STEP = dict(JIT, inline="always")
 # Routing compares scores exactly (no fastmath: ties and infinities behave as in numpy).
@@ -126,7 +126,7 @@ def pool_group_ids(arrays: tuple, gate: Sequence[QMatrix], up: Sequence[QMatrix]
     """Register the product groups of one MoE FFN for the decode pool; their ids gids (int64 [4], GID_*).
 
     arrays: moe_arrays' result for the same matrices; group_id(ms, n_in) registers a group of 3
-    uniform matrices with input width n_in and returns its id (archrun.fusion). Expert e's groups
+    uniform matrices with input width n_in and returns its id (archrun.kernels.decode.fusion). Expert e's groups
     are (gate, up, absent) and (down, absent, absent), registered in expert order (consecutive ids),
     each a view of the expert's prepared arrays as in `arrays`.
     """
@@ -276,7 +276,7 @@ def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, shared
     """out f32 [n, d] = the MoE FFN of h f32 [n, d] (C-contiguous); arguments as `moe_arrays` builds
     them, rp (RP_* fields) and scale the routing parameters, gate_fn/act_fn the gating's and the
     experts' activation's kernel parts (their handles, Part.handle). Products split over `chunks`
-    threads, or go to the running decode pool par (kernels.pool.NO_POOL: none) as groups gids
+    threads, or go to the running decode pool par (kernels.decode.pool.NO_POOL: none) as groups gids
     (`pool_group_ids`; NO_GIDS: none)."""
     n, d = h.shape
     absent = router[1]
@@ -323,7 +323,7 @@ def decode_moe_layer(x, common, router, experts, shared_gu, shared_down, probs_b
                      gate_fn, gate_p, act_fn, act_p, gids, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
     """One decoder block with a MoE FFN on one token; x f32 [d] is updated in place.
 
-    common[0] holds the layer's (qkv, o_mat, vecs, geo, fns, params) as archrun.kernels.layer
+    common[0] holds the layer's (qkv, o_mat, vecs, geo, fns, params) as archrun.kernels.decode.layer
     documents them (geo's FFN fields unused); its attention sub-block and residual joins run
     here, and the FFN is `moe_rows` (gate_fn/act_fn: the handles of the gating and activation
     parts; gids: the FFN's pool groups, `pool_group_ids`). The list and the expert list are top-level

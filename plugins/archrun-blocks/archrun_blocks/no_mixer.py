@@ -1,6 +1,6 @@
 """The "none" token mixer: what stands in the mixer's place of a layer that has none.
 
-A layer without a token mixer (archrun.layers' `mixerless` property, e.g. Nemotron-H's MLP layers:
+A layer without a token mixer (archrun.describe.layers' `mixerless` property, e.g. Nemotron-H's MLP layers:
 norm -> FFN -> residual) is a block whose mixer adds nothing: its output is zeros, it binds no
 tensors and keeps no state, and it declares so (`empty`), which lets the block's FFN read the
 normed input of its only norm (llama.cpp src/models/nemotron-h.cpp, HF NemotronHBlock).

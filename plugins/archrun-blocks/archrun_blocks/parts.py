@@ -1,6 +1,6 @@
 """Kernel parts of archrun-blocks' ops: the math of one token, for the fused decode path.
 
-Each function is compiled with its slot's signature (archrun.kernels.parts.SIGNATURES), so
+Each function is compiled with its slot's signature (archrun.kernels.decode.parts.SIGNATURES), so
 the core's layer kernel calls it as a first-class function value; the fast ops' op-by-op
 paths (archrun_blocks.elementwise) run the same functions over rows, so the numba math of an
 op exists once. Parameters arrive as the float64 array `p` (see each function).
@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from archrun.kernels._jit import JIT
-from archrun.kernels.parts import SIGNATURES
+from archrun.kernels.decode.parts import SIGNATURES
 from archrun_blocks.decode_attention import SPLIT_MIN_ROWS, attend_biased, attend_one, attend_split, visible_rows
 from archrun_blocks.kv_codec import store_row, values_per_row
 from archrun_blocks.rotate import rotate_pairs

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from archrun.tokenizer import WHITESPACE, PreTokenizer, Splitter
+from archrun.text.tokenizer import WHITESPACE, PreTokenizer, Splitter
 
 # --- splitters llama.cpp runs instead of a regex (unicode.cpp) ---
 

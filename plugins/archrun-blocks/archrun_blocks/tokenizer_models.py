@@ -1,7 +1,7 @@
 """The vocabulary kinds of llama.cpp (llama-vocab.cpp), by `tokenizer.ggml.model` value.
 
-Each builder reads what its kind needs from the file (archrun.tokenizer.TokenizerSource) and
-returns the engine with llama.cpp's default special ids and flags (archrun.tokenizer.TokenizerParts).
+Each builder reads what its kind needs from the file (archrun.text.tokenizer.TokenizerSource) and
+returns the engine with llama.cpp's default special ids and flags (archrun.text.tokenizer.TokenizerParts).
 Registered through `archrun_register_tokenizer_models` (archrun_blocks.plugin).
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 from gguf.constants import Keys
 
 from archrun.errors import ArchrunWarning, TokenizerError
-from archrun.tokenizer import BpeEngine, SpmEngine, TokenizerParts, TokenizerSource, UgmEngine, WpmEngine
+from archrun.text.tokenizer import BpeEngine, SpmEngine, TokenizerParts, TokenizerSource, UgmEngine, WpmEngine
 
 # BertNormalizer options of WPM vocabularies (llama.cpp's keys; gguf-py's constants lack them)
 KEY_LOWERCASE = "tokenizer.ggml.normalizer.lowercase"

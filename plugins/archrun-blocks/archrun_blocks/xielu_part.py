@@ -8,7 +8,7 @@ import numpy as np
 from numba import njit
 
 from archrun.kernels._jit import JIT
-from archrun.kernels.parts import SIGNATURES, part
+from archrun.kernels.decode.parts import SIGNATURES, part
 from archrun_blocks import elementwise
 from archrun_blocks.xielu import F32, INIT, effective
 

@@ -9,7 +9,7 @@ import pytest
 
 from archrun.descriptor import AttentionSpec
 from archrun.errors import MetadataError, ShapeMismatch
-from archrun.kernels.parts import NO_TASK, usable
+from archrun.kernels.decode.parts import NO_TASK, usable
 from archrun.plugins import make_plugin_manager
 from archrun.vocab import build_vocabulary
 from archrun_blocks import elementwise, fast, reference

@@ -4,7 +4,7 @@ causal attention (window, softcap), the activations (SiLU, tanh-GELU, exact GELU
 squared ReLU) and the residual topologies. archrun's conformance kit (conftest.py) ties every fast op
 to its reference; this file ties both to the math.
 
-(The elementwise tests moved here from the core's tests/test_kernels.py with the kernels.)
+(The elementwise tests moved here from the core's tests/kernels/test_kernels.py with the kernels.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from archrun.descriptor import AttentionSpec
 from archrun.errors import ShapeMismatch
-from archrun.kernels.parts import part
+from archrun.kernels.decode.parts import part
 from archrun_blocks import elementwise, fast, parts, reference
 
 SMALL = numba.config.DISABLE_JIT  # pure-Python kernels: keep sizes tiny

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from archrun.descriptor import AttentionSpec, RopeSpec
-from archrun.kernels.parts import NO_TASK, compiled_for, usable
+from archrun.kernels.decode.parts import NO_TASK, compiled_for, usable
 from archrun_blocks import fast, reference
 
 RNG = np.random.default_rng(3)
@@ -30,7 +30,7 @@ def close(a, b, tol=1e-5):
 
 
 def test_every_fast_op_carries_a_part_compiled_for_its_slot():
-    """What lets the fused decode path run it (archrun.kernels.parts)."""
+    """What lets the fused decode path run it (archrun.kernels.decode.parts)."""
     spec = AttentionSpec(kind="causal", n_head=2, n_head_kv=1, head_dim=8, v_head_dim=8, scale=0.5)
     rope = RopeSpec(pairing="neox", n_rot=8, freq_base=1e4)
     made = [(f(1e-6), "norm") for _, f in NORMS.values()]

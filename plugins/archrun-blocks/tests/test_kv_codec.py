@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from archrun.descriptor import AttentionSpec
-from archrun.kernels.parts import NO_TASK
+from archrun.kernels.decode.parts import NO_TASK
 from archrun_blocks import fast, kv_codec, reference
 from archrun_blocks.decode_attention import KEY_BLOCK, attend_biased, attend_one
 

@@ -13,8 +13,8 @@ from gguf.constants import GGMLQuantizationType as T
 
 from archrun.descriptor import MoeSpec
 from archrun.errors import ShapeMismatch
-from archrun.kernels.parts import part
-from archrun.weights import Matrix, MoeWeights
+from archrun.io.weights import Matrix, MoeWeights
+from archrun.kernels.decode.parts import part
 from archrun_blocks import fast, parts, reference
 from archrun_blocks import moe_kernels as mk
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from archrun.descriptor import AttentionSpec, MoeSpec
-from archrun.weights import Matrix, MoeWeights
+from archrun.io.weights import Matrix, MoeWeights
 from archrun_blocks import fast, reference
 
 RNG = np.random.default_rng(7)

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from archrun.descriptor import AttentionSpec
-from archrun.kernels import block, layer, pool, qmatrix
-from archrun.kernels.parts import NO_TASK
+from archrun.kernels.decode import block, layer, pool
+from archrun.kernels.decode.parts import NO_TASK
+from archrun.kernels.matmul import qmatrix
 from archrun_blocks import fast, reference
 from archrun_blocks.decode_attention import (
     CHUNK_ROWS,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from archrun.descriptor import AttentionSpec, MoeSpec
-from archrun.weights import Matrix, MoeWeights
+from archrun.io.weights import Matrix, MoeWeights
 from archrun_llama4_ops import ops
 
 RNG = np.random.default_rng(11)

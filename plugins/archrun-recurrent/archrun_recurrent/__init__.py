@@ -4,5 +4,5 @@ Token mixers (slot "mixer", each a layer's whole mixer with its own layout): `sh
 gated short convolution), `mamba`, `mamba2`, `gated_deltanet` (and `_tiled`), `kda` (Kimi Delta
 Attention); and `gated_causal`, an attention op with its own projections (slot "attention"). The
 mixers' per-sequence state lives in a `StateSlot` (archrun_recurrent.state), which rewinds by restoring
-kept copies of the state (archrun.cache describes the protocol).
+kept copies of the state (archrun.run.cache describes the protocol).
 """

@@ -8,10 +8,10 @@ function of every token so far: it cannot be truncated like K/V rows. The slot k
   the last tokens of each step), so the last `rewind_reach` tokens rewind exactly (speculative
   decoding rejects drafts from its last step);
 - up to `max_checkpoints` copies at chosen lengths (`checkpoint(length)`, forwarded by
-  archrun.cache.KvCache when a prompt has been fed), which a chat's next turn or a longer
+  archrun.run.cache.KvCache when a prompt has been fed), which a chat's next turn or a longer
   rewind returns to, then recomputes from.
 
-It implements the stateful-slot protocol of archrun.cache (`can_restore`, `rewind_to`,
+It implements the stateful-slot protocol of archrun.run.cache (`can_restore`, `rewind_to`,
 `checkpoint`, `checkpoints`, `rewind_reach`, `clear`, `nbytes`).
 """
 
@@ -80,7 +80,7 @@ class StateSlot:
         if self.n != length:
             self.keep(length)
 
-    # -- the stateful-slot protocol (archrun.cache) -----------------------------------------------
+    # -- the stateful-slot protocol (archrun.run.cache) -----------------------------------------------
 
     @property
     def rewind_reach(self) -> int:

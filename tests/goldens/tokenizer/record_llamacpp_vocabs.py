@@ -1,6 +1,6 @@
 """Record llama.cpp's tokenization of its own test vocabularies (``models/ggml-vocab-*.gguf``).
 
-The files with ``.inp``/``.out`` pairs are checked against those (tests/test_tokenizer_llamacpp_vocabs.py);
+The files with ``.inp``/``.out`` pairs are checked against those (tests/text/test_tokenizer_llamacpp_vocabs.py);
 this covers the rest and the vocabulary kinds archrun added last: aquila and gpt-neox (gpt2 without
 ``tokenizer.ggml.pre`` -> llama.cpp's 'default'), baichuan (SPM), bert-bge (WPM), gemma-4 (gemma4)
 and nomic-bert-moe (UGM). Corpus: every ``.inp`` test string plus record_llamacpp.py's corpus (edge

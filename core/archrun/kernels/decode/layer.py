@@ -1,0 +1,437 @@
+"""One decoder block for one token in one jitted call, composed of the ops' kernel parts.
+
+This is the interpreter's block (archrun.run.interpreter.Interpreter.run_block) for a single token, as
+one numba function. It knows the anatomy of a block — pre-norm, q/k/v products, per-head q/k
+norms, rotary embedding, attention over the cache, output product, post-norm, the residual
+topology's two joins, the FFN's products and activation — and none of the math: every op is a
+first-class function value (a `kernels.decode.parts.Part`) taken from the layer's arguments, so one
+compiled kernel runs every combination of built-in and third-party ops.
+
+A dense layer's arguments, built by archrun.kernels.decode.fusion (one tuple; `decode_layer` takes a typed
+list of them, built once at load):
+
+  qkv, o_mat, gate_up, down   product groups: 3 uniform matrices each (kernels.decode.block), absent
+                              ones padding: (q, k, v) or (q|k|v, -, -); (o, -, -);
+                              (gate, up, -), (gate|up, -, -) or (up, -, -) for a plain FFN; (down, -, -)
+  vecs   float32 vectors, empty when absent: attn_norm, attn_norm bias, q_norm, k_norm,
+         post_attn_norm, ffn_norm, ffn_norm bias, post_ffn_norm, [c] clamping Q/K/V to [-c, c]
+         (OLMo, MPT clip_qkv; empty: none) (no attn_norm: a block without
+         pre-norms; q/k norms of a head's width apply per head, of all heads' width to the whole)
+  geo    int64: n_head, n_kv, head_dim, v_head_dim, n_ff, gated, rope (0/1), the pool
+         group ids of qkv, o_mat, gate_up, down (-1: none), q/k norms after rope (0/1), and the
+         pool task id of the attention op (-1: none; the attention part gets it with the pool's ctrl)
+  fns    parts' functions as first-class values (kernels.decode.parts.Part.value, called f[0](...)): norm, rope,
+         attention, activation, residual ffn_input, residual combine
+  params their float64 parameters in the same order (the residual's serve both of its functions)
+
+Layers whose FFN is not a dense product pair (e.g. a mixture of experts) run their op's own
+layer kernel, which calls `attention_block` and `join` from here.
+
+`decode_rows` is the same block on N rows at once (a batch of sequences, or a span of one
+sequence's tokens: speculative verification), built from the same inlined steps: per row the same
+part calls, and products (kernels.decode.block.product_group_rows) that read each weight block once for
+all rows while computing every row as the one-token product does, so each row's output is
+bit-identical to `decode_layer` on that token. It serves dense layers only; a layer with its own
+FFN kernel runs op by op in a batch (archrun.run.decoders.FusedDecoder.forward_step_batch_spans).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from archrun.kernels import atomics
+from archrun.kernels._jit import JIT
+from archrun.kernels.decode import block, pool
+from archrun.kernels.decode.addresses import address, array_at
+from archrun.kernels.decode.block import product_group, product_group_rows
+
+_F32 = np.float32
+_STEP = dict(JIT, inline="always")
+
+# vecs and geo fields
+V_ATTN_NORM, V_ATTN_NORM_B, V_Q_NORM, V_K_NORM, V_POST_ATTN, V_FFN_NORM, V_FFN_NORM_B, V_POST_FFN, V_CLAMP = range(9)
+G_HEADS, G_KV, G_HD, G_VD, G_FF, G_GATED, G_ROPE, G_QKV, G_O, G_GU, G_DOWN, G_QK_LATE, G_TASK = range(13)
+# fns / params fields
+F_NORM, F_ROPE, F_ATTN, F_ACT, F_RES_IN, F_RES_OUT = range(6)
+P_NORM, P_ROPE, P_ATTN, P_ACT, P_RES = range(5)
+
+
+@njit(**_STEP)
+def _heads_norm(norm, p, v, n_head, hd, w):
+    """Per-head norm of v [n_head * hd] in place (no bias)."""
+    none = np.empty(0, _F32)
+    for h in range(n_head):
+        seg = v[h * hd:(h + 1) * hd]
+        norm[0](p, seg, w, none, seg)
+
+
+@njit(**_STEP)
+def _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd):
+    """q [n_head * hd] and k [n_kv * hd] through their norms in place: per head (norms of a head's
+    width), or one norm over all heads (norms of all heads' width)."""
+    qh = n_head if vecs[V_Q_NORM].shape[0] == hd else 1
+    kh = n_kv if vecs[V_K_NORM].shape[0] == hd else 1
+    _heads_norm(norm, pn, q, qh, q.shape[0] // qh, vecs[V_Q_NORM])
+    _heads_norm(norm, pn, k, kh, k.shape[0] // kh, vecs[V_K_NORM])
+
+
+@njit(**_STEP)
+def _pre_norm(x, vecs, fns, params, h):
+    """h [d] = the attention sub-block's normed input of x [d] (x itself in a block without pre-norms)."""
+    if vecs[V_ATTN_NORM].shape[0]:
+        fns[F_NORM][0](params[P_NORM], x, vecs[V_ATTN_NORM], vecs[V_ATTN_NORM_B], h)
+    else:  # no pre-norms
+        h[:] = x
+
+
+@njit(**_STEP)
+def _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, att, ctrl):
+    """One token's attention from its q|k|v projections y [nq + nk + nv] (clamped, q/k-normed and rotated
+    in place) into att [n_head * vd]; its K/V go to cache row `row`. ctrl: the running pool's (empty: none),
+    passed to the attention part with the op's pool task id."""
+    n_head, n_kv, hd = geo[G_HEADS], geo[G_KV], geo[G_HD]
+    norm, pn = fns[F_NORM], params[P_NORM]
+    if vecs[V_CLAMP].shape[0]:
+        c = vecs[V_CLAMP][0]
+        for j in range(y.shape[0]):
+            y[j] = min(max(y[j], -c), c)
+    nq, nk = n_head * hd, n_kv * hd
+    q, k, v = y[:nq], y[nq:nq + nk], y[nq + nk:]
+    late = geo[G_QK_LATE]
+    if vecs[V_Q_NORM].shape[0] and not late:
+        _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd)
+    if geo[G_ROPE]:
+        rope, pr = fns[F_ROPE], params[P_ROPE]
+        rope[0](pr, q, n_head, hd, cos, sin)
+        rope[0](pr, k, n_kv, hd, cos, sin)
+    if vecs[V_Q_NORM].shape[0] and late:
+        _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd)
+    fns[F_ATTN][0](params[P_ATTN], q, k, v, kc, vc, kpos, ring, row, pos, att, ctrl, geo[G_TASK])
+
+
+@njit(**_STEP)
+def _post_attn(a, vecs, fns, params):
+    """The post-attention norm of a [d] in place, when the block has one."""
+    if vecs[V_POST_ATTN].shape[0]:
+        fns[F_NORM][0](params[P_NORM], a, vecs[V_POST_ATTN], np.empty(0, _F32), a)
+
+
+@njit(**_STEP)
+def _qkv_width(geo):
+    return geo[G_HEADS] * geo[G_HD] + geo[G_KV] * geo[G_HD] + geo[G_KV] * geo[G_VD]
+
+
+@njit(**_STEP)
+def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+    """The attention sub-block of x f32 [d]: (a, h) = (its output [d] after the post-norm, the normed input [d])."""
+    d = x.shape[0]
+    h = np.empty(d, _F32)
+    _pre_norm(x, vecs, fns, params, h)
+    y = np.empty(_qkv_width(geo), _F32)
+    product_group(par, geo[G_QKV], qkv, h, y, chunks)
+    att = np.empty(geo[G_HEADS] * geo[G_VD], _F32)
+    _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, att, par[0])
+    a = np.empty(d, _F32)
+    product_group(par, geo[G_O], o_mat, att, a, chunks)
+    _post_attn(a, vecs, fns, params)
+    return a, h
+
+
+@njit(**_STEP)
+def ffn_input(x, a, h, vecs, fns, params):
+    """The FFN sub-block's normed input [d]: the residual's ffn_input of (x, a), through ffn_norm; a
+    block without its own ffn_norm (a parallel block sharing one norm) reads the attention's h, and
+    a block without pre-norms the residual's ffn_input as is."""
+    if not vecs[V_FFN_NORM].shape[0] and vecs[V_ATTN_NORM].shape[0]:
+        return h
+    g = np.empty(x.shape[0], _F32)
+    fns[F_RES_IN][0](params[P_RES], x, a, g)
+    if vecs[V_FFN_NORM].shape[0]:
+        fns[F_NORM][0](params[P_NORM], g, vecs[V_FFN_NORM], vecs[V_FFN_NORM_B], g)
+    return g
+
+
+@njit(**_STEP)
+def join(x, a, f, vecs, fns, params):
+    """x <- the residual stream after the block, from the attention output a and FFN output f
+    (f post-normed first when the block has a post-FFN norm)."""
+    if vecs[V_POST_FFN].shape[0]:
+        fns[F_NORM][0](params[P_NORM], f, vecs[V_POST_FFN], np.empty(0, _F32), f)
+    fns[F_RES_OUT][0](params[P_RES], x, a, f)
+
+
+@njit(**_STEP)
+def _activate(gu, act, geo, fns, params):
+    """act [n_ff] = act(gate) * up from gu = gate|up [2 n_ff], or act(up) from gu [n_ff] for a plain FFN."""
+    n_ff = geo[G_FF]
+    fns[F_ACT][0](params[P_ACT], gu[:n_ff], act)
+    if geo[G_GATED]:
+        for i in range(n_ff):
+            act[i] = act[i] * gu[n_ff + i]
+
+
+@njit(**_STEP)
+def _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par):
+    """down(act(gate g) * up g) [d], or down(act(up g)) for a plain FFN, of the normed input g [d]."""
+    n_ff = geo[G_FF]
+    gu = np.empty(2 * n_ff if geo[G_GATED] else n_ff, _F32)
+    product_group(par, geo[G_GU], gate_up, g, gu, chunks)
+    act = np.empty(n_ff, _F32)
+    _activate(gu, act, geo, fns, params)
+    f = np.empty(g.shape[0], _F32)
+    product_group(par, geo[G_DOWN], down, act, f, chunks)
+    return f
+
+
+@njit(**JIT)
+def decode_layer(x, layers, i, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+    """One decoder block with a dense FFN on one token; x f32 [d] is updated in place.
+
+    The layer's arguments (qkv .. params, see the module docstring) are layers[i], a numba typed
+    list: one list argument instead of ~150 arrays makes the call from Python ~15 us cheaper
+    (numba unboxes every array of a call's arguments), and the parts' function values are
+    converted once, when the list is built. The token's K/V go to cache row `row` of
+    kc [cap, KV, hd] / vc [cap, KV, vd] (ring slots also record kpos[row] = pos); cos/sin
+    [n_rot / 2] are the rotary angles at `pos`.
+    """
+    qkv, o_mat, gate_up, down, vecs, geo, fns, params = layers[i]
+    a, h = attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks,
+                           par)
+    g = ffn_input(x, a, h, vecs, fns, params)
+    f = _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par)
+    join(x, a, f, vecs, fns, params)
+
+
+# -- several rows in one call: decode batches and verification spans ---------------------------------
+
+
+@njit(**_STEP)
+def _row_slot(slots, li, s, pos):
+    """(kc, vc, kpos, ring, row) of layer li in sequence s's cache for the token at `pos`: a ring stores
+    position p at row p % cap, a plain slot at row p."""
+    kc, vc, kpos, ring = slots[s][li]
+    return kc, vc, kpos, ring, pos % kc.shape[0] if ring else pos
+
+
+# -- the attention of a batch's sequences on the decode pool (pool.ROWS_JOB) ---------------------------
+# Rows of different sequences attend independently, so with the pool running, decode_rows publishes a
+# layer's attention as one job whose chunks are the batch's runs of rows of one sequence (a span's rows
+# stay in order within its chunk); the step's thread and the workers claim them as a product's chunks.
+# A chunk calls every row's attention part exactly as the serial loop does, with no pool of its own (a
+# long row's split attention then runs its chunks in order: the same bits, kernels.decode.parts), so a row's
+# result does not depend on the thread that ran it. The job's arguments (int64, R_*) are addresses of
+# the step's arrays (kernels.decode.addresses) and a table of each run's cache slot (T_*).
+
+R_LAYER, R_N, R_Y, R_YW, R_ATT, R_AW, R_COS, R_SIN, R_ROT, R_POS, R_RUNS, R_TABLE, R_ARGS = range(13)
+T_KC, T_VC, T_KPOS, T_CAP, T_KW, T_VW, T_NPOS, T_RING, T_FIELDS = range(9)
+
+
+@njit(**JIT)
+def attend_run(vecs, geo, fns, params, args, c):
+    """Chunk c of a ROWS_JOB with the layer's vecs/geo/fns/params: the attention of run c's rows."""
+    n, rot = args[R_N], args[R_ROT]
+    Y = array_at(args[R_Y], (n, args[R_YW]), _F32)
+    ATT = array_at(args[R_ATT], (n, args[R_AW]), _F32)
+    cos, sin = array_at(args[R_COS], (n, rot), _F32), array_at(args[R_SIN], (n, rot), _F32)
+    pos = array_at(args[R_POS], (n,), np.int64)
+    bounds = array_at(args[R_RUNS], (n + 1,), np.int64)
+    t = array_at(args[R_TABLE], (n, T_FIELDS), np.int64)[c]
+    kv, cap = geo[G_KV], t[T_CAP]
+    kc = array_at(t[T_KC], (cap, kv, t[T_KW]), _F32)
+    vc = array_at(t[T_VC], (cap, kv, t[T_VW]), _F32)
+    kpos = array_at(t[T_KPOS], (t[T_NPOS],), np.int64)
+    ring = t[T_RING] != 0
+    no_pool = np.empty(0, np.int64)
+    for j in range(bounds[c], bounds[c + 1]):
+        row = pos[j] % cap if ring else pos[j]
+        _attend_row(Y[j], vecs, geo, fns, params, kc, vc, kpos, ring, row, pos[j], cos[j], sin[j], ATT[j], no_pool)
+
+
+@njit(**JIT)
+def attend_run_of(layers, args, c):
+    """attend_run for a pool worker: the layer's arguments from the dense layers' list."""
+    qkv, o_mat, gate_up, down, vecs, geo, fns, params = layers[args[R_LAYER]]
+    attend_run(vecs, geo, fns, params, args, c)
+
+
+@njit(**_STEP)
+def _runs(seq):
+    """Row bounds int64 [runs + 1] of seq's runs of equal sequence ids."""
+    n = seq.shape[0]
+    cuts = 1
+    for j in range(1, n):
+        cuts += seq[j] != seq[j - 1]
+    bounds = np.empty(cuts + 1, np.int64)
+    r = 0
+    bounds[0] = 0
+    for j in range(1, n):
+        if seq[j] != seq[j - 1]:
+            r += 1
+            bounds[r] = j
+    bounds[cuts] = n
+    return bounds
+
+
+@njit(**_STEP)
+def _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq):
+    """The ROWS_JOB's arguments for dense layer i (list index) = trunk layer li, and its slot table."""
+    runs = bounds.shape[0] - 1
+    table = np.zeros((Y.shape[0], T_FIELDS), np.int64)
+    for r in range(runs):
+        kc, vc, kpos, ring = slots[seq[bounds[r]]][li]
+        table[r, T_KC], table[r, T_VC], table[r, T_KPOS] = address(kc), address(vc), address(kpos)
+        table[r, T_CAP], table[r, T_KW], table[r, T_VW] = kc.shape[0], kc.shape[2], vc.shape[2]
+        table[r, T_NPOS], table[r, T_RING] = kpos.shape[0], ring
+    args = np.zeros(R_ARGS, np.int64)
+    args[R_LAYER], args[R_N], args[R_ROT] = i, Y.shape[0], cos.shape[1]
+    args[R_Y], args[R_YW], args[R_ATT], args[R_AW] = address(Y), Y.shape[1], address(ATT), ATT.shape[1]
+    args[R_COS], args[R_SIN], args[R_POS] = address(cos), address(sin), address(pos)
+    args[R_RUNS], args[R_TABLE] = address(bounds), address(table)
+    return args, table
+
+
+@njit(**_STEP)
+def _rows_job_fits(ctrl, runs):
+    """Whether the running pool takes a ROWS_JOB of `runs` runs (several, within its chunks, holding the layers)."""
+    return runs > 1 and runs <= pool.MAX_CHUNKS and pool.shares_rows(ctrl)
+
+
+@njit(**_STEP)
+def _attend_rows_job(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds):
+    """The rows' attention as a ROWS_JOB: this thread and the pool's workers claim its runs."""
+    runs = bounds.shape[0] - 1
+    args, table = _rows_job(i, Y, ATT, cos, sin, pos, bounds, slots, li, seq)
+    shared = pool.publish_rows(ctrl, args, runs)
+    while True:
+        c, w = pool.claim(ctrl)
+        if c == -1:
+            break
+        if c >= 0:
+            attend_run(vecs, geo, fns, params, shared, c)
+            pool.done(ctrl)
+    pool.wait_done(ctrl, runs)
+    # never true: a use of Y, bounds and table after the wait (numba frees an array after its last use,
+    # and the chunks read and write them by address)
+    if bounds[0] != 0 or table[0, T_CAP] < 0 or Y.shape[0] < 0:
+        ATT[0, 0] = 0.0
+
+
+def _rows_on_pool(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds):
+    """Run the rows' attention as a ROWS_JOB when the pool takes it; returns whether it did. Float32 caches
+    only: the job's chunks read their caches by address as float32 and call the pool's (float32) layers'
+    parts, so rows on caches of other kv types (f16, q8_0) attend on the step's own thread (the compiled
+    variant for those never contains the job)."""
+    if slots[0][0][0].dtype != np.float32 or not _rows_job_fits(ctrl, bounds.shape[0] - 1):
+        return False
+    _attend_rows_job(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds)
+    return True
+
+
+@overload(_rows_on_pool, jit_options=JIT)
+def _rows_on_pool_typed(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds):
+    if slots.dtype.dtype.types[0].dtype != types.float32:
+        return lambda Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds: False
+
+    def pooled(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds):
+        if not _rows_job_fits(ctrl, bounds.shape[0] - 1):
+            return False
+        _attend_rows_job(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, bounds)
+        return True
+    return pooled
+
+
+@njit(**_STEP)
+def _attend_rows(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, par):
+    """Every row's attention (Y's q|k|v -> ATT): a ROWS_JOB when the running pool takes it and the rows
+    belong to several sequences (float32 caches), else in order on this thread."""
+    ctrl = par[0]
+    if _rows_on_pool(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, ctrl, _runs(seq)):
+        return
+    for j in range(Y.shape[0]):  # in order: a span's later rows see the K/V its earlier rows stored
+        kc, vc, kpos, ring, row = _row_slot(slots, li, seq[j], pos[j])
+        _attend_row(Y[j], vecs, geo, fns, params, kc, vc, kpos, ring, row, pos[j], cos[j], sin[j], ATT[j], ctrl)
+
+
+@njit(**JIT)
+def decode_rows(X, layers, i, slots, li, seq, pos, cos, sin, chunks, par):
+    """decode_layer on every row of X f32 [N, d] (updated in place): one token of each of several
+    sequences and/or spans of several tokens of one sequence.
+
+    Row j is the token of sequence seq[j] at position pos[j]; its K/V go to that sequence's cache:
+    slots[seq[j]][li] = (kc, vc, kpos, ring) of layer li (a typed list per sequence, see
+    archrun.kernels.decode.fusion.DecodeSteps.slot_lists; C-contiguous arrays, as pos and cos/sin). cos/sin f32
+    [N, n_rot / 2]: row j's rotary angles. A span's rows run their attention in order, so its row j
+    sees its rows before j; the runs of rows of different sequences share the running pool when it
+    holds `layers` (pool.ROWS_JOB).
+
+    Every per-row part is the one-token step's own (the same parts, called the same way), and each
+    product reads every weight block once for all N rows while computing each row exactly as the
+    one-token product does (per-row 8-bit activation blocks, the same per-block accumulation:
+    kernels.matmul.dots): each row's result is bit-identical to decode_layer's on that token alone.
+    """
+    qkv, o_mat, gate_up, down, vecs, geo, fns, params = layers[i]
+    n, d = X.shape
+    H = np.empty((n, d), _F32)
+    for j in range(n):
+        _pre_norm(X[j], vecs, fns, params, H[j])
+    Y = np.empty((n, _qkv_width(geo)), _F32)
+    product_group_rows(par, geo[G_QKV], qkv, H, Y, chunks)
+    ATT = np.empty((n, geo[G_HEADS] * geo[G_VD]), _F32)
+    _attend_rows(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, par)
+    A = np.empty((n, d), _F32)
+    product_group_rows(par, geo[G_O], o_mat, ATT, A, chunks)
+    G = np.empty((n, d), _F32)
+    for j in range(n):
+        _post_attn(A[j], vecs, fns, params)
+        G[j] = ffn_input(X[j], A[j], H[j], vecs, fns, params)
+    n_ff = geo[G_FF]
+    GU = np.empty((n, 2 * n_ff if geo[G_GATED] else n_ff), _F32)
+    product_group_rows(par, geo[G_GU], gate_up, G, GU, chunks)
+    ACT = np.empty((n, n_ff), _F32)
+    for j in range(n):
+        _activate(GU[j], ACT[j], geo, fns, params)
+    F = np.empty((n, d), _F32)
+    product_group_rows(par, geo[G_DOWN], down, ACT, F, chunks)
+    for j in range(n):
+        join(X[j], A[j], F[j], vecs, fns, params)
+
+
+# -- the decode pool's workers ---------------------------------------------------------------------
+
+
+@njit(**JIT)
+def serve(ctrl, groups, tasks, layers, pxf, xq, dq, hq, py, idle_ticks, idle_spins):
+    """A pool worker: compute claimed chunks of published jobs (groups[gid]: 3 uniform matrices;
+    tasks[id]: a task's function value, called with the pool's args block; pool.ROWS_JOB: the attention
+    of a batch's rows of the dense layer layers[i], attend_run; layers None: no such jobs)
+    until the pool says sleep, or no job came for idle_ticks time-stamp ticks (or idle_spins spins)."""
+    par = (ctrl, pxf, xq, dq, hq, py)
+    idle = 0
+    last = atomics.ticks()
+    while idle < idle_spins and atomics.ticks() - last <= idle_ticks:
+        c, w = pool.claim(ctrl)
+        if c >= 0:
+            gid = pool.job_group(w)
+            if gid == pool.ROWS_JOB:
+                if layers is not None:
+                    attend_run_of(layers, ctrl[pool.ARGS:], c)
+                atomics.add(ctrl, pool.WORKER_TASK_CHUNKS, 1)
+            elif gid >= pool.TASK_BIT:
+                tasks[gid - pool.TASK_BIT][0](ctrl[pool.ARGS:], c)
+                atomics.add(ctrl, pool.WORKER_TASK_CHUNKS, 1)
+            else:
+                ms = groups[gid]
+                n_total = ms[0][block._NOUT] + ms[1][block._NOUT] + ms[2][block._NOUT]
+                xs, X, DX, QH, ys = block._pool_views(par, atomics.load(ctrl, pool.N), atomics.load(ctrl, pool.N_IN),
+                                                n_total)
+                block._group_chunk(ms, c, pool.job_chunks(w), xs, X, DX, QH, ys)
+            pool.worker_done(ctrl)
+            idle = 0
+            last = atomics.ticks()
+        elif c == -1:
+            if pool.should_sleep(ctrl):
+                return
+            atomics.pause()
+            idle += 1

@@ -1,0 +1,1 @@
+"""Running a Descriptor: the bound plan, the interpreter and its decoders, per-sequence caches, the tiered start."""
