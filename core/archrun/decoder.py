@@ -25,6 +25,7 @@ class Caps:
     batch: bool = False          # forward_step_batch(batch, caches) exists (fused block style)
     host_step: bool = False      # host_step(ids, cache, mtp_cache=None) exists (host_reference block style)
     all_logits: bool = True      # forward_step(..., all_logits=True) returns [n, vocab]
+    workers: bool = False        # rest_workers() sends the decoder's spinning worker threads to sleep now
 
 
 @runtime_checkable

@@ -162,7 +162,7 @@ def _close_remote(stages: list, key: int) -> None:
 class PipelineModel:
     """A Decoder whose blocks run on K pipeline stages (Ray actors); see the module's doc."""
 
-    caps = Caps(rewind=True, batch=True)
+    caps = Caps(rewind=True, batch=True, workers=True)
     backend = "fast"
 
     def __init__(self, stages: list, bounds: list[tuple[int, int]], descriptor: Descriptor, gguf: Any,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import signal
 
 import numpy as np
 import pytest
 from support.big_synth import write_big
+from support.ray_cluster import loopback_cluster
 
 import archrun
 from archrun.errors import InvalidRequest
@@ -23,10 +23,6 @@ if os.environ.get("CI"):
 ray = pytest.importorskip("ray")
 STAGES = 3
 N_LAYER = 48
-
-
-def _expire(signum, frame):
-    raise TimeoutError(f"the Ray pipeline test took longer than {DEADLINE_S} s")
 
 
 @pytest.fixture(scope="module")
@@ -40,21 +36,11 @@ def files(tmp_path_factory):
 def cluster(files):
     from archrun import pipeline
 
-    old = signal.signal(signal.SIGALRM, _expire)
-    signal.alarm(DEADLINE_S)
-    try:
-        if ray.is_initialized():  # a cluster another module's test left joined in this process
-            ray.shutdown()
-        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-                 configure_logging=False)
+    with loopback_cluster(DEADLINE_S, "the Ray pipeline test"):
         model = pipeline.load(files[0], STAGES, {"threads": 1}, num_cpus=0.5)
         # the runtime alone (Python, numba's kernels of these types): a stage process holding a tiny model
         runtime = ray.remote(num_cpus=0.5)(pipeline.StageWorker).remote(str(files[1]), (0, 2), {"threads": 1})
         yield model, runtime
-    finally:
-        ray.shutdown()
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(scope="module")

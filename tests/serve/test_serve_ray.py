@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import signal
 import socket
 
 import pytest
 from support.models import real_model
+from support.ray_cluster import loopback_cluster
 
 from archrun.serve import ServeConfig
 
@@ -27,10 +27,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _expire(signum, frame):
-    raise TimeoutError(f"the Ray test took longer than {DEADLINE_S} s")
-
-
 @pytest.fixture(scope="module")
 def endpoint():
     from ray import serve
@@ -38,24 +34,16 @@ def endpoint():
     from archrun.serve.ray import deployment
 
     path = real_model("smollm2")
-    old = signal.signal(signal.SIGALRM, _expire)
-    signal.alarm(DEADLINE_S)
-    try:
-        if ray.is_initialized():  # a cluster another module's test left joined in this process
-            ray.shutdown()
-        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-                 configure_logging=False)
-        port = _free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = deployment(path, ServeConfig(parallel=1, model_name="smollm2"), replicas=2,
-                         load_options={"threads": 1})
-        serve.run(app, name="archrun", route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+    with loopback_cluster(DEADLINE_S, "the Ray test"):
+        try:
+            port = _free_port()
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            app = deployment(path, ServeConfig(parallel=1, model_name="smollm2"), replicas=2,
+                             load_options={"threads": 1})
+            serve.run(app, name="archrun", route_prefix="/")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            serve.shutdown()
 
 
 def test_two_replicas_behind_one_openai_endpoint(endpoint):

@@ -32,7 +32,7 @@ class FusedDecoder(Interpreter):
     """The fast decoder shape: one-token steps run each layer as one fused kernel call
     (archrun.kernels.decode.fusion) when every op of the model can; batched decode entries; refuses host_step."""
 
-    caps = Caps(batch=True)
+    caps = Caps(batch=True, workers=True)
 
     def __init__(self, plan: Plan, gguf: GGUFFile, tokenizer_factory: Callable[[], Any] | None = None,
                  chat_template: str | None = None):

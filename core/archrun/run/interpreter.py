@@ -71,8 +71,6 @@ class Interpreter:
     """Runs a Plan. Subclasses (block styles) add their guarded entries and say so in `caps`."""
 
     caps = Caps()
-    # a style whose steps keep worker threads spinning between calls sends them to sleep with this (None: none)
-    rest_workers: Callable[[], None] | None = None
     prefill_chunk = 512  # tokens per pass of a long prompt (_forward); llama.cpp's default micro-batch
 
     def __init__(self, plan: Plan, gguf: GGUFFile, tokenizer_factory: Callable[[], Any] | None = None,
@@ -85,7 +83,7 @@ class Interpreter:
         self.default_chat_template = chat_template
         self.cache_owner = cache_owner(plan.descriptor, gguf)  # stamped on every cache init_cache makes
         if not plan.descriptor.causal:  # an encoder has no cache to batch, rewind or read logits from
-            self.caps = Caps(rewind=False, all_logits=False)
+            self.caps = Caps(rewind=False, all_logits=False, workers=type(self).caps.workers)
 
     # -- public entries (Decoder protocol) --------------------------------------------------
 
@@ -161,7 +159,7 @@ class Interpreter:
         if len(ids) > self.descriptor.n_ctx:
             raise ContextOverflow(f"{len(ids)} tokens exceed the context length {self.descriptor.n_ctx}")
         cache = self._new_cache(len(ids), 0, "f32")
-        if self.rest_workers is not None:  # the prefill's BLAS threads need the cores
+        if self.caps.workers:  # the prefill's BLAS threads need the cores
             self.rest_workers()
         if not self.causal:
             return self._forward_span(ids, cache, False)[1]

@@ -486,7 +486,7 @@ class Engine:
                 run.slot.cache.reset()
                 self._end(run, Event(error=exc))
             return
-        if len(batch) > 1 and callable(getattr(self.model, "rest_workers", None)):
+        if len(batch) > 1 and self.model.caps.workers:
             # sampling and streaming several sequences' tokens takes longer than the decode workers' spin
             # between steps: their core goes to the server's event loop meanwhile (the next step wakes them)
             self.model.rest_workers()

@@ -211,9 +211,8 @@ class ModelDrafter(Drafter):
 
 def _rest(model: Any) -> None:
     """Send a model's spinning decode workers to sleep (two models share the cores in turn)."""
-    rest = getattr(model, "rest_workers", None)
-    if callable(rest):
-        rest()
+    if model.caps.workers:
+        model.rest_workers()
 
 
 def check_vocabulary(draft: Any, target: Any) -> None:
