@@ -83,8 +83,11 @@ from archrun.conformance.hf.record import (
     record_package,
     versions,
 )
+from archrun.conformance.limits import N_TOKENS, TOLERANCE  # the kit's shared sizes, as hf.TOLERANCE
 
-__all__ = ['BACKENDS', 'BOS_TOKEN', 'EOS_TOKEN', 'HfArch', 'HfMtp', 'MAX_GGUF_BYTES', 'MAX_TOTAL_BYTES', 'N_VOCAB',
+__all__ = [
+    'N_TOKENS', 'TOLERANCE', 'BACKENDS', 'BOS_TOKEN', 'EOS_TOKEN', 'HfArch', 'HfMtp', 'MAX_GGUF_BYTES',
+    'MAX_TOTAL_BYTES', 'N_VOCAB',
     'TINY_DEFAULTS', 'TinyFixture', '_sha256', '_write_tokenizer', 'arch_of', 'build_tiny', 'check_fixture',
     'check_gguf_layout', 'check_golden_files', 'check_live', 'config_json', 'convert', 'default_rope_parameters',
     'fixture_ids', 'gguf_kv', 'gguf_tensors', 'head_dim', 'hf_logits', 'hf_mtp_logits', 'llama_cpp_keys',
