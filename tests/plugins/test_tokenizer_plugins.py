@@ -104,5 +104,5 @@ def test_a_pre_tokenizer_must_be_a_pre_tokenizer():
         def archrun_register_pre_tokenizers(self, register):
             register("test-wrong", ("\\s+",))
 
-    with pytest.raises(PluginError, match="'test-wrong' as a tuple, not a archrun.text.tokenizer.PreTokenizer"):
+    with pytest.raises(PluginError, match="'test-wrong' as a tuple, not a archrun.text.tokenizer.kinds.PreTokenizer"):
         pre_tokenizers(make_plugin_manager(names=[], extra=[Wrong()]))

@@ -13,7 +13,7 @@ from archrun.descriptor import FfnSpec
 
 GOLDENS = Path(__file__).parent / "goldens"
 PATTERNS = {"nemotron_h_8b_pattern": "M-M*-M-", "nemotron_h_nano_pattern": "*-MM-*M"}
-KIND = {"M": "mamba2", "*": "causal", "-": "none"}
+KIND = {"M": "mamba2", "*": "causal", "-": "no_mixer"}
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
@@ -29,6 +29,6 @@ def test_layers_choose_their_kind(name):
 def test_inspect_states_each_kinds_memory():
     memory = inspect_model(GOLDENS / "nemotron_h_8b_pattern.gguf")["memory"]
     by_kind = {m["kind"]: (m["bytes_per_token"], m["state_bytes"]) for m in memory}
-    assert by_kind["none"] == (0, 0)                      # no token mixer: nothing kept
+    assert by_kind["no_mixer"] == (0, 0)                      # no token mixer: nothing kept
     assert by_kind["causal"] == (2 * 1 * 16 * 4, 0)       # K and V rows: 1 KV head of 16, float32
     assert by_kind["mamba2"][0] == 0 and by_kind["mamba2"][1] > 0  # a fixed state, nothing per token

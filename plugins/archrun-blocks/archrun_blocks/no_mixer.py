@@ -1,4 +1,4 @@
-"""The "none" token mixer: what stands in the mixer's place of a layer that has none.
+"""The "no_mixer" token mixer: what stands in the mixer's place of a layer that has none.
 
 A layer without a token mixer (archrun.describe.layers' `mixerless` property, e.g. Nemotron-H's MLP layers:
 norm -> FFN -> residual) is a block whose mixer adds nothing: its output is zeros, it binds no
