@@ -47,17 +47,23 @@ def rewrite_gguf(src: str | Path, dst: str | Path, *, architecture: str | None =
             # a quantized tensor's data is its bytes [rows, row bytes]: the writer derives the shape
             shape = None if data.dtype == np.uint8 else tuple(int(x) for x in reversed(t.shape))
             w.add_tensor(t.name, data, raw_shape=shape, raw_dtype=t.tensor_type)
-    for name, array in (add_tensors or {}).items():
-        if isinstance(array, tuple):  # (raw bytes [..., row_bytes], ggml type): a quantized tensor
-            raw, qtype = array
-            w.add_tensor(name, np.ascontiguousarray(raw), raw_dtype=qtype)
+    # (raw bytes [..., row_bytes], ggml type): a quantized tensor
+    finish(w, ((name, *a) if isinstance(a, tuple) else (name, a, None) for name, a in (add_tensors or {}).items()))
+    return Path(w.format_shard_names(Path(dst))[0])
+
+
+def finish(w, tensors: Iterable[tuple[str, np.ndarray, int | None]]) -> None:
+    """Add each (name, array, ggml type) to writer `w` (raw blocks [..., row bytes] when the type is given,
+    else the array as its dtype), then write the file and close it."""
+    for name, data, ggml_type in tensors:
+        if ggml_type is None:
+            w.add_tensor(name, np.ascontiguousarray(data))
         else:
-            w.add_tensor(name, np.ascontiguousarray(array))
+            w.add_tensor(name, np.ascontiguousarray(data), raw_dtype=ggml_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return Path(w.format_shard_names(Path(dst))[0])
 
 
 

@@ -25,7 +25,7 @@ import attrs
 import gguf
 import numpy as np
 
-from archrun.conformance.gguf_edit import add_key
+from archrun.conformance.gguf_edit import add_key, finish
 from archrun.descriptor import DEFAULT_TENSOR_NAMES
 from archrun.errors import (
     MetadataError,
@@ -206,15 +206,8 @@ def write_gguf(path: str | Path, arch: str, keys: Mapping[str, Any], tensors: Ma
         w.add_token_merges(["< t"])
         w.add_bos_token_id(0)
         w.add_eos_token_id(1)
-    for name, arr in tensors.items():
-        if isinstance(arr, Quantized):
-            w.add_tensor(name, np.ascontiguousarray(arr.data), raw_dtype=gguf.GGMLQuantizationType(arr.ggml_type))
-        else:
-            w.add_tensor(name, np.ascontiguousarray(arr))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w, ((name, a.data, gguf.GGMLQuantizationType(a.ggml_type)) if isinstance(a, Quantized) else (name, a, None)
+               for name, a in tensors.items()))
     return Path(path)
 
 
