@@ -12,6 +12,7 @@ from support.synth import Quantized, chain, quantize, write_model
 
 import archrun
 from archrun.errors import InvalidRequest
+from archrun.kernels.pages import ASKED
 
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
 
@@ -57,6 +58,31 @@ def test_streamed_experts_equal_resident_ones_bitwise(models):
     for u, v in zip(resident.forward_step_batch_spans(spans, rcs), streamed.forward_step_batch_spans(spans, scs),
                     strict=True):
         assert np.array_equal(u, v)
+
+
+def test_the_routers_picks_are_read_ahead(models):
+    """With every expert dropped, a decode step asks the OS for as many matrices as its routers pick (2 experts
+    of 3 matrices in each of 3 layers), each of which it then reads; switched off, it asks for none.
+    The logits are those of the resident model either way."""
+    resident, streamed, cap = models
+    pager = streamed.plan.pager
+    rc, sc = resident.init_cache(32), streamed.init_cache(32)
+    for model, c in ((resident, rc), (streamed, sc)):
+        model.forward_step([3, 4, 5], c)
+    try:
+        for t, on in ((11, True), (12, False), (13, True)):
+            pager.set_prefetch(on)
+            pager.budget = 0
+            pager.between_steps()  # every expert dropped: nothing mapped, no range flagged
+            assert not pager.resident().any() and not pager.table[:, ASKED].any()
+            assert np.array_equal(resident.forward_step([t], rc), streamed.forward_step([t], sc))
+            asked = pager.table[:, ASKED] == 1
+            assert asked.sum() == (3 * 2 * 3 if on else 0)
+            if on:  # the asked ones were read by the step (the OS may map neighbouring pages in too)
+                assert pager.resident()[asked].all()
+    finally:
+        pager.set_prefetch(True)
+        pager.budget = cap
 
 
 def test_bad_expert_memory_is_refused(path, tmp_path):

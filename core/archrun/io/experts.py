@@ -12,6 +12,12 @@ every expert resident, so the logits are bit for bit those of the resident model
 The cap holds between steps: within one step the experts its tokens pick are all paged in (a prompt
 chunk may pick every expert). The LRU is by page-in time: an expert that stays resident ages even while
 it is used, and is paged in again (and refreshed) after it is dropped.
+
+Prefetch from the router's choice: every stored matrix has a row in the pager's page table (address,
+length, a flag; archrun.kernels.pages). A MoE kernel that reads its experts from the store gets the table
+and, as soon as its router has chosen, asks the OS to read every chosen expert that is not mapped in
+(madvise WILLNEED) before it computes the first one: the reads of a token's experts overlap each other and
+the products. Between steps the pager sets each row's flag to whether the matrix is mapped in.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import attrs
 import numpy as np
 
 from archrun.errors import InvalidRequest, shown
+from archrun.kernels import pages
 
 PAGE = mmap.PAGESIZE
 _ALIGN = 64  # each array of a matrix starts on a cache line
@@ -55,6 +62,9 @@ class ExpertPager:
         self._tick = 0
         self.evictions = 0  # matrices dropped so far
         self._lock = threading.Lock()  # layers are bound on two threads
+        self.table = np.zeros((0, 3), np.int64)  # archrun.kernels.pages' page table: a row per matrix
+        self._lengths = np.zeros(0, np.int64)
+        self._release_file_cache = False
 
     @property
     def finished(self) -> bool:
@@ -91,17 +101,21 @@ class ExpertPager:
                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self._map.madvise(mmap.MADV_DONTNEED)  # written, not yet read: nothing resident
         self._base = np.frombuffer(self._map, np.uint8)
-        for matrix, layout, q in self._pending:
+        self._lengths = np.array([b - a for a, b in self.units], np.int64)
+        self.table = np.zeros((len(self.units), 3), np.int64)
+        self.table[:, pages.ADDRESS] = [self._base.ctypes.data + a for a, _ in self.units]
+        self.table[:, pages.LENGTH] = self._lengths
+        for unit, (matrix, layout, q) in enumerate(self._pending):
             arrays = []
             for offset, dtype, shape, writeable in layout:
                 a = np.frombuffer(self._map, dtype, int(np.prod(shape)), offset).reshape(shape)
                 a.flags.writeable = writeable
                 arrays.append(a)
-            matrix.use_prepared(attrs.evolve(q, arrays=tuple(arrays)))
+            matrix.use_prepared(attrs.evolve(q, arrays=tuple(arrays)), pages=(self.table, unit))
         self._pending.clear()
         self._stamp = np.zeros(len(self.units), np.int64)
         self._resident = np.zeros(len(self.units), bool)
-        self._sizes = np.array([b - a for a, b in self.units], np.int64)
+        self._sizes = self._lengths.copy()
         self._unit_pages = np.array([a // PAGE for a, _ in self.units], np.int64)
 
     def resident(self) -> np.ndarray:
@@ -137,10 +151,27 @@ class ExpertPager:
                     break
                 a, b = self.units[i]
                 self._map.madvise(mmap.MADV_DONTNEED, a, b - a)
+                if self._release_file_cache:
+                    os.posix_fadvise(self._file.fileno(), a, b - a, os.POSIX_FADV_DONTNEED)
                 now[i] = False
                 over -= b - a
                 self.evictions += 1
         self._resident = now
+        self.table[:, pages.ASKED] = now  # a kernel asks for the others when its router picks them
+
+    def set_prefetch(self, on: bool) -> None:
+        """Whether MoE kernels ask the OS to read their routers' picks ahead (on by default)."""
+        if self._map is not None:
+            self.table[:, pages.LENGTH] = self._lengths if on else 0
+
+    def release_file_cache(self) -> None:
+        """From now on also drop evicted experts from the OS's file cache (posix_fadvise DONTNEED), so they
+        are read from the disk again when picked: as with a store larger than the machine's memory. For
+        measuring reads from disk; by default the OS keeps them cached while it has room."""
+        if self._map is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())  # only clean pages leave the file cache
+        self._release_file_cache = True
 
     def close(self) -> None:
         self._file.close()

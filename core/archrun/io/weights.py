@@ -35,6 +35,9 @@ class Matrix:
         self.bias = bias
         self.name = name
         self._dense: np.ndarray | None = None
+        # (page table, row) of the mapped range a kernel may ask the OS to read ahead (archrun.kernels.pages;
+        # experts streamed from disk), else None
+        self.pages: tuple[np.ndarray, int] | None = None
         self._fast = backend == "fast"
         # lazy: kernel-ready copy made on the first product (a token embedding that is only
         # looked up row by row never needs one)
@@ -62,10 +65,11 @@ class Matrix:
         its type; the matrix does not keep it (see use_prepared)."""
         return _prepare_fast(self._parts, self.ggml_type, self.n_in) if self._fast else None
 
-    def use_prepared(self, q) -> None:
+    def use_prepared(self, q, pages: tuple[np.ndarray, int] | None = None) -> None:
         """Multiply with `q`, a kernel-ready copy of this matrix held elsewhere (e.g. mapped from an expert store:
-        archrun.io.experts)."""
+        archrun.io.experts); pages: (page table, row) of q's mapped range (archrun.kernels.pages), or None."""
         self._q = q
+        self.pages = pages
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if x.ndim != 2 or x.shape[1] != self.n_in:

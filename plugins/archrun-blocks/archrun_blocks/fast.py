@@ -236,7 +236,8 @@ def _moe_arrays(w) -> tuple | None:
         return None  # the kernels read no expert biases: the reference mixture (fast products) runs
     return mk.moe_arrays(w.gate_inp.prepared, w.gate_inp.bias, w.probs_bias,
                          [m.prepared for m in w.gate], [m.prepared for m in w.up], [m.prepared for m in w.down],
-                         tuple(m.prepared for m in shared) if shared else None, w.shared_gate)
+                         tuple(m.prepared for m in shared) if shared else None, w.shared_gate,
+                         [m.pages for e in range(len(w.gate)) for m in (w.gate[e], w.up[e], w.down[e])])
 
 
 def _big(w) -> bool:

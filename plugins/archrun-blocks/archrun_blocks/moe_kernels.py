@@ -15,6 +15,11 @@ Python loop over experts:
    the output with their routing weights;
 4. shared experts, if any, run on every token and are added last.
 
+Experts streamed from disk (archrun.io.experts): once the router has chosen, and before the first
+expert's product, the kernel asks the OS to read every chosen expert matrix that is not mapped in
+(archrun.kernels.pages.read_ahead on the store's page table), so their reads overlap each other and the
+products. A hint: the bytes read and the results are the same.
+
 The numerics are those of the op-by-op fast path for few tokens: every product quantizes
 its activation rows to 8-bit blocks (kernels.decode.block.product_rows), as kernels.matmul does
 for up to INT_MAX_TOKENS rows. Routing is compiled without fastmath, so ties and the -inf
@@ -46,6 +51,7 @@ import numpy as np
 from numba import njit, typed
 
 from archrun.errors import ShapeMismatch
+from archrun.kernels import pages
 from archrun.kernels._jit import JIT
 from archrun.kernels.decode import block, layer
 from archrun.kernels.decode.lists import typed_list
@@ -82,13 +88,17 @@ def _check(what: str, q: QMatrix, n_out: int, n_in: int) -> None:
 
 def moe_arrays(router: QMatrix, router_bias: np.ndarray | None, probs_bias: np.ndarray | None,
                gate: Sequence[QMatrix], up: Sequence[QMatrix], down: Sequence[QMatrix],
-               shared: tuple[QMatrix, QMatrix, QMatrix] | None, shared_gate: np.ndarray | None = None) -> tuple:
-    """Kernel arrays of one MoE FFN: (router, experts, shared_gate_up, shared_down, probs_bias, shared_gate).
+               shared: tuple[QMatrix, QMatrix, QMatrix] | None, shared_gate: np.ndarray | None = None,
+               expert_pages: Sequence[tuple[np.ndarray, int] | None] = ()) -> tuple:
+    """Kernel arrays of one MoE FFN: (router, experts, shared_gate_up, shared_down, probs_bias, shared_gate,
+    page_table, page_rows).
 
     router [E, d] (+ bias [E]); gate/up E matrices [f, d], down E matrices [d, f]; shared
     (gate [fs, d], up [fs, d], down [d, fs]) or None; probs_bias [E] or None; shared_gate [d]
-    (the shared experts' output times sigmoid(h . shared_gate)) or None (empty array). Raises
-    ShapeMismatch on inconsistent shapes. The product groups are 3-tuples of uniform
+    (the shared experts' output times sigmoid(h . shared_gate)) or None (empty array); expert_pages:
+    for the 3 E matrices in the experts' order (e's gate, up, down), (page table, row) of each mapped
+    from an expert store (archrun.io.experts, Matrix.pages), or empty / any None: nothing to read ahead.
+    Raises ShapeMismatch on inconsistent shapes. The product groups are 3-tuples of uniform
     matrices (absent ones padding); the experts a typed list (see the module docstring).
     """
     n_exp, d = router.n_out, router.n_in
@@ -118,7 +128,10 @@ def moe_arrays(router: QMatrix, router_bias: np.ndarray | None, probs_bias: np.n
     pb = (np.empty(0, _F32) if probs_bias is None
           else np.ascontiguousarray(probs_bias, dtype=_F32))
     sg = np.empty(0, _F32) if shared_gate is None else np.ascontiguousarray(shared_gate, dtype=_F32)
-    return (block.uniform(router, router_bias), absent, absent), experts, shared_gu, shared_down, pb, sg
+    table, rows = np.zeros((0, 3), np.int64), np.zeros(0, np.int64)
+    if len(expert_pages) == 3 * n_exp and all(p is not None and p[0] is expert_pages[0][0] for p in expert_pages):
+        table, rows = expert_pages[0][0], np.array([p[1] for p in expert_pages], np.int64)
+    return (block.uniform(router, router_bias), absent, absent), experts, shared_gu, shared_down, pb, sg, table, rows
 
 
 def pool_group_ids(arrays: tuple, gate: Sequence[QMatrix], up: Sequence[QMatrix], down: Sequence[QMatrix],
@@ -271,13 +284,13 @@ def _by_expert(ids, n_exp):
 
 
 @njit(**JIT)
-def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, shared_gate, rp, scale, gate_fn, gate_p,
-             act_fn, act_p, gids, chunks, par):
+def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, shared_gate, page_table, page_rows, rp,
+             scale, gate_fn, gate_p, act_fn, act_p, gids, chunks, par):
     """out f32 [n, d] = the MoE FFN of h f32 [n, d] (C-contiguous); arguments as `moe_arrays` builds
-    them, rp (RP_* fields) and scale the routing parameters, gate_fn/act_fn the gating's and the
-    experts' activation's kernel parts (their handles, Part.handle). Products split over `chunks`
-    threads, or go to the running decode pool par (kernels.decode.pool.NO_POOL: none) as groups gids
-    (`pool_group_ids`; NO_GIDS: none)."""
+    them (page_rows empty: no expert to read ahead), rp (RP_* fields) and scale the routing parameters,
+    gate_fn/act_fn the gating's and the experts' activation's kernel parts (their handles, Part.handle).
+    Products split over `chunks` threads, or go to the running decode pool par (kernels.decode.pool.NO_POOL:
+    none) as groups gids (`pool_group_ids`; NO_GIDS: none)."""
     n, d = h.shape
     absent = router[1]
     n_exp = router[0][block._NOUT]
@@ -289,6 +302,11 @@ def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, shared
     route_rows(logits, probs_bias, rp, scale, gate_fn, gate_p, ids, wts)
     out[:] = 0
     start, order = _by_expert(ids, n_exp)
+    if page_rows.shape[0]:  # experts streamed from disk: ask for every pick before computing the first
+        for e in range(n_exp):
+            if start[e + 1] > start[e]:
+                for j in range(3):
+                    pages.read_ahead(page_table, page_rows[3 * e + j])
     for e in range(n_exp):
         m = start[e + 1] - start[e]
         if m == 0:
@@ -319,8 +337,9 @@ def moe_rows(h, out, router, experts, shared_gu, shared_down, probs_bias, shared
 
 
 @njit(**JIT)
-def decode_moe_layer(x, common, router, experts, shared_gu, shared_down, probs_bias, shared_gate, rp, moe_scale,
-                     gate_fn, gate_p, act_fn, act_p, gids, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+def decode_moe_layer(x, common, router, experts, shared_gu, shared_down, probs_bias, shared_gate, page_table,
+                     page_rows, rp, moe_scale, gate_fn, gate_p, act_fn, act_p, gids, kc, vc, kpos, ring, row, pos, cos,
+                     sin, chunks, par):
     """One decoder block with a MoE FFN on one token; x f32 [d] is updated in place.
 
     common[0] holds the layer's (qkv, o_mat, vecs, geo, fns, params) as archrun.kernels.decode.layer
@@ -335,6 +354,6 @@ def decode_moe_layer(x, common, router, experts, shared_gu, shared_down, probs_b
                                  chunks, par)
     g = layer.ffn_input(x, a, h, vecs, fns, params)
     f = np.empty((1, x.shape[0]), _F32)
-    moe_rows(g.reshape(1, x.shape[0]), f, router, experts, shared_gu, shared_down, probs_bias, shared_gate, rp,
-             moe_scale, gate_fn, gate_p, act_fn, act_p, gids, chunks, par)
+    moe_rows(g.reshape(1, x.shape[0]), f, router, experts, shared_gu, shared_down, probs_bias, shared_gate,
+             page_table, page_rows, rp, moe_scale, gate_fn, gate_p, act_fn, act_p, gids, chunks, par)
     layer.join(x, a, f[0], vecs, fns, params)
