@@ -12,7 +12,8 @@ hd head width, f FFN width, E experts, k experts used):
                 -> obj: obj.cos_sin(pos[n]) -> (cos, sin) each [n, n_rot/2];
                         obj(x[n, H, hd], cos, sin) -> [n, H, hd]
   attention   factory(spec: AttentionSpec) -> obj: obj.new_slot(capacity, max_rewind) -> slot;
-                        obj(q[n, H, hd], k[n, KV, hd], v[n, KV, vd], slot, start: int) -> [n, H, vd];
+                        obj(q[n, H, hd], k[n, KV, hd], v[n, KV, vd], slot, start: int, *side) -> [n, H, vd]
+                        (side: the row-aligned side inputs its layout's qkv gives, if any);
                         declared `binds`: obj.bind(binder, layer) binds per-layer tensors the op reads
                         (e.g. `attn_sinks` when spec.sinks), called once at load
   mixer       factory(spec: AttentionSpec) -> obj: a whole token mixer (its layout, a MixerLayout, states
@@ -69,7 +70,9 @@ class AttentionLayout(Protocol):
     (`matrix(role, layer)`, `vector(role, layer)`, `table(role, layer)`, `norm`, ...; roles are
     gguf-py's tensor names without `blk.N.`) and returns (qkv, o):
       qkv(h[n, d]) -> (q[n, H*hd], k[n, KV*hd], v[n, KV*vd]), before rope (the model's rope op
-      rotates the first n_rot dims of each q/k head);
+      rotates the first n_rot dims of each q/k head), optionally followed by side inputs (arrays [n, ...]
+      the op reads besides q, k, v, e.g. a key selector's own projections: the interpreter passes them to
+      the op after `start`, untouched, sliced per sequence in a batch);
       o(a[n, H*vd]) -> [n, d], the attention output projected back to the model width.
     """
 

@@ -67,18 +67,25 @@ MAX_CONTEXT = 1 << 24
 MAX_WIDTH = 1 << 18
 MAX_HEADS = 4096
 MAX_EXPERTS = 4096
+
+
+def _key_names(group: type) -> list[str]:
+    """The key names gguf-py spells in a Keys group and its nested groups (e.g. Keys.Attention.Indexer)."""
+    out = []
+    for value in vars(group).values():
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, type):
+            out.extend(_key_names(value))
+    return out
+
+
 # Every `<arch>.*` metadata key the compiler reads is one gguf-py spells (gguf.constants.Keys), without
 # its "{arch}." prefix: no hand copies of key names (_Meta refuses any other name).
-ARCH_KEYS = frozenset(
-    value.removeprefix("{arch}.")
-    for group in vars(Keys).values() if isinstance(group, type)
-    for value in vars(group).values() if isinstance(value, str) and value.startswith("{arch}.")
-)
+ARCH_KEYS = frozenset(value.removeprefix("{arch}.") for value in _key_names(Keys) if value.startswith("{arch}."))
 # gguf-py's keys that carry no `{arch}.` prefix (e.g. `xielu.alpha_n`)
-GLOBAL_KEYS = frozenset(
-    value for group in vars(Keys).values() if isinstance(group, type)
-    for value in vars(group).values() if isinstance(value, str) and "{" not in value
-)
+GLOBAL_KEYS = frozenset(value for group in vars(Keys).values() if isinstance(group, type)
+                        for value in _key_names(group) if "{" not in value)
 # Rope scalings a RopeSpec can state (the rope ops implement them); others are refused at compile time.
 ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
 

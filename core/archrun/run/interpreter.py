@@ -342,9 +342,10 @@ class Interpreter:
         if lp.mixer is not None:
             return self._block(lp, x, angles, lambda h: lp.mixer(h, slot, start))
         if lp.parallel is not None:
-            return self._block(lp, x, angles, lambda q, k, v: lp.attention(q, k, v, slot.attention, start),
+            return self._block(lp, x, angles, lambda q, k, v, *side: lp.attention(q, k, v, slot.attention, start,
+                                                                                  *side),
                                lambda h: lp.parallel.mix(h, slot.mixer, start))
-        return self._block(lp, x, angles, lambda q, k, v: lp.attention(q, k, v, slot, start))
+        return self._block(lp, x, angles, lambda q, k, v, *side: lp.attention(q, k, v, slot, start, *side))
 
     def _block(self, lp: LayerPlan, x: np.ndarray, angles: list, attend: Callable[..., np.ndarray],
                beside: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
@@ -371,10 +372,12 @@ class Interpreter:
 
     def _attend(self, lp: LayerPlan, h: np.ndarray, angles: list,
                 attend: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
-        """The attention branch on normed h [n, d]: projections, q/k norms, rope, attend, output -> [n, d]."""
+        """The attention branch on normed h [n, d]: projections, q/k norms, rope, attend, output -> [n, d].
+        An attention layout's qkv may give row-aligned side inputs after q, k, v (arrays [n, ...]: what its
+        op reads besides them, e.g. a key selector's own projections); they go to the op as they are."""
         norm, a = self.plan.norm, lp.spec.attention
         n = len(h)
-        q, k, v = lp.qkv(h)
+        q, k, v, *side = lp.qkv(h)
         if a.clamp_kqv:  # OLMo / MPT clip_qkv
             c = F32(a.clamp_kqv)
             q, k, v = np.clip(q, -c, c), np.clip(k, -c, c), np.clip(v, -c, c)
@@ -389,17 +392,17 @@ class Interpreter:
             q, k = rope(q, cos, sin), rope(k, cos, sin)
         if lp.q_norm is not None and a.qk_norm_after_rope:
             q, k = _qk_norm(norm, lp, a, q, k)
-        out = attend(q, k, v).reshape(n, a.n_head * a.v_head_dim)
+        out = attend(q, k, v, *side).reshape(n, a.n_head * a.v_head_dim)
         return lp.o(out if lp.attn_sub_norm is None else norm(out, lp.attn_sub_norm))
 
 
 def per_span(op: Any, slots: list, starts: list[int], ends: np.ndarray) -> Callable:
-    """attend(q, k, v) (or a token mixer's attend(h)) over the rows of several sequences: each span
-    runs in its own slot."""
+    """attend(q, k, v, *side) (or a token mixer's attend(h)) over the rows of several sequences: each span
+    runs in its own slot (op(q, k, v, slot, start, *side), side inputs after the start)."""
 
     def attend(*rows: np.ndarray) -> np.ndarray:
         bounds = zip([0, *ends[:-1]], ends, strict=True)
-        return np.concatenate([op(*(r[a:b] for r in rows), slot, start)
+        return np.concatenate([op(*(r[a:b] for r in rows[:3]), slot, start, *(r[a:b] for r in rows[3:]))
                                for (a, b), slot, start in zip(bounds, slots, starts, strict=True)])
 
     return attend
