@@ -250,7 +250,8 @@ ALLOCATING_TEMPLATES = [
 
 def test_templates_that_allocate_are_refused_under_a_2_gib_address_space() -> None:
     """Each construct ends in ChatTemplateError naming the budget, refused from an estimate before it allocates:
-    no MemoryError in a process limited to 2 GiB of address space, and each within a second."""
+    no MemoryError in a process limited to 2 GiB of address space, and each within 1.5 s of CPU time (the
+    process's, not the wall clock's: a loaded host must not fail it)."""
     out = _python(f"""
         import json, resource, time
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
@@ -258,7 +259,7 @@ def test_templates_that_allocate_are_refused_under_a_2_gib_address_space() -> No
         from archrun.errors import ArchrunError
         results = []
         for t in {json.dumps(ALLOCATING_TEMPLATES)}:
-            t0 = time.monotonic()
+            t0 = time.process_time()
             try:
                 render_chat(t, [{{"role": "user", "content": "hi"}}])
                 got = "rendered"
@@ -266,7 +267,7 @@ def test_templates_that_allocate_are_refused_under_a_2_gib_address_space() -> No
                 got = type(e).__name__ + ": " + str(e)
             except BaseException as e:
                 got = "untyped " + type(e).__name__ + ": " + str(e)
-            results.append([got[:300], time.monotonic() - t0])
+            results.append([got[:300], time.process_time() - t0])
         print(json.dumps(results))
     """, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
