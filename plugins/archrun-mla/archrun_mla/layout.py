@@ -128,8 +128,12 @@ class _LoraQuery:
     def __init__(self, q_a: Any, q_a_norm: np.ndarray, q_b: Any, norm: Any):
         self.q_a, self.q_a_norm, self.q_b, self.norm = q_a, q_a_norm, q_b, norm
 
+    def resid(self, h: np.ndarray) -> np.ndarray:
+        """rms(q_a h) [n, q_lora]: what q_b reads (and DSA's indexer)."""
+        return self.norm(self.q_a(h), self.q_a_norm)
+
     def __call__(self, h: np.ndarray) -> np.ndarray:
-        return self.q_b(self.norm(self.q_a(h), self.q_a_norm))
+        return self.q_b(self.resid(h))
 
 
 class _MlaQkv:
@@ -142,8 +146,12 @@ class _MlaQkv:
         self.lora, self.rope, self.nope = p["kv_lora_rank"], p["qk_rope"], p["qk_nope"]
 
     def __call__(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.project(h, self.query(h))
+
+    def project(self, h: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """__call__ with the query projection q [n, H (p + r)] of h given."""
         n, n_head = len(h), self.k_b_t.shape[0]
-        q = self.query(h).reshape(n, n_head, self.nope + self.rope)
+        q = q.reshape(n, n_head, self.nope + self.rope)
         q_abs = np.matmul(q[:, :, :self.nope].transpose(1, 0, 2), self.k_b_t).transpose(1, 0, 2)  # [n, H, c]
         ckv = self.kv_a(h)                                                                       # [n, c + r]
         latent = self.norm(np.ascontiguousarray(ckv[:, :self.lora]), self.kv_a_norm)             # [n, c]
