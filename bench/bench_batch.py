@@ -33,7 +33,7 @@ from fetch_models import MODELS, model_path  # noqa: E402
 from machine import describe  # noqa: E402
 
 import archrun  # noqa: E402
-from archrun import fusion  # noqa: E402
+from archrun.kernels.decode import fusion  # noqa: E402
 from archrun.kernels.matmul import qmatrix  # noqa: E402
 from archrun.run.cache import kv_options  # noqa: E402
 

@@ -48,7 +48,7 @@ def run(model: Path, cache: str, tokens: int, extra: list[str]) -> dict[str, flo
 
 def wait_for_stamp(model: Path, cache: str, timeout: float = 3600.0) -> float:
     """Seconds until the cold run's background warm-up leaves its stamp in `cache`."""
-    code = "import sys; from archrun import tiered; print(tiered._stamp(sys.argv[1]))"
+    code = "import sys; from archrun.run import tiered; print(tiered._stamp(sys.argv[1]))"
     stamp = Path(subprocess.run([sys.executable, "-c", code, str(model)], check=True, capture_output=True, text=True,
                                 env=dict(os.environ, NUMBA_CACHE_DIR=cache)).stdout.strip())
     t0 = time.perf_counter()

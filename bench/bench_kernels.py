@@ -41,7 +41,8 @@ if __name__ == "__main__" and "--threads" in sys.argv:  # BLAS reads its thread 
 import numpy as np  # noqa: E402
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader  # noqa: E402
 
-from archrun import kernels, quant  # noqa: E402
+from archrun import kernels  # noqa: E402
+from archrun.io import quant  # noqa: E402
 
 MODELS = Path.home() / ".cache" / "archrun" / "models"
 # llama.cpp llama-bench, 2 threads, this machine class (docs/performance.md): decode tok/s

@@ -25,8 +25,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
-from gguf_fixtures import random_quant_tensor  # noqa: E402
-from synth import write_model  # noqa: E402
+from support.gguf_fixtures import random_quant_tensor  # noqa: E402
+from support.synth import write_model  # noqa: E402
 
 import archrun  # noqa: E402
 from archrun.kernels.matmul import qmatrix  # noqa: E402

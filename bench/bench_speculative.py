@@ -45,7 +45,7 @@ from fetch_models import MODEL_DIR, model_path  # noqa: E402
 from machine import describe, machine  # noqa: E402
 
 import archrun  # noqa: E402
-from archrun import speculative  # noqa: E402
+from archrun.generation import speculative  # noqa: E402
 from archrun.generation.generate import chat_prompt  # noqa: E402
 
 DERIVED = MODEL_DIR / "derived"   # models the bench writes once from the fetched ones (the F16 targets)
