@@ -13,8 +13,11 @@ Two kinds of capability:
   `fused` (an archrun.kernels.decode.parts.Part, or None for an instance without one), `fused_input` (the
   residual's FFN-input Part), `fused_for` (attention: ``fused_for(kv_type) -> Part | None``),
   `pool_task` (attention: a numba function compiled for SIGNATURES["task"], or None), `slot_arrays`
-  (attention: ``slot_arrays(slot) -> (k, v, pos, ring)``), `act_part` (moe: its activation's Part, or
-  None), `fused_layer` (moe: ``fused_layer(weights, common, group_id=None) -> (kernel, args, big) | None``);
+  (attention: ``slot_arrays(slot) -> (k, v, pos, ring)``; mixer: ``slot_arrays(slot, start) -> state``, the
+  tuple of state arrays its layer kernel updates for the token at start), `act_part` (moe: its activation's
+  Part, or None), `fused_layer` (moe: ``fused_layer(weights, common, group_id=None) -> (kernel, args, big) |
+  None``; mixer: ``fused_layer(common, group_id=None) -> (kernel, args, big) | None``, the whole layer's
+  kernel: archrun.kernels.decode.fusion.MixerBlock);
 - members and values of both factories: `kv_types` (attention: the bound object's ``kv_types`` tuple;
   undeclared: float32 only), `binds` (``bind(binder, layer)`` binds per-layer tensors of its own at
   load), and the values `causal` (attention: False for an op whose queries see every position),
@@ -46,7 +49,7 @@ SLOT_CAPABILITIES: dict[str, frozenset[str]] = {
     "norm": frozenset({"fused"}),
     "rope": frozenset({"fused"}),
     "attention": frozenset({"fused", "fused_for", "pool_task", "slot_arrays", "kv_types", "binds", "causal"}),
-    "mixer": frozenset({"empty"}),
+    "mixer": frozenset({"empty", "fused_layer", "slot_arrays"}),
     "activation": frozenset({"fused"}),
     "residual": frozenset({"fused", "fused_input", "binds", "ffn_reads_input"}),
     "gating": frozenset({"fused"}),

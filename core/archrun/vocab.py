@@ -38,7 +38,9 @@ What an op can do beyond its slot's contract it declares at registration (`Op.ca
 archrun.contracts.OpCapabilities): a fast op joins the fused one-call-per-layer decode path by declaring
 kernel parts (archrun.kernels.decode.parts: `fused`, and the residual op's `fused_input`); an FFN op with its own
 layer kernel (e.g. moe) declares `fused_layer`: `op.fused_layer(weights, common, group_id=None)`
-(group_id, when given, registers its product groups with the decode worker pool: archrun.kernels.decode.fusion).
+(group_id, when given, registers its product groups with the decode worker pool: archrun.kernels.decode.fusion),
+and so does a token mixer with its layer kernel: `op.fused_layer(common, group_id=None)` with
+`op.slot_arrays(slot, start)` (its state arrays for the kernel).
 The core reads only what an op declares.
 """
 

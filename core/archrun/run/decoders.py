@@ -191,8 +191,9 @@ class FusedDecoder(Interpreter):
             for li, (lp, fb) in enumerate(zip(p.layers, blocks, strict=True)):
                 if fb.dense:
                     fb.rows(x, slots, li, seq, pos, angles, par)
-                else:  # an FFN op with its own layer kernel: op by op on the rows
-                    run = per_span(lp.attention, [c.slots[li] for c in caches], starts, ends)
+                else:  # a layer with its own kernel (an FFN op's, a token mixer's): op by op on the rows
+                    op = lp.mixer if lp.mixer is not None else lp.attention
+                    run = per_span(op, [c.slots[li] for c in caches], starts, ends)
                     x = np.ascontiguousarray(self._block(lp, x, angles, run), dtype=np.float32)
             for n, cache in zip(lengths, caches, strict=True):
                 cache.advance(n)

@@ -13,7 +13,7 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("mixer", "shortconv", shortconv.shortconv_reference,
                 Lazy("archrun_recurrent.shortconv:shortconv_fast"),
                 "gated short convolution (LFM2): out_proj(C * conv(B * x)) over the last l_cache gated inputs",
-                layout=shortconv.ShortConvLayout()))
+                layout=shortconv.ShortConvLayout(), capabilities=OpCapabilities(fused_layer=True, slot_arrays=True)))
     register(Op("mixer", "mamba2", mamba2.mamba2_reference, Lazy("archrun_recurrent.mamba2:mamba2_fast"),
                 "Mamba2 selective state-space mixer (SSD): conv1d, dt/A/D, gated grouped RMSNorm, a state per head",
                 layout=mamba2.Mamba2Layout()))

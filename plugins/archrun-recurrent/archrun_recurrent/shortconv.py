@@ -93,8 +93,33 @@ def shortconv_reference(spec: Any) -> ShortConv:
     return ShortConv(spec)
 
 
-def shortconv_fast(spec: Any) -> ShortConv:
-    """The same mixer with its gated convolution in a numba kernel (runs op by op)."""
-    from archrun_recurrent.kernels import conv  # imported on use: loading the plugin compiles no kernel
+class FastShortConv(ShortConv):
+    """The mixer with its gated convolution in a numba kernel, and its whole decode layer as one kernel
+    (`fused_layer`, archrun.kernels.decode.fusion): the fused one-token step computes the same bits."""
 
-    return ShortConv(spec, conv.gated_conv)
+    def __init__(self, spec: Any):
+        from archrun_recurrent.kernels import conv  # imported on use: loading the plugin compiles no kernel
+
+        super().__init__(spec, conv.gated_conv)
+
+    def slot_arrays(self, slot: StateSlot, start: int) -> tuple:
+        """The state a one-token step at `start` updates: ((conv window [L-1, d], its ring row),)."""
+        return slot.step_arrays(start)
+
+    def fused_layer(self, common: Any, group_id: Callable | None = None) -> tuple | None:
+        """(kernel, args, parallel) of the layer's decode step (archrun.kernels.decode.fusion.MixerBlock), or
+        None when a projection is not prepared for the fast kernels. group_id(ms, n_in) -> id, when given,
+        registers the two products with the decode pool."""
+        from archrun_recurrent.fused import product_groups
+        from archrun_recurrent.kernels.shortconv_layer import shortconv_layer
+
+        made = product_groups((self.in_proj, self.out_proj), group_id)
+        if made is None:
+            return None
+        (in_proj, out_proj), gids, big = made
+        return shortconv_layer, (common, in_proj, out_proj, self.w, gids), big
+
+
+def shortconv_fast(spec: Any) -> ShortConv:
+    """The same mixer with its gated convolution in a numba kernel; its layer decodes fused."""
+    return FastShortConv(spec)

@@ -63,11 +63,26 @@ class StateSlot:
     def keep(self, length: int) -> None:
         """Copy the current state as the state after `length` tokens. Lengths skipped since the
         last kept one leave a gap: the ring's reach starts again at `length`."""
-        if length != self.n + 1:
-            self._lo = length
         row = length % self.size
         for k, a in self.state.items():
             self._ring[k][row] = a
+        self._mark(length)
+
+    def step_arrays(self, start: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """For a one-token step at `start` computed by a kernel (a fused decode layer): begin(start) and the
+        bookkeeping of keep(start + 1), whose copy the kernel makes. Per state array, in the order of
+        `state`: (the array, its ring row for start + 1); the kernel updates the array in place, then
+        copies it into the row."""
+        self.begin(start)
+        row = (start + 1) % self.size
+        arrays = tuple((a, self._ring[k][row]) for k, a in self.state.items())
+        self._mark(start + 1)
+        return arrays
+
+    def _mark(self, length: int) -> None:
+        """The ring holds the state after `length` tokens, the slot's length now."""
+        if length != self.n + 1:
+            self._lo = length
         self.n = length
         self._lo = max(self._lo, length - self.size + 1)
 

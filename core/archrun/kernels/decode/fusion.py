@@ -5,9 +5,13 @@ A layer runs fused when every op bound to it carries a kernel part (archrun.kern
 kernels. Dense layers run archrun.kernels.decode.layer.decode_layer (their arguments in one typed
 list), whose parts are first-class function values: any op, from any plugin, decodes fused.
 A layer whose FFN op brings its own layer kernel (`ffn_op.fused_layer`, e.g. a mixture of
-experts) runs that. Ops without parts, and the reference backend, keep the op-by-op
-path, which computes the same block. The core only moves parts and arrays into the kernel: it
-knows no math.
+experts) runs that. A token mixer's layer (a recurrent layer: a short convolution, a state-space
+model, a delta rule) runs its mixer op's layer kernel (`mixer_op.fused_layer(common, group_id=None)`,
+a MixerBlock): the op computes the mixer's output from the block's normed input and hands it to
+kernels.decode.layer's `mixer_output`; the layer's recurrent state reaches the kernel through the op's
+`slot_arrays(slot, start)` (the state arrays of the token at `start`, updated in place). Ops without
+parts, and the reference backend, keep the op-by-op path, which computes the same block. The
+core only moves parts and arrays into the kernel: it knows no math.
 
 On more than one thread, the products of a one-token step (every layer's product groups and the
 output head) are shared with a worker pool (kernels.decode.pool.DecodePool) when every layer takes part:
@@ -31,7 +35,7 @@ from archrun.errors import ContextOverflow, InvalidRequest
 from archrun.io.weights import Matrix
 from archrun.kernels.decode import block, layer, pool
 from archrun.kernels.decode.lists import typed_list
-from archrun.kernels.decode.parts import NO_ROPE, Part, compiled_for, usable
+from archrun.kernels.decode.parts import NO_ACTIVATION, NO_ROPE, Part, compiled_for, usable
 from archrun.kernels.matmul import qmatrix
 from archrun.run.plan import DenseFfn, LayerPlan, Projections
 
@@ -108,6 +112,21 @@ class FusedBlock:
         layer.decode_rows(x, *self._args, slots, np.int64(li), seq, pos, cos, sin, chunks, par)
 
 
+class MixerBlock(FusedBlock):
+    """A token mixer's layer as one kernel call, the mixer op's own (its `fused_layer`): `fb(x, slot, start,
+    angles)` updates x f32 [d] and the layer's recurrent state in place. The op's `slot_arrays(slot, start)`
+    checks that the slot's state continues at `start` and gives the state arrays the kernel reads and
+    updates (a tuple), passed after the op's own arguments: kernel(x, *args, state, chunks, par)."""
+
+    def __init__(self, kernel: Any, args: tuple, slot_arrays: Any, parallel: bool):
+        super().__init__(kernel, args, slot_arrays, -1, parallel)
+
+    def __call__(self, x: np.ndarray, slot: Any, start: int, angles: list, par: tuple = pool.NO_POOL) -> None:
+        state = self._slot_arrays(slot, start)
+        chunks = qmatrix.current_threads() if self._parallel and par is pool.NO_POOL else 1
+        self._kernel(x, *self._args, state, chunks, par)
+
+
 def fused_part(op: Any, caps: OpCapabilities, slot: str) -> Part | None:
     """The Part `op.fused` of an op that declares one, usable by the layer kernel for `slot`; else None."""
     return usable(op.fused, slot) if caps.fused else None
@@ -180,6 +199,52 @@ def _group_id(groups: list[tuple], ms: tuple, n_in: int) -> int:
     return len(groups) - 1
 
 
+def _ffn_products(lp: LayerPlan) -> tuple | None:
+    """(gate_up, down) uniform groups of the layer's dense FFN (absent ones without an FFN), or None when a
+    matrix is not prepared."""
+    if lp.ffn is None:
+        absent = (block.absent_matrix(),) * 3
+        return absent, absent
+    gate_up, down = _uniforms(lp.ffn.gate_up.matrices, 3), _uniforms([lp.ffn.down], 3)
+    return None if gate_up is None or down is None else (gate_up, down)
+
+
+def fuse_mixer(lp: LayerPlan, norm: Any, declared: Callable[[Any], OpCapabilities],
+               groups: list[tuple] | None = None) -> MixerBlock | None:
+    """The fused decode step of a token mixer's layer (its op's `fused_layer`), or None when it must run op
+    by op (an op without a layer kernel or parts, an FFN that is not a dense product pair)."""
+    op, caps = lp.attention, declared(lp.attention)
+    if not (caps.fused_layer and caps.slot_arrays) or op.fused_layer is None or op.slot_arrays is None:
+        return None
+    if lp.ffn is not None and (not isinstance(lp.ffn, DenseFfn) or lp.ffn.sub_norm is not None):
+        return None  # a mixture of experts (its own layer kernel) or a norm inside the FFN: op by op
+    residual = declared(lp.residual)
+    act = NO_ACTIVATION if lp.ffn is None else fused_part(lp.ffn.act, declared(lp.ffn.act), "activation")
+    found = [fused_part(norm, declared(norm), "norm"), NO_ROPE, NO_ROPE, act,  # (no rope, no attention part)
+             usable(lp.residual.fused_input, "residual") if residual.fused_input else None,
+             fused_part(lp.residual, residual, "residual")]
+    products = _ffn_products(lp)
+    if any(p is None for p in found) or products is None:
+        return None
+    gate_up, down = products
+    ids = [-1] * 4  # pool groups of (qkv, o: none), gate_up, down
+    if groups is not None and lp.ffn is not None:
+        ids[2:] = [_group_id(groups, gate_up, lp.ffn.gate_up.matrices[0].n_in),
+                   _group_id(groups, down, lp.ffn.down.n_in)]
+    fns = tuple(p.value for p in found)
+    params = tuple(p.params for p in found[:5])
+    common = typed_list([(gate_up, down, _vecs(lp), _geo(lp, False, ids, -1), fns, params)])
+    first = len(groups) if groups is not None else 0
+    made = (op.fused_layer(common) if groups is None else
+            op.fused_layer(common, lambda ms, n_in: _group_id(groups, ms, n_in)))
+    if made is None:
+        return None
+    kernel, args, big = made
+    fb = MixerBlock(kernel, args, op.slot_arrays, big)
+    fb.pooled = groups is not None and len(groups) > first  # the op registered its products
+    return fb
+
+
 def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], OpCapabilities],
                groups: list[tuple] | None = None, kv_type: str = "f32", tasks: list | None = None) -> FusedBlock | None:
     """The fused decode step of a bound layer over caches of kv_type, or None when it must run op by op.
@@ -188,8 +253,10 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], 
     groups: when given, a dense layer's product groups are appended (pool group ids); tasks: when given,
     the attention op's pool task, unless already there (pool task ids).
     """
-    if lp.mixer is not None or lp.parallel is not None or lp.ffn is None:
-        return None  # a token mixer's layer (or one beside the attention), or a block without FFN: op by op
+    if lp.mixer is not None:
+        return fuse_mixer(lp, norm, declared, groups) if lp.parallel is None else None
+    if lp.parallel is not None or lp.ffn is None:
+        return None  # a token mixer beside the attention, or a block without FFN: op by op
     if lp.attn_sub_norm is not None or (isinstance(lp.ffn, DenseFfn) and lp.ffn.sub_norm is not None):
         return None  # norms inside the branches (the layer kernel has no step for them): op by op
     a = lp.spec.attention
@@ -258,6 +325,16 @@ def _share_dense_args(blocks: list[FusedBlock]) -> None:
         return
     for i, fb in enumerate(dense):
         fb._args = (layers, np.int64(i))
+
+
+def _row_slots(blocks: list[FusedBlock], slots: list) -> list[tuple]:
+    """(k, v, kpos, ring) of every layer's slot as the multi-row kernel reads them; a token mixer's layer
+    (which runs op by op on rows) gets empty arrays of the attention layers' types in its place."""
+    arrays = [None if isinstance(fb, MixerBlock) else fb._slot_arrays(slot)
+              for fb, slot in zip(blocks, slots, strict=True)]
+    k, v, kpos, _ = next(a for a in arrays if a is not None)
+    empty = (np.empty((0,) * 3, k.dtype), np.empty((0,) * 3, v.dtype), np.empty(0, kpos.dtype), True)
+    return [empty if a is None else a for a in arrays]
 
 
 class DecodeSteps:
@@ -332,7 +409,7 @@ class DecodeSteps:
             kept = self._slot_lists.get(cache)
             if kept is None or len(kept[0]) != len(cache.slots) or any(
                     a is not b for a, b in zip(kept[0], cache.slots, strict=True)):
-                arrays = [fb._slot_arrays(slot) for fb, slot in zip(blocks, cache.slots, strict=True)]
+                arrays = _row_slots(blocks, cache.slots)
                 for k, v, kpos, ring in arrays:
                     if not ring and k.shape[0] < cache.capacity:  # the kernel does not bounds-check
                         raise ContextOverflow(f"a cache slot holds {k.shape[0]} rows, fewer than the cache's "

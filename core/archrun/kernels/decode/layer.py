@@ -25,7 +25,11 @@ list of them, built once at load):
   params their float64 parameters in the same order (the residual's serve both of its functions)
 
 Layers whose FFN is not a dense product pair (e.g. a mixture of experts) run their op's own
-layer kernel, which calls `attention_block` and `join` from here.
+layer kernel, which calls `attention_block` and `join` from here. A token mixer's layer (a mixer op's
+`fused_layer`) runs the op's kernel, which computes the mixer's output from `mixer_input` and hands it
+to `mixer_output` (the rest of the block: post-norm, dense FFN or none, residual joins). Its arguments
+are then (gate_up, down, vecs, geo, fns, params) as above: geo's FFN fields and pool ids of gate_up
+and down (n_ff 0: the block has no FFN), fns' attention and rope entries placeholders.
 
 `decode_rows` is the same block on N rows at once (a batch of sequences, or a span of one
 sequence's tokens: speculative verification), built from the same inlined steps: per row the same
@@ -199,6 +203,31 @@ def decode_layer(x, layers, i, kc, vc, kpos, ring, row, pos, cos, sin, chunks, p
     qkv, o_mat, gate_up, down, vecs, geo, fns, params = layers[i]
     a, h = attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks,
                            par)
+    g = ffn_input(x, a, h, vecs, fns, params)
+    f = _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par)
+    join(x, a, f, vecs, fns, params)
+
+
+# -- a token mixer's block: the mixer op's own layer kernel calls these ----------------------------------
+
+
+@njit(**_STEP)
+def mixer_input(x, vecs, fns, params):
+    """The normed input h [d] a token mixer reads (a copy of x in a block without pre-norms)."""
+    h = np.empty(x.shape[0], _F32)
+    _pre_norm(x, vecs, fns, params, h)
+    return h
+
+
+@njit(**_STEP)
+def mixer_output(x, a, h, gate_up, down, vecs, geo, fns, params, chunks, par):
+    """The rest of a token mixer's block from the mixer's output a [d] (h: its normed input): the post-norm,
+    the dense FFN (none when geo's n_ff is 0: the mixer is the block's only branch) and the residual joins,
+    as archrun.run.interpreter's block computes them; x [d] is updated in place."""
+    _post_attn(a, vecs, fns, params)
+    if geo[G_FF] == 0:
+        fns[F_RES_OUT][0](params[P_RES], x, a, np.zeros(x.shape[0], _F32))
+        return
     g = ffn_input(x, a, h, vecs, fns, params)
     f = _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par)
     join(x, a, f, vecs, fns, params)

@@ -35,8 +35,11 @@ a plugin with kernels calls `kernel_cache(__file__)` (archrun.kernels.kernel_cac
 the top of its kernel package, before its kernel modules are imported: their compiled code is then cached
 under a digest of its sources and the core's.
 `part(fn, *params)` builds a Part; kernels take `part.value` (see Part); `NO_ROPE` is the part of
-layers without rotary embedding; `NO_TASK` the last two arguments of an attention part called outside
-a pooled step.
+layers without rotary embedding; `NO_ACTIVATION` the activation slot of a token mixer's block without
+FFN (never called); `NO_TASK` the last two arguments of an attention part called outside a pooled step.
+
+A token mixer (slot "mixer") has no part of its own: it brings its layer kernel (`fused_layer`, see
+archrun.kernels.decode.fusion and archrun.kernels.decode.layer's `mixer_input` / `mixer_output`).
 """
 
 from __future__ import annotations
@@ -62,8 +65,8 @@ KV_CACHES = {"f32": CACHE, "f16": types.Array(types.uint16, 3, "C"), "q8_0": typ
 POSITIONS = types.Array(types.int64, 1, "C")
 POOL = types.Array(types.int64, 1, "C")  # the decode pool's ctrl (kernels.decode.pool), empty without a pool
 
-__all__ = ["JIT", "NO_ROPE", "NO_TASK", "SIGNATURES", "Part", "compiled_for", "guard_cache", "kernel_cache", "part",
-           "usable"]
+__all__ = ["JIT", "NO_ACTIVATION", "NO_ROPE", "NO_TASK", "SIGNATURES", "Part", "compiled_for", "guard_cache",
+           "kernel_cache", "part", "usable"]
 
 SIGNATURES = {
     "norm": types.void(PARAMS, VEC, VEC, VEC, VEC),
@@ -137,5 +140,13 @@ def _no_rope(p, v, n_head, hd, cos, sin):
 
 
 NO_ROPE = part(_no_rope)
+
+
+@njit(SIGNATURES["activation"], **JIT)
+def _no_activation(p, x, out):
+    """The activation slot of a token mixer's block without FFN: the kernel never calls it."""
+
+
+NO_ACTIVATION = part(_no_activation)
 # the (pool, task) arguments of an attention part called outside a pooled step (op by op, tests)
 NO_TASK = (np.zeros(0, np.int64), np.int64(-1))

@@ -1,0 +1,136 @@
+"""Token mixers decode fused (their ops' layer kernels: `shortconv`) with the bits of the op-by-op
+path: on copies of the families' tiny fixtures whose block matrices are Q8_0 (the fused and the op-by-op
+product kernels of a quantized type compute one token alike; float32 products differ in rounding, numpy's
+BLAS against the decode kernel), a mixer layer's fused step gives the op-by-op block's output and state bit
+for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+import archrun
+from archrun.conformance.gguf_edit import rewrite_gguf
+from archrun.kernels.decode.fusion import MixerBlock
+from archrun.kernels.matmul import qmatrix
+
+FAMILIES = Path(__file__).resolve().parents[3] / "families"
+# fixture -> its family package: LFM2 (short convolutions and attention)
+FIXTURES = {"lfm2_ccac": "lfm2", "lfm2_accc_l2": "lfm2", "lfm2_acca_l4": "lfm2"}
+MATRICES = ("shortconv.in_proj", "shortconv.out_proj", "ssm_in", "ssm_out", "attn_q", "attn_k", "attn_v",
+            "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def fixture(name: str) -> Path:
+    return FAMILIES / f"archrun-{FIXTURES[name]}" / "tests" / "goldens" / f"{name}.gguf"
+
+
+def _quantized(name: str) -> bool:
+    return name in ("output.weight", "token_embd.weight") or any(f".{m}.weight" in name for m in MATRICES)
+
+
+def _q8_0_copy(src: Path, dst: Path) -> Path:
+    """src with the block matrices and the embeddings / output head in Q8_0 (gguf-py's quantizer), where their
+    rows allow."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    quantized = {t.name: (gguf.quants.quantize(np.asarray(t.data, np.float32), q8), q8)
+                 for t in r.tensors if t.shape[0] % 32 == 0 and len(t.shape) == 2 and _quantized(t.name)}
+    return rewrite_gguf(src, dst, drop_tensors=tuple(quantized), add_tensors=quantized)
+
+
+@pytest.fixture(scope="module", params=sorted(FIXTURES))
+def q8_0(request, tmp_path_factory) -> tuple:
+    """(fused, op-by-op) models of a Q8_0 copy of the fixture."""
+    path = _q8_0_copy(fixture(request.param), tmp_path_factory.mktemp("q8") / f"{request.param}.gguf")
+    return archrun.load(path), archrun.load(path, fused=False)
+
+
+def _states(cache) -> list[np.ndarray]:
+    return [a.copy() for slot in cache.slots if hasattr(slot, "state") for a in slot.state.values()]
+
+
+def test_mixer_layers_decode_one_call_per_layer(q8_0):
+    fused, ops = q8_0
+    mixers = [lp.mixer is not None for lp in fused.plan.layers]
+    assert fused.fused_blocks is not None and ops.fused_blocks is None and any(mixers)
+    assert [isinstance(fb, MixerBlock) for fb in fused.fused_blocks] == mixers
+    assert archrun.load(fixture("lfm2_ccac"), backend="reference").fused_blocks is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_fused_mixer_layer_has_the_op_paths_bits(q8_0, threads):
+    """Each mixer layer's fused step (MixerBlock) against the op-by-op block on the same input and
+    state: the same output and the same new state, bit for bit."""
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"numba runs at most {numba.config.NUMBA_NUM_THREADS} thread(s) here")
+    m, _ = q8_0
+    rng = np.random.default_rng(3)
+    before = qmatrix.current_threads()
+    qmatrix.set_threads(threads)
+    try:
+        for i, (lp, fb) in enumerate(zip(m.plan.layers, m.fused_blocks, strict=True)):
+            if not isinstance(fb, MixerBlock):
+                continue
+            ops, fused = m.init_cache(16), m.init_cache(16)
+            context = rng.standard_normal((5, m.descriptor.n_embd)).astype(np.float32)
+            for cache in (ops, fused):
+                m.run_block(lp, context, cache.slots[i], 0, m.rope_angles(np.arange(5)))
+            for pos in range(5, 9):
+                x = rng.standard_normal(m.descriptor.n_embd).astype(np.float32)
+                angles = m.rope_angles(np.array([pos]))
+                want = m.run_block(lp, x[None].copy(), ops.slots[i], pos, angles)[0]
+                fb(x, fused.slots[i], pos, angles)
+                np.testing.assert_array_equal(x, want)
+                for k, state in ops.slots[i].state.items():
+                    np.testing.assert_array_equal(fused.slots[i].state[k], state)
+                assert fused.slots[i].n == ops.slots[i].n == pos + 1
+    finally:
+        qmatrix.set_threads(before)
+
+
+def test_fused_and_op_by_op_decode_agree(q8_0):
+    """Whole models token by token (the attention layers' fused kernel and the head round apart from the op
+    path's: float rounding, not bits)."""
+    ids = np.random.default_rng(6).integers(0, q8_0[0].descriptor.n_vocab, 10)
+    caches = [model.init_cache(16) for model in q8_0]
+    for t in ids:
+        a, b = (model.forward_step([t], cache) for model, cache in zip(q8_0, caches, strict=True))
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
+
+
+def test_fused_steps_rewind_like_op_steps(q8_0):
+    """A fused step keeps its state in the slot's ring: rewinding over fused steps restores it exactly."""
+    fused, _ = q8_0
+    ids = np.random.default_rng(4).integers(0, fused.descriptor.n_vocab, 8)
+    cache = fused.init_cache(16)
+    fused.forward_step(ids[:2], cache)
+    for t in ids[2:5]:
+        fused.forward_step([t], cache)
+    kept = _states(cache)
+    want = fused.forward_step(ids[5:6], cache)
+    fused.forward_step(ids[6:7], cache)
+    cache.rewind(2)
+    assert all(np.array_equal(x, y) for x, y in zip(_states(cache), kept, strict=True))
+    np.testing.assert_array_equal(fused.forward_step(ids[5:6], cache), want)
+
+
+def test_a_batch_row_has_its_single_steps_bits(q8_0):
+    """In a batch the mixer layers run op by op on the rows, the attention layers (if any) through the rows kernel:
+    each sequence's logits are its fused one-token step's."""
+    fused, _ = q8_0
+    ids = np.random.default_rng(5).integers(0, fused.descriptor.n_vocab, 6)
+    single, batched = [], [fused.init_cache(16) for _ in range(2)]
+    for j, cache in enumerate(batched):
+        alone = fused.init_cache(16)
+        for c in (alone, cache):
+            fused.forward_step(ids[j:j + 3], c)
+        single.append(fused.forward_step(ids[5 - j:6 - j], alone))
+    got = fused.forward_step_batch([ids[5:6], ids[4:5]], batched)
+    for g, w in zip(got, single, strict=True):
+        np.testing.assert_array_equal(g, w)
