@@ -55,6 +55,7 @@ SLOT_CAPABILITIES: dict[str, frozenset[str]] = {
     "gating": frozenset({"fused"}),
     "moe": frozenset({"act_part", "fused_layer"}),
     "softcap": frozenset(),
+    "stream": frozenset(),
     "block_style": frozenset({"op_backend"}),
 }
 
@@ -195,6 +196,20 @@ class ResidualOp(Protocol):
     def combine(self, x: np.ndarray, a: np.ndarray, f: np.ndarray) -> np.ndarray: ...
 
 
+class StreamOp(Protocol):
+    """slot "stream": factory(descriptor, **params) -> obj carrying the residual stream through the blocks:
+    bind(binder) at load; enter(x[n, d], ids[n]) -> state; layer(i, state, block) -> state, where
+    block(x[n, d]) -> [n, d] is block i; leave(state) -> [n, d]."""
+
+    def bind(self, binder: Any) -> None: ...
+
+    def enter(self, x: np.ndarray, ids: np.ndarray) -> Any: ...
+
+    def layer(self, i: int, state: Any, block: Any) -> Any: ...
+
+    def leave(self, state: Any) -> np.ndarray: ...
+
+
 class GatingOp(Protocol):
     """slot "gating": factory() -> f(logits[n, E]) -> probs[n, E]."""
 
@@ -216,5 +231,5 @@ class SoftcapOp(Protocol):
 #: slot -> the Protocol of its bound objects (block_style's factory returns a Decoder class: archrun.run.interpreter)
 PROTOCOLS: dict[str, type | Callable[..., Any]] = {
     "norm": NormOp, "rope": RopeOp, "attention": AttentionOp, "mixer": MixerOp, "activation": ActivationOp,
-    "residual": ResidualOp, "gating": GatingOp, "moe": MoeOp, "softcap": SoftcapOp,
+    "residual": ResidualOp, "gating": GatingOp, "moe": MoeOp, "softcap": SoftcapOp, "stream": StreamOp,
 }

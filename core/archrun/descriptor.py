@@ -342,7 +342,9 @@ class Descriptor:
     numbering by name: none, mean, cls, last, rank; archrun.generation.embedding). norm_weights False: norms
     have no learned weight (unit scale; OLMo's non-parametric LayerNorm), so no norm weight tensors
     exist. final_norm: the norm op (slot "norm") of the trunk's final norm when it is not `norm`
-    ("": the model's norm op).
+    ("": the model's norm op). stream: the op (slot "stream") carrying the residual stream through the
+    blocks when it is more than one array, with its parameters from the file (`stream_params`, sorted
+    (name, value) pairs); "": one stream, block by block.
     """
 
     architecture: str = field(validator=v.instance_of(str))
@@ -374,6 +376,8 @@ class Descriptor:
     causal: bool = field(default=True, validator=v.instance_of(bool))
     pooling: str = field(default="none", validator=v.in_(("none", "mean", "cls", "last", "rank")))
     block_style: str = field(default="fused", validator=v.instance_of(str))  # vocabulary slot "block_style"
+    stream: str = field(default="", validator=v.instance_of(str))  # vocabulary slot "stream"; "": one stream
+    stream_params: tuple[tuple[str, float], ...] = field(default=(), converter=tuple)
     nextn_layers: tuple[LayerSpec, ...] = field(
         default=(), converter=tuple, validator=v.deep_iterable(v.instance_of(LayerSpec))
     )

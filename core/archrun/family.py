@@ -47,6 +47,8 @@ CONVENTIONS: Mapping[str, tuple[str, str | None]] = MappingProxyType({
     "mixerless": ("the op in the token mixer's place of the layers a file marks as having none (an FFN-only "
                   "block)", "mixer"),
     "final_norm": ("the norm op of the trunk's final norm, when it is not the model's norm op", "norm"),
+    "stream": ("how the residual stream runs through the blocks when it is more than one array (several "
+               "parallel streams; none: one stream, block by block)", "stream"),
 })
 LOGIT_SCALE_USES = ("multiply", "divide")
 # How the rope of sliding-window layers relates to the global layers' (FamilyHints.swa_rope).
@@ -134,6 +136,9 @@ class FamilyHints:
     property; an op that adds nothing, such as archrun-blocks' "none"): Nemotron-H's MLP layers.
     `final_norm`: the norm op of the trunk's final norm where it differs from every other norm's
     (BitNet: the blocks' norms quantize what they feed, the final norm feeds a float head).
+    `stream`: the op (slot "stream") that carries the residual stream through the blocks when it is more
+    than one [n, d] array (parallel streams of which each block reads one, inputs added per layer); None: one
+    stream.
     """
 
     name: str = field(validator=v.instance_of(str))
@@ -150,6 +155,7 @@ class FamilyHints:
     parallel: str | None = field(default=None, validator=_opt_str)
     mixerless: str | None = field(default=None, validator=_opt_str)
     final_norm: str | None = field(default=None, validator=_opt_str)
+    stream: str | None = field(default=None, validator=_opt_str)
     moe_weights_norm: bool = False
     logit_scale_key: str | None = field(default=None, validator=v.optional(v.in_(LOGIT_SCALE_USES)))
     pre_norms: bool = True

@@ -26,6 +26,11 @@ hd head width, f FFN width, E experts, k experts used):
   gating      factory() -> f(logits[n, E]) -> probs[n, E]
   moe         factory(spec: MoeSpec, gating, act) -> f(x[n, d], weights: archrun.io.weights.MoeWeights) -> [n, d]
   softcap     factory(cap: float) -> f(logits[n, V]) -> [n, V]
+  stream      factory(descriptor, **params) -> obj: how the residual stream runs through the blocks when it is
+                        more than one [n, d] array (e.g. several parallel streams); obj.bind(binder) binds its
+                        tensors at load; obj.enter(x[n, d], ids[n]) -> state (after the embeddings);
+                        obj.layer(i, state, block) -> state, where block(x[n, d]) -> [n, d] runs block i;
+                        obj.leave(state) -> [n, d] (before the final norm). Unnamed: one stream, block by block
   block_style factory() -> a Decoder class (see archrun.run.interpreter): its `caps` say which entries it carries;
               the op's declared `op_backend` ("reference" or None) which backend the small ops run on
 
@@ -56,7 +61,8 @@ import pluggy
 from archrun.contracts import OpCapabilities, check_declaration
 from archrun.errors import PluginError, UnknownVocabulary
 
-SLOTS = ("norm", "rope", "attention", "mixer", "activation", "residual", "gating", "moe", "softcap", "block_style")
+SLOTS = ("norm", "rope", "attention", "mixer", "activation", "residual", "gating", "moe", "softcap", "stream",
+         "block_style")
 BACKENDS = ("reference", "fast")
 
 
@@ -104,6 +110,15 @@ class MixerLayout(Protocol):
     def describe(self, ctx: Any) -> dict[str, Any]: ...
 
 
+class StreamLayout(Protocol):
+    """The parameters of a stream op (slot "stream", `Op.layout`) read from the file: describe(ctx) runs once
+    at compile time (ctx: archrun.describe.compile.LayerContext with layer -1: the model's metadata keys and
+    tensors) and returns {"params": {name: number}}; the descriptor keeps them (Descriptor.stream_params)
+    and the binder passes them to the op's factory as keywords: factory(descriptor, **params)."""
+
+    def describe(self, ctx: Any) -> dict[str, Any]: ...
+
+
 @attrs.frozen
 class Lazy:
     """A factory named "module:attribute", imported on its first call.
@@ -130,7 +145,8 @@ class Op:
 
     layout: an attention op's own projections (AttentionLayout), or None for the standard ones; a
     mixer op's geometry (MixerLayout, required in slot "mixer"); an activation op's parameters read
-    from the file (ActivationLayout), or None for an activation without any.
+    from the file (ActivationLayout), or None for an activation without any; a stream op's parameters
+    read from the file (StreamLayout).
     capabilities: what its bound objects can do beyond the slot's Protocol (archrun.contracts), checked
     when the op is registered.
     fast may be a `Lazy("module:factory")`, imported when a model first binds it.
@@ -141,7 +157,8 @@ class Op:
     reference: Callable[..., Any] = attrs.field(validator=attrs.validators.is_callable())
     fast: Callable[..., Any] | None = attrs.field(default=None)
     doc: str = ""
-    layout: AttentionLayout | MixerLayout | ActivationLayout | None = attrs.field(default=None, kw_only=True)
+    layout: AttentionLayout | MixerLayout | ActivationLayout | StreamLayout | None = attrs.field(default=None,
+                                                                                               kw_only=True)
     capabilities: OpCapabilities = attrs.field(factory=OpCapabilities, kw_only=True)
 
     def declared(self, backend: str) -> OpCapabilities:

@@ -76,7 +76,7 @@ def test_vocabulary_values_are_names_checked_against_the_registry():
 # Descriptor fields whose value names a vocabulary op -> the slot it names.
 VOCABULARY_FIELDS = {
     ("Descriptor", "norm"): "norm", ("Descriptor", "softcap"): "softcap", ("Descriptor", "block_style"): "block_style",
-    ("Descriptor", "final_norm"): "norm",
+    ("Descriptor", "final_norm"): "norm", ("Descriptor", "stream"): "stream",
     ("LayerSpec", "residual"): "residual", ("AttentionSpec", "kind"): "attention",
     ("FfnSpec", "activation"): "activation", ("MoeSpec", "kind"): "moe", ("MoeSpec", "activation"): "activation",
     ("MoeSpec", "gating"): "gating", ("RopeSpec", "pairing"): "rope",

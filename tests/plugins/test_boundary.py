@@ -41,8 +41,9 @@ BUILTIN = {"norm": "rms", "rope": "neox", "attention": "causal", "activation": "
            "gating": "softmax", "moe": "topk", "softcap": "tanh", "block_style": "fused"}
 COUNTED = {slot: f"counted_{name}" for slot, name in BUILTIN.items()}
 # a transformer has no token mixer: the mixer slot's boundary is tests/plugins/test_contracts.py's (a counted mixer
-# on a hybrid file); the shipped mixers are third-party already (archrun-recurrent)
-TRANSFORMER_SLOTS = set(SLOTS) - {"mixer"}
+# on a hybrid file); the shipped mixers are third-party already (archrun-recurrent); nor a stream op (one residual
+# stream), whose only op is third-party (archrun-gemma3n-ops' altup)
+TRANSFORMER_SLOTS = set(SLOTS) - {"mixer", "stream"}
 # what a counted op hides from the core: its kernel parts (so every call goes through the op path)
 HIDDEN = frozenset({"fused", "fused_input", "fused_layer", "slot_arrays", "act_part", "gate_part"})
 COUNTED_METHODS = ("cos_sin", "ffn_input", "combine", "new_slot")

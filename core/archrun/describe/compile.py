@@ -127,10 +127,11 @@ class _Meta:
         self.used.add(key)
         return _typed(key, self.gguf.metadata[key], kind)
 
-    def per_layer_floats(self, key: str, n: int) -> tuple[float, ...]:
+    def per_layer_floats(self, key: str, n: int, infinite: bool = False) -> tuple[float, ...]:
         """A float key gguf-py names in full (with its `{arch}.` prefix or without one, e.g.
-        `xielu.alpha_n`) holding one value or one per layer: n finite floats; MetadataError when the file
-        lacks it or holds something else."""
+        `xielu.alpha_n`) holding one value or one per layer: n finite floats (with `infinite`, ±inf are
+        values too: e.g. the normal quantile of 0 or 1); MetadataError when the file lacks it or holds
+        something else (NaN always)."""
         if key.removeprefix("{arch}.") not in ARCH_KEYS and key not in GLOBAL_KEYS:
             raise KeyError(f"{key!r} is not a gguf-py metadata key (gguf.constants.Keys)")
         full = key.replace("{arch}", self.arch)
@@ -144,7 +145,7 @@ class _Meta:
             values = tuple(float(x) for x in value)
         else:
             values = (_typed(full, value, float),) * n
-        if not all(math.isfinite(x) for x in values):
+        if not all(math.isfinite(x) or (infinite and not math.isnan(x)) for x in values):
             raise MetadataError(f"metadata key {full!r} holds a value that is not a finite number")
         return values
 
@@ -250,9 +251,9 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
     meta = _Meta(gguf, arch, fam.defaults)
     tensors = _Tensors(gguf, {**DEFAULT_TENSOR_NAMES, **fam.tensor_names})
     try:
-        attention_ops, mixer_ops, activation_ops = _layouts(plugins)
+        attention_ops, mixer_ops, param_layouts = _layouts(plugins)
         descriptor = _build(meta, tensors, fam, block_style, layer_patterns(plugins), attention_ops, mixer_ops,
-                            activation_ops)
+                            param_layouts)
     except (ValueError, TypeError) as e:  # a descriptor validator refused a value from the file
         raise MetadataError(f"{arch}: metadata describes an impossible model: {e.args[0]}") from None
     unused = _unused_keys(gguf, meta.used)
@@ -339,16 +340,17 @@ class _Conventions:
                                       f"or `{example}`")
 
 
-def _layouts(plugins: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _layouts(plugins: Any) -> tuple[dict[str, Any], dict[str, Any], dict[tuple[str, str], Any]]:
     """(installed attention ops by name -> their projection layout (None: the standard projections),
-    installed token mixers (slot "mixer") by name -> their layout, installed activations that read
-    parameters from the file by name -> their layout)."""
+    installed token mixers (slot "mixer") by name -> their layout, installed activations and stream ops
+    that read parameters from the file by (slot, name) -> their layout)."""
     from archrun.vocab import build_vocabulary
 
     vocab = list(build_vocabulary(plugins))
     return ({e.op.name: e.op.layout for e in vocab if e.op.slot == "attention"},
             {e.op.name: e.op.layout for e in vocab if e.op.slot == "mixer"},
-            {e.op.name: e.op.layout for e in vocab if e.op.slot == "activation" and e.op.layout is not None})
+            {(e.op.slot, e.op.name): e.op.layout for e in vocab
+             if e.op.slot in ("activation", "stream") and e.op.layout is not None})
 
 
 @frozen
@@ -373,7 +375,7 @@ class LayerContext:
 
 def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, patterns: Mapping[str, Any],
            attention_ops: Mapping[str, Any], mixer_ops: Mapping[str, Any],
-           activation_ops: Mapping[str, Any] | None = None) -> Descriptor:
+           param_layouts: Mapping[tuple[str, str], Any] | None = None) -> Descriptor:
     conv = _Conventions(meta, fam)
     n_embd = _bounded(meta.key("embedding_length"), meta.get("embedding_length", int), 1, MAX_WIDTH)
     n_ctx = _bounded(meta.key("context_length"), meta.get("context_length", int), 1, MAX_CONTEXT)
@@ -398,7 +400,7 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, 
         pos = t.shape("position_embd")
         if len(pos) != 2 or pos[0] != n_embd or pos[1] < 1:
             raise ShapeMismatch(f"position_embd has shape {tuple(pos)}, expected ({n_embd}, n_positions)")
-    geo = _Geometry(meta, t, conv, n_embd, n_block, patterns, attention_ops, mixer_ops, activation_ops or {})
+    geo = _Geometry(meta, t, conv, n_embd, n_block, patterns, attention_ops, mixer_ops, param_layouts or {})
     layers = tuple(geo.layer(i) for i in range(n_block - n_nextn))
     nextn_layers = tuple(geo.layer(i) for i in range(n_block - n_nextn, n_block) if _has_block(t, i))
     if len(nextn_layers) < n_nextn:  # e.g. converted from a transformers-saved checkpoint, which drops them
@@ -411,6 +413,11 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, 
     softcap = conv.need("softcap") if softcap_value else fam.softcap
     # files may state the embedding multiplier (granite's embedding_scale); else it is a convention
     embed_scale = meta.get("embedding_scale", float, 0.0) or conv.need("embed_scale")
+    stream = fam.stream or ""
+    stream_layout = (param_layouts or {}).get(("stream", stream))
+    stream_params = () if stream_layout is None else tuple(sorted(
+        (str(k), float(v)) for k, v in stream_layout.describe(LayerContext(meta, t, -1, n_embd, 0, 0))
+        .get("params", {}).items()))
     conv.check()
     return Descriptor(
         architecture=meta.arch,
@@ -437,6 +444,8 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, 
         causal=meta.get("attention.causal", bool, True),
         pooling=_pooling(meta),
         block_style=block_style or fam.block_style,
+        stream=stream,
+        stream_params=stream_params,
         nextn_layers=nextn_layers,
         tensor_names=t.names,
         ignored_tensors=IGNORED_TENSORS + fam.ignored_tensors,
@@ -492,9 +501,9 @@ class _Geometry:
 
     def __init__(self, meta: _Meta, t: _Tensors, conv: _Conventions, n_embd: int, n_block: int,
                  patterns: Mapping[str, Any], attention_ops: Mapping[str, Any], mixer_ops: Mapping[str, Any],
-                 activation_ops: Mapping[str, Any]):
+                 param_layouts: Mapping[tuple[str, str], Any]):
         self.meta, self.t, self.conv, self.fam = meta, t, conv, conv.fam
-        self.attention_ops, self.mixer_ops, self.activation_ops = attention_ops, mixer_ops, activation_ops
+        self.attention_ops, self.mixer_ops, self.param_layouts = attention_ops, mixer_ops, param_layouts
         self.n_embd, self.n_block = n_embd, n_block
         self.heads = meta.per_layer("attention.head_count", n_block)
         self.heads_kv = meta.per_layer("attention.head_count_kv", n_block, 0)
@@ -763,7 +772,7 @@ class _Geometry:
     def _activation_params(self, i: int, kind: str) -> tuple[tuple[str, float], ...]:
         """Layer i's parameters of an activation op that reads its own from the file (its `Op.layout`,
         archrun.vocab.ActivationLayout), as sorted (name, value) pairs; none for the others."""
-        layout = self.activation_ops.get(kind)
+        layout = self.param_layouts.get(("activation", kind))
         if layout is None:
             return ()
         ctx = LayerContext(self.meta, self.t, i, self.n_embd, self.heads[i], self.heads_kv[i] or self.heads[i])

@@ -187,6 +187,8 @@ def vocabulary_of(d: Descriptor) -> list[tuple[str, str]]:
         wanted.append(("softcap", d.softcap))
     if d.final_norm:
         wanted.append(("norm", d.final_norm))
+    if d.stream:
+        wanted.append(("stream", d.stream))
     wanted.append(("block_style", d.block_style))
     return list(dict.fromkeys(wanted))
 
@@ -239,6 +241,9 @@ def build_plan(d: Descriptor, gguf: GGUFFile, vocab: Vocabulary, backend: str = 
                 b.providers, b, positions, span=span, pager=b.pager)
     if d.final_norm and last:
         plan.final_norm_op = b.op("norm", d.final_norm, d.norm_eps)
+    if d.stream:  # the residual stream is the op's: it binds its own tensors (the whole model: no stages)
+        plan.stream = b.op("stream", d.stream, d, **dict(d.stream_params))
+        plan.stream.bind(b)
     plan.fused = fused
     _check_causality(d, bound, b)
     if d.token_types and first:  # every token is segment 0 ("sentence A"), as llama.cpp feeds BERT
@@ -278,6 +283,10 @@ def check_layer_span(d: Descriptor, layers: Any) -> tuple[int, int] | None:
                              f"blocks), got {shown(layers)}")
     if not d.causal:
         raise InvalidRequest(f"{d.architecture} is an encoder: it runs in one process, not in pipeline stages")
+    if d.stream and (start, end) != (0, d.n_layer):
+        raise InvalidRequest(f"{d.architecture} carries its residual stream through the blocks with stream op "
+                             f"{d.stream!r} (more than one [n, d] array): it runs in one process, not in "
+                             "pipeline stages")
     return None if (start, end) == (0, d.n_layer) else (start, end)
 
 

@@ -38,8 +38,9 @@ class FusedDecoder(Interpreter):
                  chat_template: str | None = None):
         super().__init__(plan, gguf, tokenizer_factory, chat_template)
         self._decode = DecodeSteps(plan)
-        # None: some layer runs op by op (reference backend, or an op without a kernel description)
-        self.fused_blocks = self._decode.blocks
+        # None: some layer runs op by op (reference backend, or an op without a kernel description), or the
+        # residual stream is a stream op's (Plan.stream), which the fused layer kernel does not carry
+        self.fused_blocks = self._decode.blocks if plan.stream is None else None
 
     def _forward(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> tuple[np.ndarray, np.ndarray]:
         if 1 < len(ids) <= ROWS_MAX and self._span_rows(cache):
@@ -149,7 +150,7 @@ class FusedDecoder(Interpreter):
         """The fused blocks that run a batch's rows on `cache`'s layers through the multi-row kernel (those of
         its kv type), or None when its rows take the op-by-op path (no dense fused layer, or an op without a
         part for that kv type)."""
-        if not self._decode.rows_ready:
+        if not self._decode.rows_ready or self.plan.stream is not None:
             return None
         blocks = self._decode.blocks_for(getattr(cache, "kv_type", "f32"))
         return blocks if blocks is not None and any(fb.dense for fb in blocks) else None
@@ -224,13 +225,13 @@ class FusedDecoder(Interpreter):
         return limit([n for n in bound if n.startswith("blk.")]), limit([head])
 
     def _forward_spans(self, spans: list[np.ndarray], caches: Sequence[KvCache], all_logits: bool) -> list[np.ndarray]:
-        p = self.plan
         starts = [len(c) for c in caches]
         ends = np.cumsum([len(ids) for ids in spans])                       # row bounds of each span
         x = np.concatenate([self.embed(ids, st) for ids, st in zip(spans, starts, strict=True)])  # [N, d]
         angles = self.rope_angles(np.concatenate([np.arange(st, st + len(ids))
                                                   for ids, st in zip(spans, starts, strict=True)]))
-        for li, lp in enumerate(p.layers):
+
+        def block(li: int, lp: Any, h: np.ndarray) -> np.ndarray:
             slots = [c.slots[li] for c in caches]
             beside = None
             if lp.mixer is not None:
@@ -240,7 +241,9 @@ class FusedDecoder(Interpreter):
                 beside = per_span(lp.parallel.mix, [s.mixer for s in slots], starts, ends)
             else:
                 run = per_span(lp.attention, slots, starts, ends)
-            x = self._block(lp, x, angles, run, beside)
+            return self._block(lp, h, angles, run, beside)
+
+        x = self._through_blocks(x, np.concatenate(spans), block)
         for ids, cache in zip(spans, caches, strict=True):
             cache.advance(len(ids))
         rows = np.arange(len(x)) if all_logits else ends - 1

@@ -7,6 +7,7 @@ subclass it with their guarded entries.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -237,15 +238,28 @@ class Interpreter:
 
     def _forward_span(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> tuple[np.ndarray, np.ndarray]:
         """_forward for one chunk of tokens (all of them in one pass through every layer)."""
-        p = self.plan
         start = len(cache)
         x = self.embed(ids, start)
         angles = self.rope_angles(np.arange(start, start + len(ids)))
-        for lp, slot in zip(p.layers, cache.slots, strict=True):
-            x = self.run_block(lp, x, slot, start, angles)
+        x = self._through_blocks(x, ids, lambda i, lp, h: self.run_block(lp, h, cache.slots[i], start, angles))
         cache.advance(len(ids))
         hidden = self._final_norm(x)
         return self.head(hidden if all_logits else hidden[-1:]), hidden
+
+    def _through_blocks(self, x: np.ndarray, ids: np.ndarray,
+                        block: Callable[[int, LayerPlan, np.ndarray], np.ndarray]) -> np.ndarray:
+        """The embeddings x [n, d] of token ids through every block (block(i, lp, h) -> [n, d] runs block i on
+        h); a model whose residual stream is more than one array runs the blocks through its stream op
+        (Plan.stream: enter, layer per block, leave)."""
+        stream = self.plan.stream
+        if stream is None:
+            for i, lp in enumerate(self.plan.layers):
+                x = block(i, lp, x)
+            return x
+        state = stream.enter(x, ids)
+        for i, lp in enumerate(self.plan.layers):
+            state = stream.layer(i, state, functools.partial(block, i, lp))
+        return stream.leave(state)
 
     def _final_norm(self, x: np.ndarray) -> np.ndarray:
         """The trunk's final norm on x [n, d] (x itself without one, and on a stage before the last)."""

@@ -109,3 +109,5 @@ class Plan:
     fused: bool = True
     pager: Any = None  # archrun.io.experts.ExpertPager when MoE experts are streamed from disk, else None
     final_norm_op: Callable[..., np.ndarray] | None = None  # the final norm's op when it is not `norm`
+    # the op carrying the residual stream through the blocks (Descriptor.stream), None: one stream
+    stream: Any = None
