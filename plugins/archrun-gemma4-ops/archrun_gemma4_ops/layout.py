@@ -69,16 +69,26 @@ def kv_source(meta: Any, sliding: list[bool], i: int) -> int:
 class Gemma4Layout:
     """describe: the layer's geometry by its kind; bind: q, k and normed v (module docstring)."""
 
+    kind = "gemma4"  # the attention op this layout belongs to (messages)
+
+    def refuse(self, meta: Any, tensors: Any, i: int) -> None:
+        """Refuse, by name, what the op cannot run yet (Gemma 4's per-layer inputs and mixture blocks)."""
+        _refuse_unsupported(meta, tensors, i)
+
+    def widths(self, meta: Any, sliding: bool) -> tuple[int, int, str]:
+        """(key width, value width, the key suffix they were read with) of a layer of this kind."""
+        suffix = "_swa" if sliding else ""
+        hd = meta.get(f"attention.key_length{suffix}", int)
+        return hd, meta.get(f"attention.value_length{suffix}", int, hd), suffix
+
     def describe(self, ctx: Any) -> dict[str, Any]:
         """AttentionSpec fields of layer ctx.layer (see archrun.vocab.AttentionLayout)."""
         m, t, i, d, n_head, n_kv = ctx.meta, ctx.tensors, ctx.layer, ctx.n_embd, ctx.n_head, ctx.n_head_kv
-        _refuse_unsupported(m, t, i)
+        self.refuse(m, t, i)
         sliding = sliding_layers(m, i)
-        suffix = "_swa" if sliding[i] else ""
-        hd = m.get(f"attention.key_length{suffix}", int)
-        vd = m.get(f"attention.value_length{suffix}", int, hd)
+        hd, vd, suffix = self.widths(m, sliding[i])
         if vd != hd or hd < 1:
-            raise MetadataError(f"layer {i}: attention 'gemma4' needs equal key and value widths "
+            raise MetadataError(f"layer {i}: attention {self.kind!r} needs equal key and value widths "
                                 f"(key_length{suffix} {hd}, value_length{suffix} {vd})")
         source = kv_source(m, sliding, i)
         t.expect("attn_q", i, (d, n_head * hd))
