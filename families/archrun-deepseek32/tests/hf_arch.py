@@ -31,16 +31,16 @@ DEEPSEEK_V32 = HfArch(
               "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 12,
               "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "n_shared_experts": 1,
               "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
-              "index_n_heads": 8, "index_head_dim": 64, "index_topk": 16, "max_position_embeddings": 1280},
+              "index_n_heads": 16, "index_head_dim": 64, "index_topk": 16, "max_position_embeddings": 1280},
     checkpoint_config=lambda hp: {"scoring_func": "sigmoid"}, rope_parameters=_rope)
 
 ARCHES = (DEEPSEEK_V32,)
 
 FIXTURES = (
-    # 8 indexer heads of 64 (8 rotary), top 16 of up to 40 keys
-    TinyFixture("deepseek32_top16", "deepseek_v32", 3),
+    # 16 indexer heads of 64 (8 rotary), top 16 of up to 40 keys
+    TinyFixture("deepseek32_top16", "deepseek_v32", 1),
     # 16 indexer heads of 64, top 24, two leading dense layers, wider main heads
     TinyFixture("deepseek32_top24_16heads", "deepseek_v32", 2, {
-        "index_n_heads": 16, "index_topk": 24, "first_k_dense_replace": 2, "num_attention_heads": 8,
+        "index_topk": 24, "first_k_dense_replace": 2, "num_attention_heads": 8,
         "num_key_value_heads": 8}),
 )
