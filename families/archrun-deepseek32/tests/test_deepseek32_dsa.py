@@ -13,6 +13,7 @@ import archrun
 from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.describe.inspect import inspect_model
 from archrun.errors import MissingTensor
+from archrun_blocks.reference import rope_norm
 from archrun_mla import dsa
 
 GOLDENS = Path(__file__).parent / "goldens"
@@ -60,6 +61,16 @@ def test_selection_is_needed_and_well_defined(fixture, monkeypatch):
     assert min(min(_margins(s, p, top_k)) for s, p in seen) > MARGIN
     for lp in layers:
         lp.attention.top_k = len(golden["ids"])
+    assert _relative(model.logits(golden["ids"]), golden["logits"]) > 0.05
+
+
+def test_indexer_rope_pairing_is_seen(fixture):
+    """The indexer's NEOX rope (HF's rotate_half; the MLA dims rotate NORM) matters: NORM pairing there is far
+    from HF."""
+    name, golden = fixture
+    model = archrun.load(GOLDENS / f"{name}.gguf", backend="reference")
+    for lp in model.plan.layers:
+        lp.attention.index_rope = rope_norm(model.descriptor.rope_tables[lp.spec.attention.rope])
     assert _relative(model.logits(golden["ids"]), golden["logits"]) > 0.05
 
 
