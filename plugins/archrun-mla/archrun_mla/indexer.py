@@ -22,32 +22,39 @@ from __future__ import annotations
 import numpy as np
 
 F32 = np.float32
-SCORE_BUDGET = 1 << 22  # floats of one [rows, Hi, T] block of per-head scores in the chunked (fast) scorer
+SCORE_BUDGET = 1 << 22  # floats of one [rows, Hi, T] block of per-head scores (a long context's would not fit)
 
 
 def index_scores(q: np.ndarray, w: np.ndarray, keys: np.ndarray, q_pos: np.ndarray) -> np.ndarray:
     """Reference: scores [m, T] of queries q [m, Hi, Di] (roped) with weights w [m, Hi] (already / sqrt(Hi))
     over keys [T, Di] (roped), -inf past each query's position q_pos [m]; in HF's order (every head's
-    ReLU'd dot products, weighted, summed)."""
-    dots = np.einsum("mhd,td->mht", q, keys, dtype=F32) * F32(1.0 / np.sqrt(q.shape[-1]))
-    scores = np.einsum("mh,mht->mt", w, np.maximum(dots, F32(0)), dtype=F32)
-    return _causal(scores, q_pos)
+    ReLU'd dot products, weighted, summed), SCORE_BUDGET floats of per-head scores at a time."""
+    m, n_head, width = q.shape
+    out = np.empty((m, len(keys)), F32)
+    for a, b in _row_blocks(m, n_head * len(keys)):
+        dots = np.einsum("mhd,td->mht", q[a:b], keys, dtype=F32) * F32(1.0 / np.sqrt(width))
+        out[a:b] = np.einsum("mh,mht->mt", w[a:b], np.maximum(dots, F32(0)), dtype=F32)
+    return _causal(out, q_pos)
 
 
 def index_scores_chunked(q: np.ndarray, w: np.ndarray, keys: np.ndarray, q_pos: np.ndarray) -> np.ndarray:
-    """The same scores through one BLAS product per block of queries, at most SCORE_BUDGET floats of
-    per-head scores at a time (a long context's [m, Hi, T] would not fit)."""
+    """The same scores through one BLAS product per block of queries (the keys scaled once, not every
+    product)."""
     m, n_head, width = q.shape
     t = len(keys)
     out = np.empty((m, t), F32)
-    rows = max(1, SCORE_BUDGET // max(1, n_head * t))
     keys_t = np.ascontiguousarray((keys * F32(1.0 / np.sqrt(width))).T)     # [Di, T]
-    for a in range(0, m, rows):
-        b = min(m, a + rows)
+    for a, b in _row_blocks(m, n_head * t):
         dots = np.ascontiguousarray(q[a:b]).reshape(-1, width) @ keys_t     # [(b-a) Hi, T]
         np.maximum(dots, F32(0), out=dots)
         out[a:b] = np.matmul(w[a:b, None, :], dots.reshape(b - a, n_head, t))[:, 0]
     return _causal(out, q_pos)
+
+
+def _row_blocks(m: int, per_row: int) -> list[tuple[int, int]]:
+    """[a, b) blocks of m query rows whose per-head scores (per_row floats a row) fit SCORE_BUDGET."""
+    rows = max(1, SCORE_BUDGET // max(1, per_row))
+    return [(a, min(m, a + rows)) for a in range(0, m, rows)]
 
 
 def _causal(scores: np.ndarray, q_pos: np.ndarray) -> np.ndarray:
