@@ -12,7 +12,10 @@ What gemma3n files do not say (llama.cpp src/models/gemma3n-iswa.cpp, HF modelin
   layers reusing the keys and values of the last earlier layer of their kind (archrun-gemma4-ops' KV
   sharing); the kinds from `attention.sliding_window_pattern`;
 - rope pairing NEOX, the sliding layers plain with `rope.freq_base_swa` (HF's default rope there);
-- token embeddings scaled by sqrt(n_embd); norms stored as is (x * w); final logit softcap from the file.
+- token embeddings scaled by sqrt(n_embd); norms stored as is (x * w); final logit softcap from the file;
+- released checkpoints carry k/v projections and k norms on the KV-sharing layers, which neither HF nor
+  llama.cpp uses (and llama.cpp 0.3.36 requires): files converted from them load with a warning
+  (`ignored_tensors`; on the other layers the attention binds them).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ HINTS = {
         activation="gelu_tanh_sparse",
         embed_scale="sqrt_n_embd",
         swa_rope="plain",
+        ignored_tensors=("blk.*.attn_k.weight", "blk.*.attn_v.weight", "blk.*.attn_k_norm.weight"),
     ),
 }
 

@@ -99,6 +99,28 @@ def test_shared_layers_cost_no_cache_memory():
         assert m["bytes_per_token"] == (0 if i >= first_shared or kind == "sliding_attention" else rows), (i, m)
 
 
+def test_released_layout_with_unused_shared_projections_loads(tmp_path):
+    """A file converted from a released checkpoint carries k/v projections on the KV-sharing layers, unused
+    (HF and llama.cpp reuse the source layer's rows): it loads with a warning and computes the same logits."""
+    from archrun.errors import ArchrunWarning
+
+    name = NAMES[0]
+    golden = hf.load_golden(GOLDENS / f"{name}.npz")
+    cfg = golden["config"]
+    kvw, d, hd = cfg["num_key_value_heads"] * cfg["head_dim"], cfg["hidden_size"], cfg["head_dim"]
+    extra = {}
+    for i in range(cfg["num_hidden_layers"] - cfg["num_kv_shared_layers"], cfg["num_hidden_layers"]):
+        extra.update({f"blk.{i}.attn_k.weight": np.ones((kvw, d), np.float32),
+                      f"blk.{i}.attn_v.weight": np.ones((kvw, d), np.float32),
+                      f"blk.{i}.attn_k_norm.weight": np.ones(hd, np.float32)})
+    path = rewrite_gguf(GOLDENS / f"{name}.gguf", tmp_path / "released.gguf", add_tensors=extra)
+    with pytest.warns(ArchrunWarning, match="ignoring tensors"):
+        model = archrun.load(path, backend="reference")
+    ids = golden["ids"].astype(np.int64)
+    np.testing.assert_array_equal(model.logits(ids), archrun.load(GOLDENS / f"{name}.gguf", backend="reference")
+                                  .logits(ids))
+
+
 def test_pipeline_stages_are_refused():
     """The residual stream is four arrays: a stage boundary cannot carry it (a typed error, before any step)."""
     from archrun.errors import InvalidRequest
