@@ -5,7 +5,8 @@
 The model is bench_moe.py's qwen3moe-shaped file (d 1024, 8 layers, 32 experts of width 512, 8 used a token;
 expert gate/up Q4_K, down Q6_K: ~260 MB of prepared experts). Each case loads it in a fresh process,
 decodes a 16-token prompt and then --tokens greedy-free steps on fixed token ids, and reports decode tok/s,
-the process's peak and final RSS and the bytes of expert matrices mapped in after the last step:
+the process's peak and final RSS and the bytes of expert matrices mapped in after the last step (the cap
+holds between steps: this is the cap plus the last step's picks):
 
 - resident: every expert in memory;
 - cap: `expert_memory` = --cap times the expert bytes; the store stays in the OS's file cache, so a dropped
@@ -39,16 +40,13 @@ def _rss() -> tuple[int, int]:
     return int(fields["VmHWM"].split()[0]) * 1024, int(fields["VmRSS"].split()[0]) * 1024
 
 
-def run_case(path: str, case: str, cap_fraction: float, threads: int, tokens: int) -> dict:
+def run_case(path: str, case: str, cap: int | None, threads: int, tokens: int) -> dict:
     import archrun
     from archrun.kernels.matmul import qmatrix
 
-    probe = archrun.load(path)
-    experts = sum(m.prepared.nbytes for lp in probe.plan.layers
-                  for m in (*lp.ffn.weights.gate, *lp.ffn.weights.up, *lp.ffn.weights.down))
-    del probe
-    cap = None if case == "resident" else int(cap_fraction * experts)
     m = archrun.load(path, expert_memory=cap)
+    experts = sum(x.prepared.nbytes for lp in m.plan.layers
+                  for x in (*lp.ffn.weights.gate, *lp.ffn.weights.up, *lp.ffn.weights.down))
     qmatrix.set_threads(threads)
     pager = m.plan.pager
     if case.startswith("cold"):
@@ -77,9 +75,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="runs of each case (alternating); the best is shown")
     ap.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one case, in this process
     ap.add_argument("--gguf", help=argparse.SUPPRESS)
+    ap.add_argument("--cap-bytes", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case:
-        print(json.dumps(run_case(args.gguf, args.case, args.cap, args.threads, args.tokens)))
+        print(json.dumps(run_case(args.gguf, args.case, args.cap_bytes, args.threads, args.tokens)))
         return
     sys.path.insert(0, str(HERE))
     from bench_moe import write
@@ -89,14 +88,17 @@ def main() -> None:
         path = str(write(Path(tmp) / "moe.gguf"))
         results: dict[str, list[dict]] = {c: [] for c in CASES}
         for _ in range(args.repeat):
-            for case in CASES:
-                out = subprocess.run([sys.executable, __file__, "--case", case, "--gguf", path, "--cap", str(args.cap),
+            for case in CASES:  # resident first: its expert bytes give the cap
+                cap = [] if case == "resident" else [
+                    "--cap-bytes", str(int(args.cap * results["resident"][0]["expert_bytes"]))]
+                out = subprocess.run([sys.executable, __file__, "--case", case, "--gguf", path, *cap,
                                       "--threads", str(args.threads), "--tokens", str(args.tokens)],
                                      check=True, capture_output=True, text=True).stdout
                 results[case].append(json.loads(out.strip().splitlines()[-1]))
     print(f"{describe()}; {args.threads} thread(s); 16-token prompt, {args.tokens} decode steps; "
           f"cap {args.cap:.0%} of the expert bytes; best of {args.repeat}")
-    print("| case | decode tok/s | peak RSS MB | final RSS MB | experts mapped MB | experts dropped | logits |")
+    print("| case | decode tok/s | peak RSS MB | final RSS MB | experts mapped after a step MB | experts dropped | "
+          "logits |")
     print("|---|---|---|---|---|---|---|")
     reference = results["resident"][0]["digest"]
     for case in CASES:

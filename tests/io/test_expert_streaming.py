@@ -49,6 +49,7 @@ def test_streamed_experts_equal_resident_ones_bitwise(models):
     prompt = [(5 * i) % 120 + 3 for i in range(40)]
     assert np.array_equal(resident.forward_step(prompt, rc, all_logits=True),
                           streamed.forward_step(prompt, sc, all_logits=True))
+    assert pager.resident_bytes() <= cap  # a prompt goes back under the cap after every layer
     for t in (9, 17, 33, 65, 101, 7, 8, 90):
         assert np.array_equal(resident.forward_step([t], rc), streamed.forward_step([t], sc))
     pager.between_steps()

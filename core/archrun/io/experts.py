@@ -9,8 +9,8 @@ past the cap, drops the least recently paged-in ones (madvise DONTNEED): a hot e
 pages in again from the page cache or the disk. The kernels and the bytes they read are the same as with
 every expert resident, so the logits are bit for bit those of the resident model.
 
-The cap holds between steps: within one step the experts its tokens pick are all paged in (a prompt
-chunk may pick every expert). The LRU is by page-in time: an expert that stays resident ages even while
+The cap holds between steps, and between the layers of a prompt (the interpreter calls the pager after
+every block of its op-by-op path): within one layer of a prompt every expert its tokens pick is paged in. The LRU is by page-in time: an expert that stays resident ages even while
 it is used, and is paged in again (and refreshed) after it is dropped.
 
 Prefetch from the router's choice: every stored matrix has a row in the pager's page table (address,

@@ -250,8 +250,17 @@ class Interpreter:
                         block: Callable[[int, LayerPlan, np.ndarray], np.ndarray]) -> np.ndarray:
         """The embeddings x [n, d] of token ids through every block (block(i, lp, h) -> [n, d] runs block i on
         h); a model whose residual stream is more than one array runs the blocks through its stream op
-        (Plan.stream: enter, layer per block, leave)."""
-        stream = self.plan.stream
+        (Plan.stream: enter, layer per block, leave). Experts streamed from disk go back under their cap
+        after every block, so a prompt's peak is the cap plus one layer's picks."""
+        stream, pager = self.plan.stream, self.plan.pager
+        if pager is not None:
+            run = block
+
+            def block(i: int, lp: LayerPlan, h: np.ndarray) -> np.ndarray:
+                h = run(i, lp, h)
+                pager.between_steps()
+                return h
+
         if stream is None:
             for i, lp in enumerate(self.plan.layers):
                 x = block(i, lp, x)
