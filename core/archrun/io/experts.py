@@ -10,8 +10,9 @@ pages in again from the page cache or the disk. The kernels and the bytes they r
 every expert resident, so the logits are bit for bit those of the resident model.
 
 The cap holds between steps, and between the layers of a prompt (the interpreter calls the pager after
-every block of its op-by-op path): within one layer of a prompt every expert its tokens pick is paged in. The LRU is by page-in time: an expert that stays resident ages even while
-it is used, and is paged in again (and refreshed) after it is dropped.
+every block of its op-by-op path): within one layer of a prompt every expert its tokens pick is paged in.
+The LRU is by page-in time: an expert that stays resident ages even while it is used, and is paged in
+again (and refreshed) after it is dropped.
 
 Prefetch from the router's choice: every stored matrix has a row in the pager's page table (address,
 length, a flag; archrun.kernels.pages). A MoE kernel that reads its experts from the store gets the table
