@@ -1,6 +1,6 @@
 """Decode speed of every architecture on its tiny fixtures: tokens/s and whether decode runs fused.
 
-    .venv/bin/python bench/bench_families.py [--steps N] [--threads T] [--markdown]
+    .venv/bin/python bench/bench_families.py [--steps N] [--threads T] [--markdown] [--arch ARCH ...]
 
 For each family package under families/ and each architecture its fixtures cover, the first
 fixture of that architecture is loaded on the fast backend, a 4-token prompt is prefilled, and
@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--arch", nargs="+", default=None, help="only these architectures (default: every one)")
     args = ap.parse_args()
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
     warnings.simplefilter("ignore")
@@ -69,6 +70,8 @@ def main() -> None:
     print(f"{describe_machine()}; {args.threads} thread(s); {args.steps} decode steps per fixture")
     rows = []
     for arch, path in sorted(fixtures().items()):
+        if args.arch and arch not in args.arch:
+            continue
         tok_s, fused = decode_speed(path, args.steps)
         rows.append((arch, path.stem, tok_s, "fused" if fused else "op by op"))
     for arch, name, tok_s, path in rows:

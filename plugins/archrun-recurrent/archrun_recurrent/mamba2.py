@@ -162,8 +162,59 @@ def mamba2_reference(spec: Any) -> Mamba2:
     return Mamba2(spec)
 
 
-def mamba2_fast(spec: Any) -> Mamba2:
-    """The same mixer with its scan in a numba kernel (runs op by op)."""
-    from archrun_recurrent.kernels import scan  # imported on use: loading the plugin compiles no kernel
+class FastMamba2(Mamba2):
+    """The mixer token by token in numba kernels (archrun_recurrent.kernels.mamba2_step), and its whole decode
+    layer as one kernel (`fused_layer`, archrun.kernels.decode.fusion.MixerBlock) built from the same token
+    step: a token's result has the same bits on either path."""
 
-    return Mamba2(spec, scan.selective_scan)
+    _args: tuple | None = None
+
+    def _token_args(self) -> tuple:
+        """The token kernel's weights (built on first use, after bind): conv taps [conv_dim, K], conv bias, dt
+        bias, A, D (float32 [H]), the gated norm's weight (empty: none), groups, epsilon."""
+        if self._args is None:
+            vecs = (np.ascontiguousarray(v, F32).reshape(-1) for v in (self.conv_b, self.dt_bias, self.a, self.d))
+            norm = np.ascontiguousarray(self.norm_w, F32).reshape(-1) if self.norm_w is not None else np.empty(0, F32)
+            self._args = (np.ascontiguousarray(self.conv_w, F32), *vecs, norm, np.int64(self.groups), float(self.eps))
+        return self._args
+
+    def mix(self, h: np.ndarray, slot: StateSlot, start: int) -> np.ndarray:
+        """Append h [n, d] at positions start.. to the layer's state; the mixer output [n, d]. The states after
+        the step's last tokens are kept in the slot's ring."""
+        from archrun_recurrent.kernels.mamba2_step import mamba2_tokens
+
+        slot.begin(start)
+        n, end = len(h), start + len(h)
+        zxbcdt = np.ascontiguousarray(self.in_proj(h), dtype=F32)               # [n, d_in_proj]
+        y = np.empty((n, self.inner), F32)
+        conv, ssm = slot.state["conv"], slot.state["ssm"]
+        args = self._token_args()
+        first = slot.first_kept(start, end) - start - 1                        # first token whose state is kept
+        if first > 0:
+            mamba2_tokens(zxbcdt[:first], conv, ssm, *args, y[:first])
+        for j in range(first, n):
+            mamba2_tokens(zxbcdt[j:j + 1], conv, ssm, *args, y[j:j + 1])
+            slot.keep(start + j + 1)
+        slot.end(end)
+        return self.out_proj(y)
+
+    def slot_arrays(self, slot: StateSlot, start: int) -> tuple:
+        """The state a one-token step at `start` updates: ((conv window, its ring row), (ssm, its ring row))."""
+        return slot.step_arrays(start)
+
+    def fused_layer(self, common: Any, group_id: Callable | None = None) -> tuple | None:
+        """(kernel, args, parallel) of the layer's decode step, or None when a projection is not prepared for
+        the fast kernels. group_id(ms, n_in) -> id, when given, registers the two products with the decode pool."""
+        from archrun_recurrent.fused import product_groups
+        from archrun_recurrent.kernels.mamba2_step import mamba2_layer
+
+        made = product_groups((self.in_proj, self.out_proj), group_id)
+        if made is None:
+            return None
+        (in_proj, out_proj), gids, big = made
+        return mamba2_layer, (common, in_proj, out_proj, *self._token_args(), gids), big
+
+
+def mamba2_fast(spec: Any) -> Mamba2:
+    """The same mixer token by token in numba kernels; its layer decodes fused."""
+    return FastMamba2(spec)

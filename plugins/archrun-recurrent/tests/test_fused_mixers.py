@@ -1,4 +1,4 @@
-"""Token mixers decode fused (their ops' layer kernels: `shortconv`) with the bits of the op-by-op
+"""Token mixers decode fused (their ops' layer kernels: `shortconv`, `mamba2`) with the bits of the op-by-op
 path: on copies of the families' tiny fixtures whose block matrices are Q8_0 (the fused and the op-by-op
 product kernels of a quantized type compute one token alike; float32 products differ in rounding, numpy's
 BLAS against the decode kernel), a mixer layer's fused step gives the op-by-op block's output and state bit
@@ -18,8 +18,10 @@ from archrun.kernels.decode.fusion import MixerBlock
 from archrun.kernels.matmul import qmatrix
 
 FAMILIES = Path(__file__).resolve().parents[3] / "families"
-# fixture -> its family package: LFM2 (short convolutions and attention)
-FIXTURES = {"lfm2_ccac": "lfm2", "lfm2_accc_l2": "lfm2", "lfm2_acca_l4": "lfm2"}
+# fixture -> its family package: LFM2 (short convolutions and attention), Mamba2 (mixers only, no FFN), a
+# Granite-4.0-style hybrid (Mamba2 and attention, dense FFN)
+FIXTURES = {"lfm2_ccac": "lfm2", "lfm2_accc_l2": "lfm2", "lfm2_acca_l4": "lfm2", "mamba2_g2_k3_tied": "mamba2",
+            "mamba2_g4_hd32": "mamba2", "granitehybrid_mmam_dense": "granitehybrid"}
 MATRICES = ("shortconv.in_proj", "shortconv.out_proj", "ssm_in", "ssm_out", "attn_q", "attn_k", "attn_v",
             "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 

@@ -1,0 +1,124 @@
+"""Mamba2's mixer token by token as numba kernels: the fast op's steps (archrun_recurrent.mamba2.FastMamba2.mix)
+and its fused decode layer (`mamba2_layer`, the op's `fused_layer`) run the same inlined `mamba2_token`, so a
+token's result has the same bits on either path.
+
+One token, with d_inner = H * P, conv_dim = d_inner + 2 G N (archrun_recurrent.mamba2 states the math):
+the conv window takes xBC, silu(conv + bias); dt = softplus(dt + dt_bias); per head h (group h // (H / G)):
+S = exp(dt A) S + dt x B^T, y = S C + D x; y *= silu(z); then, with a gated norm, an RMS norm over each
+group's d_inner / G channels (sums of squares in float64, in channel order) times its weight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from archrun.kernels._jit import JIT
+from archrun.kernels.decode import layer
+from archrun.kernels.decode.block import product_group
+
+_F32 = np.float32
+_STEP = dict(JIT, inline="always")
+
+
+@njit(**_STEP)
+def _silu(v):  # pragma: no cover - compiled
+    return v / (_F32(1.0) + np.exp(-v))
+
+
+@njit(**_STEP)
+def _softplus(v):  # pragma: no cover - compiled
+    """log(1 + e^v) in float32 (v itself past 20, as torch's softplus threshold)."""
+    if v > _F32(20.0):
+        return v
+    return np.log1p(np.exp(v))
+
+
+@njit(**_STEP)
+def _conv(zxbcdt, di, conv, conv_w, conv_b, xbc):  # pragma: no cover - compiled
+    """xbc [conv_dim] = silu(conv_b + causal depthwise conv over [window ; xBC]); the window conv [K-1, conv_dim]
+    shifts in place (xBC enters it)."""
+    taps = conv_w.shape[1]
+    for c in range(conv.shape[1]):
+        u = zxbcdt[di + c]
+        acc = conv_b[c]
+        for j in range(taps - 1):
+            acc += conv[j, c] * conv_w[c, j]
+        acc += u * conv_w[c, taps - 1]
+        xbc[c] = _silu(acc)
+        for j in range(taps - 2):
+            conv[j, c] = conv[j + 1, c]
+        conv[taps - 2, c] = u
+
+
+@njit(**_STEP)
+def _group_norm(y, norm_w, groups, eps):  # pragma: no cover - compiled
+    """y [d_inner] in place: RMS norm over each group's channels (float64 sums in order) times norm_w."""
+    w = y.shape[0] // groups
+    for g in range(groups):
+        ss = 0.0
+        for i in range(g * w, (g + 1) * w):
+            ss += np.float64(y[i]) * np.float64(y[i])
+        r = _F32(1.0 / np.sqrt(ss / w + eps))
+        for i in range(g * w, (g + 1) * w):
+            y[i] = y[i] * r * norm_w[i]
+
+
+@njit(**_STEP)
+def mamba2_token(zxbcdt, conv, ssm, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, y):  # pragma: no cover
+    """One token of the mixer: zxbcdt [d_inner + conv_dim + H] (ssm_in's output) -> y [d_inner], the input of
+    ssm_out; conv [K-1, conv_dim] and ssm [H, P, N] updated in place. norm_w empty: no gated norm."""
+    heads, width, dims = ssm.shape
+    di = heads * width
+    conv_dim = conv.shape[1]
+    xbc = np.empty(conv_dim, _F32)
+    _conv(zxbcdt, di, conv, conv_w, conv_b, xbc)
+    per_group = heads // groups
+    for h in range(heads):
+        dt = _softplus(zxbcdt[di + conv_dim + h] + dt_bias[h])
+        decay = np.exp(dt * a[h])
+        g = h // per_group
+        b0, c0 = di + g * dims, di + groups * dims + g * dims
+        for p in range(width):
+            xv = xbc[h * width + p]
+            u = dt * xv
+            acc = _F32(0.0)
+            for s in range(dims):
+                v = ssm[h, p, s] * decay + u * xbc[b0 + s]
+                ssm[h, p, s] = v
+                acc += v * xbc[c0 + s]
+            y[h * width + p] = (acc + xv * dd[h]) * _silu(zxbcdt[h * width + p])
+    if norm_w.shape[0]:
+        _group_norm(y, norm_w, groups, eps)
+
+
+@njit(**JIT)
+def mamba2_tokens(zxbcdt, conv, ssm, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, y):  # pragma: no cover
+    """mamba2_token on each row of zxbcdt [n, ...] in order -> y [n, d_inner] (the op-by-op path)."""
+    for t in range(zxbcdt.shape[0]):
+        mamba2_token(zxbcdt[t], conv, ssm, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, y[t])
+
+
+@njit(**JIT)
+def mamba2_layer(x, common, in_proj, out_proj, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, gids, state,
+                 chunks, par):  # pragma: no cover - compiled
+    """One Mamba2 block on one token; x f32 [d] is updated in place.
+
+    common[0]: the block's (gate_up, down, vecs, geo, fns, params) (archrun.kernels.decode.layer); in_proj,
+    out_proj: product groups of ssm_in and ssm_out; gids: their decode pool groups (-1: none); state:
+    ((conv window, its ring row), (ssm state, its ring row)) from archrun_recurrent.state.StateSlot.step_arrays.
+    """
+    gate_up, down, vecs, geo, fns, params = common[0]
+    h = layer.mixer_input(x, vecs, fns, params)
+    conv, conv_kept = state[0]
+    ssm, ssm_kept = state[1]
+    di = ssm.shape[0] * ssm.shape[1]
+    zxbcdt = np.empty(di + conv.shape[1] + ssm.shape[0], _F32)
+    product_group(par, gids[0], in_proj, h, zxbcdt, chunks)
+    y = np.empty(di, _F32)
+    mamba2_token(zxbcdt, conv, ssm, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, y)
+    conv_kept[:] = conv
+    ssm_kept[:] = ssm
+    out = np.empty(x.shape[0], _F32)
+    product_group(par, gids[1], out_proj, y, out, chunks)
+    layer.mixer_output(x, out, h, gate_up, down, vecs, geo, fns, params, chunks, par)
