@@ -22,7 +22,8 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("activation", "gelu_tanh_sparse", sparsity.gelu_tanh_sparse,
                 Lazy("archrun_gemma3n_ops.sparsity:gelu_tanh_sparse_fast"),
                 "tanh GELU whose input is first cut at mean + z std of its row (z from the file's "
-                "activation_sparsity_scale; -inf: no cut)", layout=sparsity.SparsityLayout()))
+                "activation_sparsity_scale; -inf: no cut)", layout=sparsity.SparsityLayout(),
+                capabilities=OpCapabilities(fused=True)))
     register(Op("attention", "gemma3n", attention.gemma4_reference, attention.gemma4_fast,
                 "Gemma 3n: Gemma 4's attention (q/k norms, RMS-normed values, unscaled scores, the last "
                 "shared_kv_layers layers reusing an earlier layer's keys and values) with one head width",

@@ -56,13 +56,17 @@ def gelu_tanh_sparse(sparse: float = 1.0, std_multiplier: float = 1.6448536):
 
 
 def gelu_tanh_sparse_fast(sparse: float = 1.0, std_multiplier: float = 1.6448536):
-    """The same on archrun-blocks' fast GELU (the cut in numpy; no kernel part: the cut needs the row's
-    mean and deviation, and Gemma 3n's stream op keeps its models op by op)."""
-    from archrun_blocks import fast  # imported on use: loading the plugin compiles no kernel
+    """The fast op: its kernel part (archrun_gemma3n_ops.kernels.sparse_gelu) over rows
+    (archrun_blocks.elementwise), which is also what a fused decode step would call."""
+    from archrun.kernels.decode.parts import part
+    from archrun_blocks import elementwise  # imported on use: loading the plugin compiles no kernel
+    from archrun_gemma3n_ops.kernels.sparse_gelu import gelu_tanh_cut
 
-    inner = fast.gelu_tanh()
+    p = part(gelu_tanh_cut, float(sparse), float(std_multiplier))
 
     def act(x: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
-        return inner(x, up)
+        return elementwise.activation(p.handle, p.params, np.asarray(x, dtype=F32),
+                                      None if up is None else np.asarray(up, dtype=F32))
 
-    return _sparse(act, sparse, std_multiplier)
+    act.fused = p
+    return act
