@@ -22,7 +22,9 @@ leave(X):
     1e-5 floor (the same for active_idx 0 and for any stream of non-negligible size).
 
 The per-layer token table is read by rows (the ids of each step); the stacked [S-1, d, d] projections are
-small float tables. Ids past the table's rows are refused by the model before any step.
+small float tables. Released models' table covers the text vocabulary (262144 of 262400 ids); the converter
+pads it with zero rows for the multimodal ids, which read those zeros here as in llama.cpp (HF's text model
+maps them to row 0).
 """
 
 from __future__ import annotations
