@@ -47,6 +47,10 @@ class Conformance:
     specs the fast-op check drives that op on (``AttentionSpec``s of an attention op with its own
     layout). ``op_deviations``: ``"slot=name"`` -> {input-case pattern: why}: cases where the fast
     op is known to differ from its reference (each must still differ; ``archrun.conformance.ops``).
+    ``op_drivers``: ``"slot=name"`` -> ``driver(label, reference_factory, fast_factory)``: the cases of an
+    op whose calls take inputs the slot's harness does not build (an attention op's side inputs, a table
+    it binds at load); the driver builds both ops, runs them on its cases and compares each with
+    ``archrun.conformance.ops.close``.
     """
 
     entry_point: str
@@ -54,6 +58,7 @@ class Conformance:
     reference: Callable[[Path, np.ndarray], np.ndarray] | None = None
     op_specs: Mapping[str, Sequence[Any]] = attrs.field(factory=dict)
     op_deviations: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
+    op_drivers: Mapping[str, Callable[[str, Callable, Callable], None]] = attrs.field(factory=dict)
     op_by_op: str = ""
 
     @classmethod
@@ -413,7 +418,7 @@ class ConformanceKit:
         key = f"{op_entry.op.slot}={op_entry.op.name}"
         decl = self.declaration
         try:
-            check_fast_op(op_entry, decl.op_deviations.get(key), decl.op_specs.get(key, ()))
+            check_fast_op(op_entry, decl.op_deviations.get(key), decl.op_specs.get(key, ()), decl.op_drivers.get(key))
         except Unsupported as e:
             pytest.skip(str(e))
 

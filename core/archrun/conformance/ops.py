@@ -84,6 +84,13 @@ def _close(label: str, case: str, got: Any, want: Any, tolerance: float = TOLERA
         _RUN[-1].passed.add(case)
 
 
+def close(label: str, case: str, got: Any, want: Any, tolerance: float = TOLERANCE) -> None:
+    """Compare one case of an op driver's (Conformance.op_drivers): the fast op's output `got` with the
+    reference's `want`, within `tolerance` of the reference's largest magnitude (at least 1); NaN equals
+    NaN. A mismatch is collected with the check's other cases (or raised outside a check)."""
+    _close(label, case, got, want, tolerance)
+
+
 def _assert_close(label: str, case: str, got: Any, want: Any, tolerance: float) -> None:
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, f"{label} [{case}]: fast returns shape {got.shape}, reference {want.shape}"
@@ -98,22 +105,26 @@ def _assert_close(label: str, case: str, got: Any, want: Any, tolerance: float) 
                              f"(bound {bound:.2e}); {int(bad.sum())} elements differ")
 
 
-def check_fast_op(entry: Any, deviations: Mapping[str, str] | None = None, specs: Sequence[Any] = ()) -> None:
+def check_fast_op(entry: Any, deviations: Mapping[str, str] | None = None, specs: Sequence[Any] = (),
+                  driver: Callable[[str, Callable, Callable], None] | None = None) -> None:
     """Assert the fast factory of ``entry`` agrees with its reference (see the module docstring).
 
     ``deviations``: input-case label pattern (fnmatch) -> why the fast op may differ on the cases it
     matches (each pattern must still match a differing case).
     ``specs``: the factory specs to drive an op on (attention: ``AttentionSpec``s), instead of the
     harness's own grid; required for an attention op with its own layout.
+    ``driver``: ``driver(label, reference_factory, fast_factory)`` in place of the slot's harness, for an
+    op whose calls take inputs the harness does not build (an attention op's side inputs, a table it
+    binds at load); it builds its cases and compares each through ``close`` (Conformance.op_drivers).
     """
     op = entry.op
     label = f"{op.slot}={op.name} ({entry.plugin})"
     if op.fast is None:
         return
-    harness = _HARNESSES.get(op.slot)
+    harness = driver or _HARNESSES.get(op.slot)
     if harness is None:
         raise Unsupported(f"no kit harness for slot {op.slot!r}")
-    if op.layout is not None and not specs:
+    if op.layout is not None and not specs and driver is None:
         raise Unsupported(f"{label} has its own layout: declare the specs to drive it on (attention: AttentionSpecs; "
                           "activation: parameter dicts) (Conformance(op_specs={...}), docs/conformance.md)")
     # extreme inputs overflow on purpose
