@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -100,23 +101,31 @@ def _halve_rope(path: Path, out: Path) -> Path | None:
 EDITS = {"biases_zeroed": _zero_biases, "rope_dims_halved": _halve_rope}
 
 
-def check_sees_edit(gguf_path: Path, edit: str, tmp_path: Path) -> None:
-    """Apply ``EDITS[edit]`` to a copy of the fixture; assert its logits move far beyond the tolerance
-    (or the copy fails to load with a typed archrun error). Skips when the edit does not apply."""
+def assert_far_from_hf(model_path: Path, golden_path: Path, what: str, hints: Any = None) -> None:
+    """Assert that the model at ``model_path`` (a changed fixture, or a fixture loaded with ``hints``), on the
+    reference backend, is far from the HF golden at ``golden_path``: beyond ``SENSITIVITY`` times the
+    tolerance on the golden's ids. Failing to load with a typed archrun error counts as seen (a refusal).
+    ``what`` names the change in the failure message."""
     import archrun
     from archrun.errors import ArchrunError
 
-    edited = EDITS[edit](gguf_path, tmp_path / gguf_path.name)
-    if edited is None:
-        pytest.skip(f"{gguf_path.stem}: {edit} does not apply")
-    golden = hf.load_golden(gguf_path.with_suffix(".npz"))
+    golden = hf.load_golden(golden_path)
     try:
-        model = archrun.load(edited, backend="reference")
+        model = archrun.load(model_path, backend="reference", hints=hints)
     except ArchrunError:
         return
     err = hf.rel_err(model.logits(golden["ids"].astype(np.int64)), golden["logits"])
     assert err > SENSITIVITY * hf.TOLERANCE, (
-        f"{gguf_path.name}: {edit} moves the logits by only {err:.1e} of max |logit|: the fixture cannot see it")
+        f"{what} moves the logits by only {err:.1e} of max |logit|: the fixture cannot see it")
+
+
+def check_sees_edit(gguf_path: Path, edit: str, tmp_path: Path) -> None:
+    """Apply ``EDITS[edit]`` to a copy of the fixture; assert its logits move far beyond the tolerance
+    (or the copy fails to load with a typed archrun error). Skips when the edit does not apply."""
+    edited = EDITS[edit](gguf_path, tmp_path / gguf_path.name)
+    if edited is None:
+        pytest.skip(f"{gguf_path.stem}: {edit} does not apply")
+    assert_far_from_hf(edited, gguf_path.with_suffix(".npz"), f"{gguf_path.name}: {edit}")
 
 
 def check_sees_rope_scaling(gguf_path: Path, kind: str) -> None:
