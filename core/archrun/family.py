@@ -59,7 +59,8 @@ NORM_BY_EPSILON_KEY: Mapping[str, str] = MappingProxyType({
     "attention.layer_norm_rms_epsilon": "rms",
     "attention.layer_norm_epsilon": "layer",
 })
-GATING_BY_ID: Mapping[int, str] = MappingProxyType({1: "softmax", 2: "sigmoid"})  # expert_gating_func
+# expert_gating_func (llama.cpp's llama_expert_gating_func_type; 4 is newer than the gguf-py archrun pins)
+GATING_BY_ID: Mapping[int, str] = MappingProxyType({1: "softmax", 2: "sigmoid", 4: "sqrtsoftplus"})
 # pooling_type (llama.cpp's llama_pooling_type numbering) -> Descriptor.pooling
 POOLING_BY_ID: Mapping[int, str] = MappingProxyType({0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"})
 RESIDUAL_BY_PARALLEL_KEY: Mapping[bool, str] = MappingProxyType({True: "parallel", False: "sequential"})

@@ -1,0 +1,6 @@
+"""archrun-deepseek4-ops: the vocabulary DeepSeek-V4 needs beyond archrun-blocks and archrun-mla.
+
+gating "sqrtsoftplus" (expert scores sqrt(softplus(logits)), GGUF expert_gating_func 4,
+archrun_deepseek4_ops.gating) and activation "swiglu_clamp" (SwiGLU with the gate clamped from above and
+the up projection both ways by the file's per-layer limit, archrun_deepseek4_ops.swiglu).
+"""

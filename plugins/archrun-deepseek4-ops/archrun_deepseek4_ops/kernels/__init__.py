@@ -1,0 +1,5 @@
+"""archrun-deepseek4-ops' numba kernels (cached under a digest of their sources: archrun.kernels.kernel_cache)."""
+
+from archrun.kernels import kernel_cache
+
+kernel_cache(__file__)

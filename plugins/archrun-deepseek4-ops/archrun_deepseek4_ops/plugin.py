@@ -1,0 +1,18 @@
+"""Registers archrun-deepseek4-ops' vocabulary through the archrun_register_vocabulary hook."""
+
+from __future__ import annotations
+
+from archrun.contracts import OpCapabilities
+from archrun.hookspecs import hookimpl
+from archrun.vocab import Lazy, Op
+from archrun_deepseek4_ops import gating, swiglu
+
+
+@hookimpl
+def archrun_register_vocabulary(register) -> None:
+    register(Op("gating", "sqrtsoftplus", gating.sqrtsoftplus, Lazy("archrun_deepseek4_ops.gating:sqrtsoftplus_fast"),
+                "sqrt(softplus(logits)) per expert (GGUF 4, DeepSeek-V4)", capabilities=OpCapabilities(fused=True)))
+    register(Op("activation", "swiglu_clamp", swiglu.swiglu_clamp,
+                Lazy("archrun_deepseek4_ops.swiglu:swiglu_clamp_fast"),
+                "SwiGLU on min(gate, L) and clip(up, -L, L), L the file's per-layer swiglu_clamp_exp (DeepSeek-V4)",
+                layout=swiglu.ClampLayout()))
