@@ -3,4 +3,9 @@
 gating "sqrtsoftplus" (expert scores sqrt(softplus(logits)), GGUF expert_gating_func 4,
 archrun_deepseek4_ops.gating) and activation "swiglu_clamp" (SwiGLU with the gate clamped from above and
 the up projection both ways by the file's per-layer limit, archrun_deepseek4_ops.swiglu).
+
+archrun_deepseek4_ops.mhc holds the math of manifold-constrained hyper-connections (N residual streams mixed
+around every attention and FFN sub-layer, Sinkhorn-projected mixing, the trunk's final collapse) with its
+numba kernels; no stream op registers it yet: the stream slot runs whole blocks, and mHC mixes the streams
+between a block's two sub-layers.
 """
