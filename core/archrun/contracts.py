@@ -17,7 +17,9 @@ Two kinds of capability:
   tuple of state arrays its layer kernel updates for the token at start), `act_part` (moe: its activation's
   Part, or None), `fused_layer` (moe: ``fused_layer(weights, common, group_id=None) -> (kernel, args, big) |
   None``; mixer: ``fused_layer(common, group_id=None) -> (kernel, args, big) | None``, the whole layer's
-  kernel: archrun.kernels.decode.fusion.MixerBlock);
+  kernel: archrun.kernels.decode.fusion.MixerBlock; attention with its own projection layout:
+  ``fused_layer(qkv, o, common, moe, group_id=None) -> (kernel, args, big) | None``, the whole layer's kernel
+  from its layout's bound projections and the layer's MoeFfn or None: fusion.fuse_attention_layer);
 - members and values of both factories: `kv_types` (attention: the bound object's ``kv_types`` tuple;
   undeclared: float32 only), `binds` (``bind(binder, layer)`` binds per-layer tensors of its own at
   load), and the values `causal` (attention: False for an op whose queries see every position),
@@ -48,7 +50,8 @@ VALUES = ("causal", "ffn_reads_input", "empty", "op_backend")
 SLOT_CAPABILITIES: dict[str, frozenset[str]] = {
     "norm": frozenset({"fused"}),
     "rope": frozenset({"fused"}),
-    "attention": frozenset({"fused", "fused_for", "pool_task", "slot_arrays", "kv_types", "binds", "causal"}),
+    "attention": frozenset({"fused", "fused_for", "pool_task", "slot_arrays", "kv_types", "binds", "causal",
+                            "fused_layer"}),
     "mixer": frozenset({"empty", "fused_layer", "slot_arrays"}),
     "activation": frozenset({"fused"}),
     "residual": frozenset({"fused", "fused_input", "binds", "ffn_reads_input"}),

@@ -9,7 +9,9 @@ experts) runs that. A token mixer's layer (a recurrent layer: a short convolutio
 model, a delta rule) runs its mixer op's layer kernel (`mixer_op.fused_layer(common, group_id=None)`,
 a MixerBlock): the op computes the mixer's output from the block's normed input and hands it to
 kernels.decode.layer's `mixer_output`; the layer's recurrent state reaches the kernel through the op's
-`slot_arrays(slot, start)` (the state arrays of the token at `start`, updated in place). Ops without
+`slot_arrays(slot, start)` (the state arrays of the token at `start`, updated in place). An attention op
+with its own projection layout (e.g. latent attention) brings its layer's kernel the same way
+(`fuse_attention_layer`: `op.fused_layer(qkv, o, common, moe, group_id=None)`). Ops without
 parts, and the reference backend, keep the op-by-op path, which computes the same block. The
 core only moves parts and arrays into the kernel: it knows no math.
 
@@ -209,6 +211,36 @@ def _ffn_products(lp: LayerPlan) -> tuple | None:
     return None if gate_up is None or down is None else (gate_up, down)
 
 
+def _own_kernel_common(lp: LayerPlan, norm: Any, rope: Part, declared: Callable[[Any], OpCapabilities],
+                       groups: list[tuple] | None) -> tuple | None:
+    """(common, pool groups before the op's) for an op that brings the layer's kernel (a token mixer's, or an
+    attention op's with its own projection layout): common is a typed list of the block's (gate_up, down, vecs,
+    geo, fns, params) (kernels.decode.layer: geo's FFN fields and pool ids of a dense FFN, n_ff 0 without one
+    or with a mixture of experts, whose op the layer's op runs; fns' attention entry a placeholder), or None
+    when a part is missing or the FFN has a norm inside."""
+    dense = isinstance(lp.ffn, DenseFfn)
+    if dense and lp.ffn.sub_norm is not None:
+        return None  # a norm inside the FFN: op by op
+    residual = declared(lp.residual)
+    act = fused_part(lp.ffn.act, declared(lp.ffn.act), "activation") if dense else NO_ACTIVATION
+    found = [fused_part(norm, declared(norm), "norm"), rope, NO_ROPE, act,  # (no attention part)
+             usable(lp.residual.fused_input, "residual") if residual.fused_input else None,
+             fused_part(lp.residual, residual, "residual")]
+    absent = (block.absent_matrix(),) * 3
+    products = _ffn_products(lp) if dense or lp.ffn is None else (absent, absent)
+    if any(p is None for p in found) or products is None:
+        return None
+    gate_up, down = products
+    ids = [-1] * 4  # pool groups of (qkv, o: the op's own), gate_up, down
+    if groups is not None and dense:
+        ids[2:] = [_group_id(groups, gate_up, lp.ffn.gate_up.matrices[0].n_in),
+                   _group_id(groups, down, lp.ffn.down.n_in)]
+    fns = tuple(p.value for p in found)
+    params = tuple(p.params for p in found[:5])
+    geo = _geo(lp, rope is not NO_ROPE, ids, -1)
+    return typed_list([(gate_up, down, _vecs(lp), geo, fns, params)]), len(groups) if groups is not None else 0
+
+
 def fuse_mixer(lp: LayerPlan, norm: Any, declared: Callable[[Any], OpCapabilities],
                groups: list[tuple] | None = None) -> MixerBlock | None:
     """The fused decode step of a token mixer's layer (its op's `fused_layer`), or None when it must run op
@@ -216,31 +248,46 @@ def fuse_mixer(lp: LayerPlan, norm: Any, declared: Callable[[Any], OpCapabilitie
     op, caps = lp.attention, declared(lp.attention)
     if not (caps.fused_layer and caps.slot_arrays) or op.fused_layer is None or op.slot_arrays is None:
         return None
-    if lp.ffn is not None and (not isinstance(lp.ffn, DenseFfn) or lp.ffn.sub_norm is not None):
-        return None  # a mixture of experts (its own layer kernel) or a norm inside the FFN: op by op
-    residual = declared(lp.residual)
-    act = NO_ACTIVATION if lp.ffn is None else fused_part(lp.ffn.act, declared(lp.ffn.act), "activation")
-    found = [fused_part(norm, declared(norm), "norm"), NO_ROPE, NO_ROPE, act,  # (no rope, no attention part)
-             usable(lp.residual.fused_input, "residual") if residual.fused_input else None,
-             fused_part(lp.residual, residual, "residual")]
-    products = _ffn_products(lp)
-    if any(p is None for p in found) or products is None:
+    if lp.ffn is not None and not isinstance(lp.ffn, DenseFfn):
+        return None  # a mixture of experts (its own layer kernel): op by op
+    made = _own_kernel_common(lp, norm, NO_ROPE, declared, groups)
+    if made is None:
         return None
-    gate_up, down = products
-    ids = [-1] * 4  # pool groups of (qkv, o: none), gate_up, down
-    if groups is not None and lp.ffn is not None:
-        ids[2:] = [_group_id(groups, gate_up, lp.ffn.gate_up.matrices[0].n_in),
-                   _group_id(groups, down, lp.ffn.down.n_in)]
-    fns = tuple(p.value for p in found)
-    params = tuple(p.params for p in found[:5])
-    common = typed_list([(gate_up, down, _vecs(lp), _geo(lp, False, ids, -1), fns, params)])
-    first = len(groups) if groups is not None else 0
+    common, first = made
     made = (op.fused_layer(common) if groups is None else
             op.fused_layer(common, lambda ms, n_in: _group_id(groups, ms, n_in)))
     if made is None:
         return None
     kernel, args, big = made
     fb = MixerBlock(kernel, args, op.slot_arrays, big)
+    fb.pooled = groups is not None and len(groups) > first  # the op registered its products
+    return fb
+
+
+def fuse_attention_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], OpCapabilities],
+                         groups: list[tuple] | None = None) -> FusedBlock | None:
+    """The fused decode step of a layer whose attention op brings the layer's kernel (`fused_layer`: an op with
+    its own projection layout, e.g. latent attention), or None when it must run op by op. The op gets its
+    layout's bound (qkv, o), the block's common list and the layer's mixture of experts (its bound MoeFfn, or
+    None for a dense FFN, whose products are common's); its kernel is called as kernel(x, *args, kc, vc, kpos,
+    ring, row, pos, cos, sin, chunks, par) with its slot_arrays and the layer's rope angles at pos."""
+    op, caps = lp.attention, declared(lp.attention)
+    if not (caps.fused_layer and caps.slot_arrays) or op.fused_layer is None or op.slot_arrays is None:
+        return None
+    a = lp.spec.attention
+    rope = ropes[a.rope]
+    rope_part = NO_ROPE if rope is None else fused_part(rope, declared(rope), "rope")
+    made = None if rope_part is None else _own_kernel_common(lp, norm, rope_part, declared, groups)
+    if made is None:
+        return None
+    common, first = made
+    moe = None if isinstance(lp.ffn, DenseFfn) else lp.ffn
+    made = (op.fused_layer(lp.qkv, lp.o, common, moe) if groups is None else
+            op.fused_layer(lp.qkv, lp.o, common, moe, lambda ms, n_in: _group_id(groups, ms, n_in)))
+    if made is None:
+        return None
+    kernel, args, big = made
+    fb = FusedBlock(kernel, args, op.slot_arrays, a.rope if rope is not None else -1, big)
     fb.pooled = groups is not None and len(groups) > first  # the op registered its products
     return fb
 
@@ -259,6 +306,8 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], 
         return None  # a token mixer beside the attention, or a block without FFN: op by op
     if lp.attn_sub_norm is not None or (isinstance(lp.ffn, DenseFfn) and lp.ffn.sub_norm is not None):
         return None  # norms inside the branches (the layer kernel has no step for them): op by op
+    if declared(lp.attention).fused_layer:  # an attention op with its own layout and layer kernel
+        return fuse_attention_layer(lp, norm, ropes, declared, groups) if kv_type == "f32" else None
     a = lp.spec.attention
     rope = ropes[a.rope]
     found = _parts(lp, norm, rope, kv_type, declared)
