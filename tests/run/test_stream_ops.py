@@ -49,21 +49,52 @@ class Mirror:
         return state[0] - self.gain * state[1]
 
 
+class Split:
+    """Streams (a, b) mixed between a block's branches: o = attention(a), g = a + o, f = ffn(g + gain b);
+    a becomes g + f (the sequential block when gain is 0), b accumulates f; leave: a."""
+
+    def __init__(self, descriptor, gain=0.0):
+        self.gain = np.float32(gain)
+
+    def bind(self, binder):
+        pass
+
+    def enter(self, x, ids):
+        return x, x * np.float32(0.5)
+
+    def layer(self, i, state, block):
+        a, b = state
+        g = a + block.attention(a)
+        f = block.ffn(g + self.gain * b)
+        return g + f, b + f
+
+    def leave(self, state):
+        return state[0]
+
+
 class StreamPlugin:
     @hookimpl
     def archrun_register_vocabulary(self, register):
         register(Op("stream", "mirror", Mirror, None, "two streams (test)", layout=MirrorLayout()))
+        register(Op("stream", "split", Split, None, "two streams mixed between the branches (test)",
+                    layout=SplitLayout()))
 
     @hookimpl
     def archrun_describe_family(self, architecture):
-        if architecture != "streamed":
+        stream = {"streamed": "mirror", "branched": "split", "unmixed": "split"}.get(architecture)
+        if stream is None:
             return None
-        return FamilyHints(name="streamed", **TRANSFORMER, rope_pairing="neox", activation="silu",
-                           embed_scale=1.0, stream="mirror")
+        return FamilyHints(name=architecture, **TRANSFORMER, rope_pairing="neox", activation="silu",
+                           embed_scale=1.0, stream=stream)
 
     @hookimpl
     def archrun_families(self):
-        return ["streamed"]
+        return ["streamed", "branched", "unmixed"]
+
+
+class SplitLayout:
+    def describe(self, ctx):
+        return {"params": {"gain": 0.0 if ctx.meta.arch == "unmixed" else 0.5}}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +103,9 @@ def files(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("stream")
     return (write_model(d / "streamed.gguf", arch="streamed", n_layer=3, seed=4),
-            write_model(d / "plain.gguf", arch="qwen3", n_layer=3, seed=4))
+            write_model(d / "plain.gguf", arch="qwen3", n_layer=3, seed=4),
+            write_model(d / "branched.gguf", arch="branched", n_layer=3, seed=4),
+            write_model(d / "unmixed.gguf", arch="unmixed", n_layer=3, seed=4))
 
 
 def _oracle(plain, ids):
@@ -114,3 +147,20 @@ def test_pipeline_stages_are_refused(files):
     pm = make_plugin_manager(extra=[StreamPlugin()])
     with pytest.raises(InvalidRequest, match="stream op 'mirror'"):
         archrun.load(files[0], backend="reference", plugins=pm, layers=(0, 2))
+
+
+@pytest.mark.parametrize("backend", ["reference", "fast"])
+def test_stream_op_runs_a_blocks_branches(files, backend):
+    """block.attention and block.ffn compose to the whole block (gain 0: the one-stream model); the FFN
+    branch reads what the op gives it (gain 0.5: another model), in whole prompts and one-token steps."""
+    pm = make_plugin_manager(extra=[StreamPlugin()])
+    plain = archrun.load(files[1], backend=backend)
+    unmixed, branched = (archrun.load(f, backend=backend, plugins=pm) for f in files[3:1:-1])
+    want = plain.logits(IDS)
+    scale = np.abs(want).max()
+    assert np.abs(unmixed.logits(IDS) - want).max() <= 1e-5 * scale
+    mixed = branched.logits(IDS)
+    assert np.abs(mixed - want).max() > 1e-2 * scale
+    cache = branched.init_cache(len(IDS))
+    steps = np.stack([branched.forward_step([t], cache) for t in IDS])  # each branch writes the cache once
+    assert np.abs(steps - mixed).max() <= 1e-4 * scale

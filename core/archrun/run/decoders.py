@@ -231,7 +231,7 @@ class FusedDecoder(Interpreter):
         angles = self.rope_angles(np.concatenate([np.arange(st, st + len(ids))
                                                   for ids, st in zip(spans, starts, strict=True)]))
 
-        def block(li: int, lp: Any, h: np.ndarray) -> np.ndarray:
+        def block(li: int, lp: Any, h: np.ndarray, sub: str | None = None) -> np.ndarray:
             slots = [c.slots[li] for c in caches]
             beside = None
             if lp.mixer is not None:
@@ -241,7 +241,7 @@ class FusedDecoder(Interpreter):
                 beside = per_span(lp.parallel.mix, [s.mixer for s in slots], starts, ends)
             else:
                 run = per_span(lp.attention, slots, starts, ends)
-            return self._block(lp, h, angles, run, beside)
+            return self._block(lp, h, angles, run, beside, sub)
 
         x = self._through_blocks(x, np.concatenate(spans), block)
         for ids, cache in zip(spans, caches, strict=True):

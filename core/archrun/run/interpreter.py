@@ -241,23 +241,25 @@ class Interpreter:
         start = len(cache)
         x = self.embed(ids, start)
         angles = self.rope_angles(np.arange(start, start + len(ids)))
-        x = self._through_blocks(x, ids, lambda i, lp, h: self.run_block(lp, h, cache.slots[i], start, angles))
+        x = self._through_blocks(x, ids, lambda i, lp, h, sub=None: self.run_block(lp, h, cache.slots[i], start,
+                                                                                 angles, sub))
         cache.advance(len(ids))
         hidden = self._final_norm(x)
         return self.head(hidden if all_logits else hidden[-1:]), hidden
 
     def _through_blocks(self, x: np.ndarray, ids: np.ndarray,
-                        block: Callable[[int, LayerPlan, np.ndarray], np.ndarray]) -> np.ndarray:
-        """The embeddings x [n, d] of token ids through every block (block(i, lp, h) -> [n, d] runs block i on
-        h); a model whose residual stream is more than one array runs the blocks through its stream op
-        (Plan.stream: enter, layer per block, leave). Experts streamed from disk go back under their cap
-        after every block, so a prompt's peak is the cap plus one layer's picks."""
+                        block: Callable[..., np.ndarray]) -> np.ndarray:
+        """The embeddings x [n, d] of token ids through every block (block(i, lp, h, sub=None) -> [n, d] runs
+        block i on h, or with sub "attention"/"ffn" only that branch: see StreamBlock); a model whose residual
+        stream is more than one array runs the blocks through its stream op (Plan.stream: enter, layer per
+        block, leave). Experts streamed from disk go back under their cap after every block (or branch), so a
+        prompt's peak is the cap plus one layer's picks."""
         stream, pager = self.plan.stream, self.plan.pager
         if pager is not None:
             run = block
 
-            def block(i: int, lp: LayerPlan, h: np.ndarray) -> np.ndarray:
-                h = run(i, lp, h)
+            def block(i: int, lp: LayerPlan, h: np.ndarray, sub: str | None = None) -> np.ndarray:
+                h = run(i, lp, h, sub)
                 pager.between_steps()
                 return h
 
@@ -267,7 +269,7 @@ class Interpreter:
             return x
         state = stream.enter(x, ids)
         for i, lp in enumerate(self.plan.layers):
-            state = stream.layer(i, state, functools.partial(block, i, lp))
+            state = stream.layer(i, state, StreamBlock(functools.partial(block, i, lp)))
         return stream.leave(state)
 
     def _final_norm(self, x: np.ndarray) -> np.ndarray:
@@ -360,38 +362,52 @@ class Interpreter:
         """Bind the weights of block `index` (e.g. an MTP block after the trunk) with this model's ops."""
         return bind_layer(self.plan.binder, index, spec)
 
-    def run_block(self, lp: LayerPlan, x: np.ndarray, slot: Any, start: int, angles: list) -> np.ndarray:
-        """One decoder block on x [n, d]; its K/V (or state) go to `slot` at rows start..start+n-1."""
+    def run_block(self, lp: LayerPlan, x: np.ndarray, slot: Any, start: int, angles: list,
+                  sub: str | None = None) -> np.ndarray:
+        """One decoder block on x [n, d] (or one branch of it: sub, see StreamBlock); its K/V (or state) go to
+        `slot` at rows start..start+n-1."""
         if lp.mixer is not None:
-            return self._block(lp, x, angles, lambda h: lp.mixer(h, slot, start))
+            return self._block(lp, x, angles, lambda h: lp.mixer(h, slot, start), sub=sub)
         if lp.parallel is not None:
             return self._block(lp, x, angles, lambda q, k, v, *side: lp.attention(q, k, v, slot.attention, start,
                                                                                   *side),
-                               lambda h: lp.parallel.mix(h, slot.mixer, start))
-        return self._block(lp, x, angles, lambda q, k, v, *side: lp.attention(q, k, v, slot, start, *side))
+                               lambda h: lp.parallel.mix(h, slot.mixer, start), sub)
+        return self._block(lp, x, angles, lambda q, k, v, *side: lp.attention(q, k, v, slot, start, *side), sub=sub)
 
     def _block(self, lp: LayerPlan, x: np.ndarray, angles: list, attend: Callable[..., np.ndarray],
-               beside: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+               beside: Callable[[np.ndarray], np.ndarray] | None = None, sub: str | None = None) -> np.ndarray:
         """A decoder block on x [n, d] whose attention is attend(q [n,H,hd], k, v) -> [n, H, vd], or,
         for a layer whose op is the whole token mixer, attend(h [n, d]) -> [n, d]; beside(h) -> [n, d]
-        is the token mixer running beside the attention (added to its output), if any."""
+        is the token mixer running beside the attention (added to its output), if any. sub "attention":
+        only the attention branch's output (pre-norm, attention, post-norm: no residual); sub "ffn": only
+        the FFN branch on x as the FFN's input before its norm."""
         norm = self.plan.norm
+        if sub == "ffn":
+            return self._ffn_branch(lp, x)
         h = x if lp.attn_norm is None else norm(x, lp.attn_norm, lp.attn_norm_b)
         o = attend(h) if lp.mixer is not None else self._attend(lp, h, angles, attend)
         if beside is not None:
             o = o + beside(h)
         if lp.post_attn_norm is not None:
             o = norm(o, lp.post_attn_norm)
+        if sub == "attention":
+            return o
         if lp.ffn is None:  # the mixer is the block's only branch
             return lp.residual.combine(x, o, np.zeros_like(x))
+        # without an FFN norm: a parallel block's shared norm, or (no pre-norms) the FFN's input as is
+        shared = lp.ffn_norm is None and lp.attn_norm is not None
+        return lp.residual.combine(x, o, self._ffn_branch(lp, h if shared else lp.residual.ffn_input(x, o)))
+
+    def _ffn_branch(self, lp: LayerPlan, g: np.ndarray) -> np.ndarray:
+        """The FFN branch on its input g [n, d]: the FFN norm (if the block has one), the FFN, its post-norm;
+        zeros for a block without FFN."""
+        if lp.ffn is None:
+            return np.zeros_like(g)
+        norm = self.plan.norm
         if lp.ffn_norm is not None:
-            g = norm(lp.residual.ffn_input(x, o), lp.ffn_norm, lp.ffn_norm_b)
-        else:  # a parallel block's shared norm, or (no pre-norms) the FFN's input as is
-            g = h if lp.attn_norm is not None else lp.residual.ffn_input(x, o)
+            g = norm(g, lp.ffn_norm, lp.ffn_norm_b)
         f = lp.ffn(g)
-        if lp.post_ffn_norm is not None:
-            f = norm(f, lp.post_ffn_norm)
-        return lp.residual.combine(x, o, f)
+        return f if lp.post_ffn_norm is None else norm(f, lp.post_ffn_norm)
 
     def _attend(self, lp: LayerPlan, h: np.ndarray, angles: list,
                 attend: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
@@ -417,6 +433,27 @@ class Interpreter:
             q, k = _qk_norm(norm, lp, a, q, k)
         out = attend(q, k, v, *side).reshape(n, a.n_head * a.v_head_dim)
         return lp.o(out if lp.attn_sub_norm is None else norm(out, lp.attn_sub_norm))
+
+
+class StreamBlock:
+    """What a stream op's layer(i, state, block) gets: block(h) runs the whole block on h [n, d] (residual
+    included); block.attention(h) only its attention branch (pre-norm, attention or token mixer, post-norm:
+    the branch's output, no residual), block.ffn(g) only its FFN branch on g, the FFN's input before its
+    norm (FFN norm, FFN, post-norm; zeros without FFN): for ops that mix their streams between a block's
+    two branches (hyper-connections). A branch call writes the cache as the whole block does: call each
+    once per block."""
+
+    def __init__(self, run: Callable[..., np.ndarray]):
+        self._run = run
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        return self._run(h)
+
+    def attention(self, h: np.ndarray) -> np.ndarray:
+        return self._run(h, "attention")
+
+    def ffn(self, g: np.ndarray) -> np.ndarray:
+        return self._run(g, "ffn")
 
 
 def per_span(op: Any, slots: list, starts: list[int], ends: np.ndarray) -> Callable:

@@ -6,6 +6,7 @@ the up projection both ways by the file's per-layer limit, archrun_deepseek4_ops
 
 archrun_deepseek4_ops.mhc holds the math of manifold-constrained hyper-connections (N residual streams mixed
 around every attention and FFN sub-layer, Sinkhorn-projected mixing, the trunk's final collapse) with its
-numba kernels; no stream op registers it yet: the stream slot runs whole blocks, and mHC mixes the streams
-between a block's two sub-layers.
+numba kernels, and archrun_deepseek4_ops.mhc_stream the stream op built on it (the blocks' attention and FFN
+branches called one at a time); it is not registered yet: the gguf-py archrun pins names neither V4's
+hyper-connection tensors nor its keys.
 """

@@ -85,3 +85,77 @@ def test_bad_shapes_are_typed_errors(hc_modules):
         _ours(conn, False).weights(np.zeros((2, N + 1, D), F32))
     with pytest.raises(ShapeMismatch, match=r"\(2\+N\)N"):
         HyperConnection(np.zeros((23, N * D), F32), np.zeros(23, F32), np.zeros(3, F32), 20, 1e-6, 1e-6)
+
+
+class _Binder:
+    """The tensors the stream op binds, by role and layer (HF's module weights)."""
+
+    def __init__(self, layers, head):
+        self.t = {}
+        for i, (attn, ffn) in enumerate(layers):
+            for kind, m in (("attn", attn), ("ffn", ffn)):
+                for part in ("fn", "base", "scale"):
+                    self.t[f"{i}.hc_{kind}_{part}"] = getattr(m, part).detach().numpy()
+        for part in ("fn", "base", "scale"):
+            self.t[f"output_hc_{part}"] = getattr(head, f"hc_{part}").detach().numpy()
+
+    def table(self, role, layer=None):
+        return self.t[role if layer is None else f"{layer}.{role}"]
+
+    vector = table
+
+
+class _Branches:
+    """Stand-in attention and FFN branches of one block (any [n, d] maps), counting their calls."""
+
+    def __init__(self, seed):
+        rng = np.random.default_rng(seed)
+        self.wa, self.wf = (rng.standard_normal((D, D)).astype(F32) * D ** -0.5 for _ in range(2))
+        self.calls = 0
+
+    def attention(self, h):
+        self.calls += 1
+        return np.tanh(np.asarray(h, F32) @ self.wa) * 2
+
+    def ffn(self, g):
+        self.calls += 1
+        return np.asarray(g, F32) @ self.wf
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
+def test_stream_op_matches_hf_decoder_layers(hc_modules, fast):
+    """Two layers: each HF DeepseekV4DecoderLayer's stream arithmetic around its attention and MLP, then
+    DeepseekV4HyperHead; the same branches on both sides."""
+    from types import SimpleNamespace
+
+    from archrun_deepseek4_ops.mhc_stream import MhcStream
+
+    _, head = hc_modules
+    cfg = DeepseekV4Config(vocab_size=64, hidden_size=D, hc_mult=N, hc_sinkhorn_iters=20, hc_eps=1e-6,
+                           rms_norm_eps=1e-6, num_hidden_layers=2)
+    torch.manual_seed(3)
+    layers = [(hf.DeepseekV4HyperConnection(cfg).float(), hf.DeepseekV4HyperConnection(cfg).float()) for _ in range(2)]
+    with torch.no_grad():
+        for pair in layers:
+            for m in pair:
+                m.fn.normal_(0, 0.5), m.base.normal_(0, 1.0), m.scale.normal_(0, 1.0)
+    branches = [_Branches(7), _Branches(8)]
+    x = (np.random.default_rng(4).standard_normal((T, D)) * 2).astype(F32)
+
+    s = torch.from_numpy(x)[None].unsqueeze(2).expand(-1, -1, N, -1).contiguous()
+    for (attn, ffn), br in zip(layers, branches, strict=True):
+        for conn, fn in ((attn, br.attention), (ffn, br.ffn)):
+            post, comb, collapsed = conn(s)
+            y = torch.from_numpy(fn(collapsed[0].detach().numpy()))[None]
+            s = post.unsqueeze(-1) * y.unsqueeze(-2) + torch.matmul(comb.transpose(-1, -2), s)
+    want = head(s)[0].detach().numpy()
+
+    op = MhcStream(SimpleNamespace(n_embd=D, n_layer=2, norm_eps=1e-6), n_stream=N, iters=20, hc_eps=1e-6, fast=fast)
+    op.bind(_Binder(layers, head))
+    state = op.enter(x, np.arange(T))
+    for i, br in enumerate(branches):
+        br.calls = 0
+        state = op.layer(i, state, br)
+        assert br.calls == 2  # each branch once
+    got = op.leave(state)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
