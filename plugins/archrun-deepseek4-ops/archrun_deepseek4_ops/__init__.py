@@ -8,5 +8,6 @@ archrun_deepseek4_ops.mhc holds the math of manifold-constrained hyper-connectio
 around every attention and FFN sub-layer, Sinkhorn-projected mixing, the trunk's final collapse) with its
 numba kernels, and archrun_deepseek4_ops.mhc_stream the stream op built on it (the blocks' attention and FFN
 branches called one at a time); it is not registered yet: the gguf-py archrun pins names neither V4's
-hyper-connection tensors nor its keys.
+hyper-connection tensors nor its keys. archrun_deepseek4_ops.hash_route routes the first layers' tokens by
+their id (the frozen tid2eid table), for when the MoE op is handed each row's token id.
 """
