@@ -10,4 +10,7 @@ numba kernels, and archrun_deepseek4_ops.mhc_stream the stream op built on it (t
 branches called one at a time); it is not registered yet: the gguf-py archrun pins names neither V4's
 hyper-connection tensors nor its keys. archrun_deepseek4_ops.hash_route routes the first layers' tokens by
 their id (the frozen tid2eid table), for when the MoE op is handed each row's token id.
+archrun_deepseek4_ops.v4_attention is the reference math of V4's attention on its sliding-only layers (q LoRA
+with a per-head unweighted norm, one shared K/V head, rope on the trailing dims undone on the output, sinks,
+a sliding window, the grouped low-rank output), not yet an op.
 """
