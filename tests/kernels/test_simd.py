@@ -215,16 +215,17 @@ def _half_weights(bf16: bool, n_out: int, n_in: int, rng: np.random.Generator):
 @pytest.mark.skipif(not simd.F16C, reason="no F16C here")
 @pytest.mark.parametrize("bf16", [False, True], ids=["f16", "bf16"])
 def test_half_register_tiles_match_the_float64_product_and_each_row_alone(bf16):
-    """floatmm's register tiles: every row of a product of 1..9 rows (tiles of 4, 2 and 1) is the same bits
-    as that row alone, and all are within float32 rounding of the float64 product (an odd n_out: the last
-    group's padding lanes are not written); a strided activation takes the scratch loops, also close."""
+    """floatmm's register tiles: every row of a product of 1..13 rows (every tile shape of simd.HALF_TILES:
+    whole groups and half-group lane passes, 6 + 6 + 1 rows included) is the same bits as that row alone,
+    and all are within float32 rounding of the float64 product (an odd n_out: the last group's padding
+    lanes are not written); a strided activation takes the scratch loops, also close."""
     from archrun.kernels.matmul import floatmm
 
     rng = np.random.default_rng(5)
     W, dense = _half_weights(bf16, 70, 96, rng)
-    x = rng.standard_normal((9, 96)).astype(np.float32)
+    x = rng.standard_normal((13, 96)).astype(np.float32)
     ref = x.astype(np.float64) @ dense.T
-    for n in range(1, 10):
+    for n in range(1, 14):
         out = np.full((n, 70), np.nan, np.float32)
         floatmm.half_run(W, bf16, x[:n], out, 1)
         assert np.abs(out - ref[:n]).max() <= 1e-5 * np.abs(ref).max()

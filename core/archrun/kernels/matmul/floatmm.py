@@ -2,11 +2,11 @@
 
 Weights keep their 16-bit values in the lane layout (layout.repack_float16). Where the CPU converts
 float16 itself (F16C: every AVX2 host), a row group's elements are converted in registers and multiplied
-into the LANES accumulators of up to simd.HALF_TILE activation rows at once, which stay in registers over
-the whole row (simd.half_rows_*: one fma chain per row, so a row's result is the same bits alone or in a
-tile, for decode steps and verification spans alike). Elsewhere (no F16C, no JIT) one block of
-32 * LANES values is converted to float32 in an L1 scratch, then dotted with every token's activation
-block, lanes contiguous. float32 weights need no kernel: they go to BLAS.
+into the accumulators of up to simd.HALF_TILE activation rows at once, which stay in registers over
+the whole row (simd.half_tile: one fma chain per row and lane, so a row's result is the same bits alone
+or in a tile of any shape, for decode steps, verification spans and prompts alike). Elsewhere (no F16C,
+no JIT) one block of 32 * LANES values is converted to float32 in an L1 scratch, then dotted with every
+token's activation block, lanes contiguous. float32 weights need no kernel: they go to BLAS.
 """
 
 from __future__ import annotations
@@ -34,28 +34,6 @@ def _fd8(v, g, x, o):
 
 
 @njit(**JIT)
-def _tile(W, is_bf16, x, t, left, acc):
-    """Rows t.. of x through one register tile (the largest that fits `left` rows); returns its rows."""
-    if _TILE == 4 and left >= 4:
-        if is_bf16:
-            simd.half_rows_4_bf16(W, x, t, acc)
-        else:
-            simd.half_rows_4(W, x, t, acc)
-        return 4
-    if left >= 2:
-        if is_bf16:
-            simd.half_rows_2_bf16(W, x, t, acc)
-        else:
-            simd.half_rows_2(W, x, t, acc)
-        return 2
-    if is_bf16:
-        simd.half_rows_1_bf16(W, x, t, acc)
-    else:
-        simd.half_rows_1(W, x, t, acc)
-    return 1
-
-
-@njit(**JIT)
 def _half_registers(W, is_bf16, x, g0, g1, out):
     """half() through the register tiles: x f32 [n, >= nb * 32] with unit element stride."""
     n = x.shape[0]
@@ -65,7 +43,10 @@ def _half_registers(W, is_bf16, x, g0, g1, out):
         m = min(LANES, out.shape[1] - r0)
         t = 0
         while t < n:
-            k = _tile(W[grp], is_bf16, x, t, n - t, acc)
+            if is_bf16:  # noqa: SIM108 (two intrinsics: no common type for a conditional expression)
+                k = simd.half_tile_bf16(W[grp], x, t, n - t, acc)
+            else:
+                k = simd.half_tile(W[grp], x, t, n - t, acc)
             for r in range(k):
                 for g in range(m):
                     out[t + r, r0 + g] = acc[r, g]

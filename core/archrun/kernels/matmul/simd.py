@@ -579,69 +579,104 @@ tile_halves_avx2, tile_signed_avx2 = _tile_intrinsic(HALVES, False, 2), _tile_in
 
 # -- 16-bit float weights: rows of activations in registers (kernels.matmul.floatmm) ----------------------------
 # A row group's float16 / bfloat16 lanes (W uint16 [nb, QB * LANES], element e of block b of lane l at
-# (b * QB + e) * LANES + l) times `rows` activation rows: each element vector is converted in registers
-# (vcvtph2ps for float16; bfloat16 is the high half of a float32) and multiplied into every row's LANES
-# accumulators (`llvm.fma`, one rounding each), which stay in registers over all blocks. Every row's
-# accumulator takes the same fma chain in the same order (b, then e) whatever `rows` is, so a row's
-# result is the same bits alone and in a tile of several rows.
+# (b * QB + e) * LANES + l) times `rows` activation rows, on `width` of the group's lanes from lane l0:
+# each element vector is converted in registers (vcvtph2ps for float16; bfloat16 is the high half of a
+# float32) and multiplied into every row's accumulators (`llvm.fma`, one rounding each), which stay in
+# registers over all blocks. Every (row, lane) accumulator takes the same fma chain in the same order
+# (b, then e) whatever `rows`, `width` and l0 are, so a row's result is the same bits alone and in a tile
+# of any shape.
 
 AVX512 = AVX2 and host_has("avx512f")
-HALF_TILE = 4 if AVX512 else 2  # rows a tile: 4 x 2 zmm (AVX-512) or 2 x 4 ymm (AVX2) accumulators
+# (rows, width) of the tiles floatmm takes, largest first. AVX-512: 4 rows x 2 zmm (whole groups). AVX2 has
+# 16 ymm registers: one or two rows take the whole group (4 ymm accumulators a row: 4 independent chains
+# for a lone row); from 3 rows on, half a group's lanes (2 ymm a row) in two passes, up to 6 rows: 12
+# accumulators, 2 converted weight vectors and a broadcast. Each converted vector then feeds 6 rows, not 2
+# (the conversions and the weights' L2 reads per multiply-add shrink 3x).
+HALF_TILES = ((4, LANES), (2, LANES), (1, LANES)) if AVX512 else \
+    ((6, LANES // 2), (5, LANES // 2), (4, LANES // 2), (3, LANES // 2), (2, LANES), (1, LANES))
+HALF_TILE = HALF_TILES[0][0]  # most rows a tile
 
 
-def _half_rows_codegen(rows: int, bf16: bool):
-    """IR of half_rows_<rows>[_bf16](W, X, t0, acc): acc f32 [rows, LANES] = the products of row group W
+def _half_rows(builder, W, X, t0, acc, rows: int, bf16: bool, width: int, l0: int) -> None:
+    """Emit acc f32 [rows, LANES] lanes l0 .. l0 + width - 1 = the products of those lanes of row group W
     uint16 [nb, QB * LANES] with rows t0 .. t0 + rows - 1 of X f32 [n, >= nb * QB]."""
-    vf, vh, vi = ir.VectorType(_F32T, LANES), ir.VectorType(ir.HalfType(), LANES), ir.VectorType(_I16, LANES)
-    v32 = ir.VectorType(_I32, LANES)
+    vf, vh, vi = ir.VectorType(_F32T, width), ir.VectorType(ir.HalfType(), width), ir.VectorType(_I16, width)
+    v32 = ir.VectorType(_I32, width)
+    nb = cgutils.unpack_tuple(builder, W.shape)[0]
+    x_stride = builder.sdiv(cgutils.unpack_tuple(builder, X.strides)[0], ir.Constant(_I64, 4))
+    wp, xp = _ptr(builder, W, _I16), _ptr(builder, X, _F32T)
+    fma = _declare(builder, f"llvm.fma.v{width}f32", vf, [vf] * 3)
+    k = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    xrow = [builder.mul(builder.add(t0, k(r)), x_stride) for r in range(rows)]
+    facc = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(rows)]
+    with cgutils.for_range(builder, nb) as loop:
+        e0 = builder.mul(loop.index, k(QB))
+        f = [builder.load(a) for a in facc]
+        for e in range(QB):
+            col = builder.add(e0, k(e))
+            at = builder.gep(wp, [builder.add(builder.mul(col, k(LANES)), k(l0))])
+            v = builder.load(builder.bitcast(at, vi.as_pointer()), align=2)
+            if bf16:
+                w = builder.bitcast(builder.shl(builder.zext(v, v32), ir.Constant(v32, [16] * width)), vf)
+            else:
+                w = builder.fpext(builder.bitcast(v, vh), vf)
+            for r in range(rows):
+                x = builder.load(builder.gep(xp, [builder.add(xrow[r], col)]), align=4)
+                f[r] = builder.call(fma, [w, _splat(builder, x, vf), f[r]])
+        for a, val in zip(facc, f, strict=True):
+            builder.store(val, a)
+    out = _ptr(builder, acc, _F32T)
+    for r in range(rows):
+        at = builder.gep(out, [k(r * LANES + l0)])
+        builder.store(builder.load(facc[r]), builder.bitcast(at, vf.as_pointer()), align=4)
+
+
+def _half_tile_codegen(bf16: bool):
+    """IR of half_tile[_bf16](W, X, t0, left, acc) -> rows: the largest of HALF_TILES with at most `left`
+    rows (all its lane passes) on rows t0 .. of X; acc f32 [>= rows, LANES]."""
 
     def codegen(context, builder, sig, args):
         W, X, acc = _arrays(context, builder, sig, args)
-        t0 = args[2]
-        nb = cgutils.unpack_tuple(builder, W.shape)[0]
-        x_stride = builder.sdiv(cgutils.unpack_tuple(builder, X.strides)[0], ir.Constant(_I64, 4))
-        wp, xp = _ptr(builder, W, vi), _ptr(builder, X, _F32T)
-        fma = _declare(builder, f"llvm.fma.v{LANES}f32", vf, [vf] * 3)
-        k = lambda v: ir.Constant(_I64, v)  # noqa: E731
-        xrow = [builder.mul(builder.add(t0, k(r)), x_stride) for r in range(rows)]
-        facc = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(rows)]
-        with cgutils.for_range(builder, nb) as loop:
-            e0 = builder.mul(loop.index, k(QB))
-            f = [builder.load(a) for a in facc]
-            for e in range(QB):
-                col = builder.add(e0, k(e))
-                v = builder.load(builder.gep(wp, [col]), align=2)
-                if bf16:
-                    w = builder.bitcast(builder.shl(builder.zext(v, v32), ir.Constant(v32, [16] * LANES)), vf)
-                else:
-                    w = builder.fpext(builder.bitcast(v, vh), vf)
-                for r in range(rows):
-                    x = builder.load(builder.gep(xp, [builder.add(xrow[r], col)]), align=4)
-                    f[r] = builder.call(fma, [w, _splat(builder, x, vf), f[r]])
-            for a, val in zip(facc, f, strict=True):
-                builder.store(val, a)
-        out = _ptr(builder, acc, vf)
-        for r in range(rows):
-            builder.store(builder.load(facc[r]), builder.gep(out, [k(r)]), align=4)
-        return context.get_dummy_value()
+        t0, left = args[2], args[3]
+        taken = cgutils.alloca_once(builder, _I64)
+
+        def run(rows: int, width: int) -> None:
+            for l0 in range(0, LANES, width):
+                _half_rows(builder, W, X, t0, acc, rows, bf16, width, l0)
+            builder.store(ir.Constant(_I64, rows), taken)
+
+        def choose(i: int) -> None:
+            rows, width = HALF_TILES[i]
+            if i + 1 == len(HALF_TILES):
+                run(rows, width)
+                return
+            with builder.if_else(builder.icmp_signed(">=", left, ir.Constant(_I64, rows))) as (then, other):
+                with then:
+                    run(rows, width)
+                with other:
+                    choose(i + 1)
+
+        choose(0)
+        return builder.load(taken)
 
     return codegen
 
 
-def _half_rows_intrinsic(rows: int, bf16: bool):
+def _half_tile_intrinsic(bf16: bool):
     @intrinsic
-    def half_rows(typingctx, W, X, t0, acc):
-        if not all(isinstance(a, types.Array) for a in (W, X, acc)) or not isinstance(t0, types.Integer):
+    def half_tile(typingctx, W, X, t0, left, acc):
+        if not all(isinstance(a, types.Array) for a in (W, X, acc)) or not all(
+                isinstance(i, types.Integer) for i in (t0, left)):
             return None
-        return types.void(W, X, types.int64, acc), _half_rows_codegen(rows, bf16)
+        return types.int64(W, X, types.int64, types.int64, acc), _half_tile_codegen(bf16)
 
-    half_rows.__doc__ = f"acc f32 [{rows}, LANES] = {'bfloat16' if bf16 else 'float16'} row group W times {rows} rows"
-    return half_rows
+    half_tile.__doc__ = (f"rows = the largest of HALF_TILES with at most `left` rows: acc f32 [rows, LANES] = "
+                         f"{'bfloat16' if bf16 else 'float16'} row group W times rows t0 .. t0 + rows - 1 of X")
+    return half_tile
 
 
-# half_rows_<rows>[_bf16](W, X, t0, acc): see _half_rows_codegen (float16 needs F16C; floatmm picks them)
-half_rows_1, half_rows_2, half_rows_4 = (_half_rows_intrinsic(r, False) for r in (1, 2, 4))
-half_rows_1_bf16, half_rows_2_bf16, half_rows_4_bf16 = (_half_rows_intrinsic(r, True) for r in (1, 2, 4))
+# half_tile[_bf16](W, X, t0, left, acc) -> rows: see _half_tile_codegen (float16 needs F16C; floatmm calls them)
+half_tile, half_tile_bf16 = _half_tile_intrinsic(False), _half_tile_intrinsic(True)
 
 
 def _prefetch_next(builder, p, at, stride, count):
