@@ -296,14 +296,23 @@ class _FastMoe:
         registers product groups with the decode pool: the router's and every expert's products
         then go to the running pool (moe_kernels.pool_group_ids).
         """
+        made = self.ffn_args(w, group_id)
+        if made is None:
+            return None
+        args, big = made
+        return mk.decode_moe_layer, (common, *args), big
+
+    def ffn_args(self, w, group_id=None) -> tuple[tuple, bool] | None:
+        """(moe_kernels.moe_rows' arguments after (h, out) and before (chunks, parallel), whether the experts are
+        big enough to split over the threads), or None: what another op's layer kernel passes to moe_rows for
+        this FFN (e.g. a latent attention's). group_id as for fused_layer."""
         a = self.arrays(w)
         if a is None:
             return None
         gids = mk.NO_GIDS if group_id is None else mk.pool_group_ids(
             a, [m.prepared for m in w.gate], [m.prepared for m in w.up], [m.prepared for m in w.down], group_id)
-        args = (common, *a, self.rp, self.scale, self.gate_part.handle, self.gate_part.params,
-                self.act_part.handle, self.act_part.params, gids)
-        return mk.decode_moe_layer, args, _big(w)
+        return (*a, self.rp, self.scale, self.gate_part.handle, self.gate_part.params, self.act_part.handle,
+                self.act_part.params, gids), _big(w)
 
 
 def moe_topk(spec: MoeSpec, gating, act) -> _FastMoe:

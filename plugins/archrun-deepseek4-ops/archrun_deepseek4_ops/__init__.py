@@ -13,5 +13,6 @@ their id (the frozen tid2eid table), for when the MoE op is handed each row's to
 archrun_deepseek4_ops.v4_attention is the reference math of V4's attention on its sliding-only layers (q LoRA
 with a per-head unweighted norm, one shared K/V head, rope on the trailing dims undone on the output, sinks,
 a sliding window, the grouped low-rank output), not yet an op; archrun_deepseek4_ops.compressor the HCA
-compressor's entries (gated pooling of closed windows, roped at the window's start) and their visibility.
+and CSA compressors' entries (gated pooling of closed, for CSA overlapping, windows, roped at the window's
+start), which entries each query sees, and CSA's lightning-indexer selection (on archrun-mla's scorer).
 """

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from archrun_blocks.rope_scaling import frequencies
-from archrun_deepseek4_ops.compressor import hca_entries, visible
+from archrun_deepseek4_ops.compressor import csa_selected, hca_entries, visible
 
 torch = pytest.importorskip("torch")
 hf = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
@@ -50,3 +50,47 @@ def test_entries_and_visibility_match_hf(compressor):
     np.testing.assert_array_equal(visible(pos, len(got), RATE), np.isfinite(bias))
     plain = hca_entries(h, w, RATE, 1.0 / THETA ** (np.arange(0, R, 2) / R), 1e-6)
     assert np.abs(plain - want).max() > 1e-3 * np.abs(want).max()  # the YaRN table matters
+
+
+HI, DI, QL, TOPK, NC = 4, 16, 12, 2, 23
+
+
+@pytest.fixture(scope="module")
+def csa():
+    torch.manual_seed(6)
+    cfg = DeepseekV4Config(vocab_size=64, hidden_size=D, head_dim=HD, partial_rotary_factor=R / HD, q_lora_rank=QL,
+                           num_hidden_layers=2, layer_types=["compressed_sparse_attention"] * 2, index_n_heads=HI,
+                           index_head_dim=DI, index_topk=TOPK,
+                           compress_rates={"compressed_sparse_attention": RATE, "heavily_compressed_attention": 8},
+                           compress_rope_theta=THETA, rope_parameters={"rope_type": "yarn", **YARN},
+                           max_position_embeddings=1024, rms_norm_eps=1e-6)
+    c = hf.DeepseekV4CSACompressor(cfg).float()
+    with torch.no_grad():
+        for p in c.parameters():
+            p.normal_(0, 0.6)
+        c.kv_norm.weight.normal_(1.0, 0.3), c.indexer.kv_norm.weight.normal_(1.0, 0.3)
+    return c
+
+
+def _compressor_weights(m) -> dict:
+    return {"wkv": m.kv_proj.weight.detach().numpy(), "wgate": m.gate_proj.weight.detach().numpy(),
+            "ape": m.position_bias.detach().numpy(), "norm": m.kv_norm.weight.detach().numpy()}
+
+
+def test_csa_entries_and_indexer_selection_match_hf(csa):
+    rng = np.random.default_rng(3)
+    h, q_lora, pos = rng.standard_normal((NC, D)).astype(F32), rng.standard_normal((NC, QL)).astype(F32), np.arange(NC)
+    with torch.no_grad():
+        want, bias = csa(torch.from_numpy(h)[None], torch.from_numpy(q_lora)[None], torch.from_numpy(pos)[None], None,
+                         0)
+    want, bias = want[0, 0].numpy(), bias[0, 0].numpy()
+    inv, _ = frequencies("yarn", R, THETA, factor=YARN["factor"], original_context=64, attn_factor=1.0)
+    got = hca_entries(h, _compressor_weights(csa), RATE, inv, 1e-6, overlap=True)
+    assert got.shape == (NC // RATE, HD)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    ix = csa.indexer
+    w = dict(_compressor_weights(ix), q_b=ix.q_b_proj.weight.detach().numpy(),
+             proj=ix.scorer.weights_proj.weight.detach().numpy())
+    chosen = csa_selected(h, q_lora, w, pos, RATE, inv, TOPK, HI, 1e-6)
+    np.testing.assert_array_equal(chosen, np.isfinite(bias))
+    assert (chosen.sum(axis=1) < visible(pos, len(got), RATE).sum(axis=1)).any()  # the top-k drops entries

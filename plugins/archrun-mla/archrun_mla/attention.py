@@ -57,8 +57,28 @@ def mla_reference(spec) -> MlaAttention:
     return MlaAttention(spec)
 
 
-def mla_fast(spec) -> MlaAttention:
-    """The same op on archrun-blocks' attention kernel (numba; runs op by op, not in the fused layer)."""
-    from archrun_blocks import elementwise  # imported on use: loading the plugin compiles no kernel
+class FastMlaAttention(MlaAttention):
+    """MlaAttention on archrun-blocks' attention kernel, whose layer decodes fused: `fused_layer` (the whole
+    layer's one-token kernel, archrun_mla.fused) over the slot's rows (`slot_arrays`)."""
 
-    return MlaAttention(spec, elementwise.attention)
+    def __init__(self, spec):
+        from archrun_blocks import elementwise  # imported on use: loading the plugin compiles no kernel
+
+        super().__init__(spec, elementwise.attention)
+
+    @staticmethod
+    def slot_arrays(slot: LatentSlot) -> tuple:
+        from archrun_mla import fused
+
+        return fused.slot_arrays(slot)
+
+    def fused_layer(self, qkv, o, common, moe, group_id=None) -> tuple | None:
+        """(kernel, args, parallel) of this layer's fused decode step, or None (archrun_mla.fused)."""
+        from archrun_mla import fused
+
+        return fused.fused_layer(self, qkv, o, common, moe, group_id)
+
+
+def mla_fast(spec) -> MlaAttention:
+    """The same op on archrun-blocks' attention kernel (numba); its layer decodes fused."""
+    return FastMlaAttention(spec)
