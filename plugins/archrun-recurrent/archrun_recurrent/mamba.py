@@ -145,8 +145,74 @@ def mamba_reference(spec: Any) -> Mamba:
     return Mamba(spec)
 
 
-def mamba_fast(spec: Any) -> Mamba:
-    """The same mixer with its scan in a numba kernel (runs op by op)."""
-    from archrun_recurrent.kernels import scan  # imported on use: loading the plugin compiles no kernel
+class FastMamba(Mamba):
+    """The mixer's steps in numba kernels (archrun_recurrent.kernels.mamba_step), and its whole decode layer as one
+    kernel (`fused_layer`, archrun.kernels.decode.fusion.MixerBlock) built from the same inlined steps: a token's
+    result has the same bits on either path."""
 
-    return Mamba(spec, scan.channel_scan)
+    _weights: tuple | None = None
+
+    def _token_args(self) -> tuple:
+        """The kernels' weights (built on first use, after bind): conv taps [D, K], conv bias, A [D, N], D, the
+        dt rank, the dt/B/C norms' weights (empty: none; ones: weightless) and their epsilon."""
+        if self._weights is None:
+            f32 = (np.ascontiguousarray(v, F32) for v in (self.conv_w, self.conv_b.reshape(-1), self.a,
+                                                              self.d.reshape(-1)))
+            if self.norms == 1:
+                norms = tuple(np.ascontiguousarray(w, F32).reshape(-1) for w in self.norm_w)
+            elif self.norms == 2:  # weightless
+                norms = tuple(np.ones(k, F32) for k in (self.rank, self.n_state, self.n_state))
+            else:
+                norms = (np.empty(0, F32),) * 3
+            self._weights = (*f32, np.int64(self.rank), *norms, float(self.eps))
+        return self._weights
+
+    def mix(self, h: np.ndarray, slot: StateSlot, start: int) -> np.ndarray:
+        """Append h [n, d] at positions start.. to the layer's state; the mixer output [n, d]. The states after
+        the step's last tokens are kept in the slot's ring."""
+        from archrun_recurrent.kernels import mamba_step as k
+
+        slot.begin(start)
+        n, di, end = len(h), self.inner, start + len(h)
+        conv_w, conv_b, a, d, rank, w_dt, w_b, w_c, eps = self._token_args()
+        xz = self.in_proj(h)                                                  # [n, 2D]
+        xin = np.ascontiguousarray(xz[:, :di])
+        ext = np.concatenate([slot.state["conv"], xin])                       # [K-1+n, D]: the windows
+        x = np.empty((n, di), F32)
+        k.conv_tokens(xin, slot.state["conv"].copy(), conv_w, conv_b, x)
+        dbc = np.ascontiguousarray(self.x_proj(x), dtype=F32)                 # [n, R + 2N]
+        k.dbc_norms(dbc, rank, w_dt, w_b, w_c, eps)
+        dt = np.ascontiguousarray(self.dt_proj(np.ascontiguousarray(dbc[:, :rank])), dtype=F32)
+        k.softplus_rows(dt)
+        z, y = np.ascontiguousarray(xz[:, di:]), np.empty((n, di), F32)
+        ssm, conv = slot.state["ssm"], slot.state["conv"]
+        first = slot.first_kept(start, end) - start - 1                        # first token whose state is kept
+        if first > 0:
+            k.scan_tokens(ssm, x[:first], dt[:first], dbc[:first], rank, a, d, z[:first], y[:first])
+        for j in range(first, n):
+            k.scan_tokens(ssm, x[j:j + 1], dt[j:j + 1], dbc[j:j + 1], rank, a, d, z[j:j + 1], y[j:j + 1])
+            conv[...] = ext[j + 1:j + self.taps]
+            slot.keep(start + j + 1)
+        slot.end(end)
+        return self.out_proj(y)
+
+    def slot_arrays(self, slot: StateSlot, start: int) -> tuple:
+        """The state a one-token step at `start` updates: ((conv window, its ring row), (ssm, its ring row))."""
+        return slot.step_arrays(start)
+
+    def fused_layer(self, common: Any, group_id: Callable | None = None) -> tuple | None:
+        """(kernel, args, parallel) of the layer's decode step, or None when a projection is not prepared for
+        the fast kernels. group_id(ms, n_in) -> id, when given, registers the four products with the decode pool."""
+        from archrun_recurrent.fused import product_groups
+        from archrun_recurrent.kernels.mamba_step import mamba_layer
+
+        made = product_groups((self.in_proj, self.x_proj, self.dt_proj, self.out_proj), group_id)
+        if made is None:
+            return None
+        groups, gids, big = made
+        return mamba_layer, (common, *groups, *self._token_args(), gids), big
+
+
+def mamba_fast(spec: Any) -> Mamba:
+    """The same mixer in numba kernels; its layer decodes fused."""
+    return FastMamba(spec)

@@ -40,7 +40,7 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("mixer", "mamba", mamba.mamba_reference, Lazy("archrun_recurrent.mamba:mamba_fast"),
                 "Mamba selective state-space mixer (Mamba, Falcon-Mamba, Jamba): conv1d, x/dt projections, dt/B/C "
                 "norms, per-channel state",
-                layout=mamba.MambaLayout()))
+                layout=mamba.MambaLayout(), capabilities=OpCapabilities(fused_layer=True, slot_arrays=True)))
     register(Op("mixer", "kda", kda.kda_reference, Lazy("archrun_recurrent.kda:kda_fast"),
                 "Kimi Delta Attention (Kimi Linear): q/k/v short convs, l2-normed q/k, per-channel decay, delta-rule "
                 "state, sigmoid-gated norm", layout=kda.KdaLayout()))
