@@ -45,7 +45,8 @@ kernel parts (archrun.kernels.decode.parts: `fused`, and the residual op's `fuse
 layer kernel (e.g. moe) declares `fused_layer`: `op.fused_layer(weights, common, group_id=None)`
 (group_id, when given, registers its product groups with the decode worker pool: archrun.kernels.decode.fusion),
 and so does a token mixer with its layer kernel: `op.fused_layer(common, group_id=None)` with
-`op.slot_arrays(slot, start)` (its state arrays for the kernel).
+`op.slot_arrays(slot, start)` (its state arrays for the kernel), and an attention op with its own
+projection layout: `op.fused_layer(qkv, o, common, moe, group_id=None)` with `op.slot_arrays(slot)`.
 The core reads only what an op declares.
 """
 

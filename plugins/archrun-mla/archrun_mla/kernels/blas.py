@@ -51,11 +51,10 @@ class Sgemv(types.WrapperAddressProtocol):
 @functools.cache
 def sgemv() -> Sgemv | None:
     """numpy's BLAS sgemv (looked up through numpy's own extension module, so its BLAS library), or None."""
-    from numpy._core import _multiarray_umath
-
     try:
+        from numpy._core import _multiarray_umath
         lib = ctypes.CDLL(_multiarray_umath.__file__)
-    except OSError:
+    except (ImportError, OSError):  # numpy < 2, or an extension module ctypes cannot open
         return None
     if "blas" not in np.show_config(mode="dicts").get("Build Dependencies", {}):
         return None
