@@ -41,14 +41,14 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
-from fetch_models import MODEL_DIR, model_path  # noqa: E402
+from fetch_models import model_path  # noqa: E402
+from float_files import DERIVED, as_f16  # noqa: E402
 from machine import describe, machine  # noqa: E402
 
 import archrun  # noqa: E402
 from archrun.generation import speculative  # noqa: E402
 from archrun.generation.generate import chat_prompt  # noqa: E402
 
-DERIVED = MODEL_DIR / "derived"   # models the bench writes once from the fetched ones (the F16 targets)
 GLM_TINY = HERE.parent / "families" / "archrun-glm4moe" / "tests" / "goldens" / "glm4moe_base.gguf"
 CODE = '''def summarize(orders):
     total = 0
@@ -109,41 +109,6 @@ def layer_subset(src: Path, dst: Path, keep: list[int]) -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return dst
-
-
-def as_f16(src: Path, dst: Path) -> Path:
-    """Write dst once: src with every quantized matrix dequantized (gguf-py) and stored as F16, every
-    other tensor and every metadata key as is (general.file_type says F16). An existing dst is kept."""
-    import gguf
-
-    if dst.exists():
-        return dst
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    part = dst.with_suffix(".part")
-
-    r = gguf.GGUFReader(str(src))
-    arch = r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(str(part), arch)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment", "general.file_type"):
-            continue
-        if f.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, f.contents(), f.types[0], sub_type=f.types[-1])
-        else:
-            w.add_key_value(name, f.contents(), f.types[0])
-    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-    for t in r.tensors:
-        if t.tensor_type in plain:
-            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-        else:
-            w.add_tensor(t.name, gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float16))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    part.rename(dst)
     return dst
 
 
