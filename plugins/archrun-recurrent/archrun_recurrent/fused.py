@@ -1,5 +1,6 @@
-"""What a mixer's fused decode layer (its `fused_layer`, archrun.kernels.decode.fusion.MixerBlock) takes of its
-matrices: one product group each, and their decode pool ids."""
+"""A mixer whose layer decodes fused (archrun.kernels.decode.fusion.MixerBlock): its `slot_arrays` and `fused_layer`
+members (FusedMixer), and what its layer kernel takes of its matrices (one product group each, their decode pool
+ids)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,27 @@ def product_groups(mats: Sequence[Any], group_id: Callable | None) -> tuple[list
     if group_id is not None:
         gids[:] = [group_id(g, m.n_in) for g, m in zip(groups, mats, strict=True)]
     return groups, gids, max(m.prepared.nbytes for m in mats) >= PARALLEL_MIN_BYTES
+
+
+class FusedMixer:
+    """The fused-decode members of a recurrent mixer (a mixin before the mixer's class): the subclass says what
+    its layer kernel takes in `_fused_parts() -> (kernel, matrices, weights)`; the kernel is called as
+    kernel(x, common, *product groups of the matrices, *weights, pool ids, state, chunks, par)."""
+
+    def _fused_parts(self) -> tuple[Any, Sequence[Any], tuple]:
+        raise NotImplementedError
+
+    def slot_arrays(self, slot: Any, start: int) -> tuple:
+        """The state a one-token step at `start` updates: (state array, its ring row) per state array
+        (archrun_recurrent.state.StateSlot.step_arrays)."""
+        return slot.step_arrays(start)
+
+    def fused_layer(self, common: Any, group_id: Callable | None = None) -> tuple | None:
+        """(kernel, args, parallel) of the layer's decode step, or None when a matrix is not prepared for the
+        fast kernels. group_id(ms, n_in) -> id, when given, registers the products with the decode pool."""
+        kernel, mats, weights = self._fused_parts()
+        made = product_groups(mats, group_id)
+        if made is None:
+            return None
+        groups, gids, big = made
+        return kernel, (common, *groups, *weights, gids), big

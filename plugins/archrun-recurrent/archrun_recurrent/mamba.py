@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from archrun.errors import MetadataError
+from archrun_recurrent.fused import FusedMixer
 from archrun_recurrent.mamba2 import silu, softplus
 from archrun_recurrent.state import StateSlot
 
@@ -145,7 +146,7 @@ def mamba_reference(spec: Any) -> Mamba:
     return Mamba(spec)
 
 
-class FastMamba(Mamba):
+class FastMamba(FusedMixer, Mamba):
     """The mixer's steps in numba kernels (archrun_recurrent.kernels.mamba_step), and its whole decode layer as one
     kernel (`fused_layer`, archrun.kernels.decode.fusion.MixerBlock) built from the same inlined steps: a token's
     result has the same bits on either path."""
@@ -196,21 +197,10 @@ class FastMamba(Mamba):
         slot.end(end)
         return self.out_proj(y)
 
-    def slot_arrays(self, slot: StateSlot, start: int) -> tuple:
-        """The state a one-token step at `start` updates: ((conv window, its ring row), (ssm, its ring row))."""
-        return slot.step_arrays(start)
-
-    def fused_layer(self, common: Any, group_id: Callable | None = None) -> tuple | None:
-        """(kernel, args, parallel) of the layer's decode step, or None when a projection is not prepared for
-        the fast kernels. group_id(ms, n_in) -> id, when given, registers the four products with the decode pool."""
-        from archrun_recurrent.fused import product_groups
+    def _fused_parts(self) -> tuple:
         from archrun_recurrent.kernels.mamba_step import mamba_layer
 
-        made = product_groups((self.in_proj, self.x_proj, self.dt_proj, self.out_proj), group_id)
-        if made is None:
-            return None
-        groups, gids, big = made
-        return mamba_layer, (common, *groups, *self._token_args(), gids), big
+        return mamba_layer, (self.in_proj, self.x_proj, self.dt_proj, self.out_proj), self._token_args()
 
 
 def mamba_fast(spec: Any) -> Mamba:

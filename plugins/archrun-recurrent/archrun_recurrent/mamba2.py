@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from archrun.errors import MetadataError
+from archrun_recurrent.fused import FusedMixer
 from archrun_recurrent.state import StateSlot
 
 F32 = np.float32
@@ -162,7 +163,7 @@ def mamba2_reference(spec: Any) -> Mamba2:
     return Mamba2(spec)
 
 
-class FastMamba2(Mamba2):
+class FastMamba2(FusedMixer, Mamba2):
     """The mixer token by token in numba kernels (archrun_recurrent.kernels.mamba2_step), and its whole decode
     layer as one kernel (`fused_layer`, archrun.kernels.decode.fusion.MixerBlock) built from the same token
     step: a token's result has the same bits on either path."""
@@ -198,21 +199,10 @@ class FastMamba2(Mamba2):
         slot.end(end)
         return self.out_proj(y)
 
-    def slot_arrays(self, slot: StateSlot, start: int) -> tuple:
-        """The state a one-token step at `start` updates: ((conv window, its ring row), (ssm, its ring row))."""
-        return slot.step_arrays(start)
-
-    def fused_layer(self, common: Any, group_id: Callable | None = None) -> tuple | None:
-        """(kernel, args, parallel) of the layer's decode step, or None when a projection is not prepared for
-        the fast kernels. group_id(ms, n_in) -> id, when given, registers the two products with the decode pool."""
-        from archrun_recurrent.fused import product_groups
+    def _fused_parts(self) -> tuple:
         from archrun_recurrent.kernels.mamba2_step import mamba2_layer
 
-        made = product_groups((self.in_proj, self.out_proj), group_id)
-        if made is None:
-            return None
-        (in_proj, out_proj), gids, big = made
-        return mamba2_layer, (common, in_proj, out_proj, *self._token_args(), gids), big
+        return mamba2_layer, (self.in_proj, self.out_proj), self._token_args()
 
 
 def mamba2_fast(spec: Any) -> Mamba2:

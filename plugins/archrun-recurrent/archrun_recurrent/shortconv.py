@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from archrun.errors import MetadataError
+from archrun_recurrent.fused import FusedMixer
 from archrun_recurrent.state import StateSlot
 
 F32 = np.float32
@@ -93,7 +94,7 @@ def shortconv_reference(spec: Any) -> ShortConv:
     return ShortConv(spec)
 
 
-class FastShortConv(ShortConv):
+class FastShortConv(FusedMixer, ShortConv):
     """The mixer with its gated convolution in a numba kernel, and its whole decode layer as one kernel
     (`fused_layer`, archrun.kernels.decode.fusion): the fused one-token step computes the same bits."""
 
@@ -102,22 +103,10 @@ class FastShortConv(ShortConv):
 
         super().__init__(spec, conv.gated_conv)
 
-    def slot_arrays(self, slot: StateSlot, start: int) -> tuple:
-        """The state a one-token step at `start` updates: ((conv window [L-1, d], its ring row),)."""
-        return slot.step_arrays(start)
-
-    def fused_layer(self, common: Any, group_id: Callable | None = None) -> tuple | None:
-        """(kernel, args, parallel) of the layer's decode step (archrun.kernels.decode.fusion.MixerBlock), or
-        None when a projection is not prepared for the fast kernels. group_id(ms, n_in) -> id, when given,
-        registers the two products with the decode pool."""
-        from archrun_recurrent.fused import product_groups
+    def _fused_parts(self) -> tuple:
         from archrun_recurrent.kernels.shortconv_layer import shortconv_layer
 
-        made = product_groups((self.in_proj, self.out_proj), group_id)
-        if made is None:
-            return None
-        (in_proj, out_proj), gids, big = made
-        return shortconv_layer, (common, in_proj, out_proj, self.w, gids), big
+        return shortconv_layer, (self.in_proj, self.out_proj), (self.w,)
 
 
 def shortconv_fast(spec: Any) -> ShortConv:
