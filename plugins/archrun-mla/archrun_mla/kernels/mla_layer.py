@@ -25,8 +25,7 @@ import numpy as np
 from numba import njit
 
 from archrun.kernels._jit import JIT
-from archrun.kernels.decode import layer
-from archrun.kernels.decode.block import product_group
+from archrun.kernels.decode import block, layer
 from archrun_blocks.decode_attention import attend_one
 from archrun_blocks.moe_kernels import moe_rows
 from archrun_mla.kernels.blas import vec_mat
@@ -34,6 +33,13 @@ from archrun_mla.kernels.blas import vec_mat
 _F32 = np.float32
 _STEP = dict(JIT, inline="always")
 M_HEADS, M_NOPE, M_ROPE, M_LORA, M_VD, M_QLORA, M_GID_A, M_GID_QB, M_GID_O = range(9)
+
+
+@njit(**JIT)
+def product_group(par, gid, ms, x, y, chunks):
+    """block.product_group, compiled once and called from each of the layer's products (inlined at each
+    site it made the layer's compile several minutes long; a call costs nothing beside a product)."""
+    block.product_group(par, gid, ms, x, y, chunks)
 
 
 @njit(**JIT)
