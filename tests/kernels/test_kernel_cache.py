@@ -244,3 +244,68 @@ def test_a_caller_compiled_over_a_cached_parallel_callee_loads_first_in_a_new_pr
     assert written["result"] == expected and written["hits"] == 0 and written["hooks"] > 0
     loaded = run("caller")  # a new process whose first kernel is the cached caller
     assert loaded["result"] == expected and loaded["hits"] == 1
+
+
+# A plugin whose kernels call another plugin's (declared: kernel_cache(__file__, embeds=(...)))
+USER_INIT = "from archrun.kernels import kernel_cache\n\nkernel_cache(__file__, embeds=('kpkg',))\n"
+USER = ("from numba import njit\n\nfrom archrun.kernels.decode.parts import JIT\nfrom kpkg.callee import step\n\n\n"
+        "@njit(**JIT)\ndef thrice(x):\n    return step(step(step(x)))\n")
+RUN_USER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import kuser
+from kuser import user
+from archrun.kernels import _jit
+print(json.dumps({"result": int(user.thrice(0)), "folder": _jit.kernel_cache(kuser.__file__),
+                  "hits": sum(user.thrice.stats.cache_hits.values())}))
+"""
+
+
+def test_an_edit_in_an_embedded_plugin_compiles_the_embedding_kernels_again(tmp_path):
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    _write_package(src, 1)
+    (src / "kuser").mkdir()
+    (src / "kuser" / "__init__.py").write_text(USER_INIT)
+    (src / "kuser" / "user.py").write_text(USER)
+
+    def run() -> dict:
+        done = subprocess.run([sys.executable, "-c", RUN_USER, str(src)], env=_env(cache), capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    first = run()
+    assert first["result"] == 3 and run() == dict(first, hits=1)
+    _write_package(src, 10)  # only the embedded plugin's callee changes
+    edited = run()
+    assert edited["result"] == 30 and edited["hits"] == 0 and edited["folder"] != first["folder"]
+
+
+def test_plugin_kernels_declare_the_plugin_kernels_they_call():
+    """Every installed plugin kernel package that imports another plugin's kernel package names it in
+    kernel_cache(embeds=...): the digest of its cache folder then covers the code its kernels embed."""
+    import ast
+    import importlib
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    packages = sorted({p.parent for p in root.glob("plugins/*/*/**/__init__.py")
+                       if "kernel_cache(__file__" in p.read_text()})
+    assert packages, "no plugin kernel package found"
+    for pkg in packages:
+        importlib.import_module(".".join(pkg.relative_to(root).parts[2:]))  # plugins/<dist>/<package>/...
+        sources = _jit._REGISTERED[os.path.realpath(pkg)]
+        within = {id(w) for w in sources.within}
+        for file in pkg.glob("*.py"):
+            for node in ast.walk(ast.parse(file.read_text())):
+                modules = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                           [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                for module in modules:
+                    spec = importlib.util.find_spec(module.split(".")[0])
+                    if spec is None or spec.origin is None:
+                        continue
+                    folder = os.path.dirname(os.path.realpath(importlib.util.find_spec(module).origin))
+                    other = _jit._REGISTERED.get(folder)
+                    if other is None or folder == os.path.realpath(pkg) or other is _jit._REGISTERED[_jit._CORE]:
+                        continue
+                    assert id(other) in within, f"{file} imports {module}: declare it in kernel_cache(embeds=...)"

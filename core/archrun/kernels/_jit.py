@@ -77,7 +77,8 @@ _KERNELS = re.compile(rb"\bn?jit\b|\bintrinsic\b|\boverload|\bregister_jitable\b
 class _Sources:
     """The kernel sources of one folder as hashed at registration, and their cache folder."""
 
-    def __init__(self, digest: str, files: dict[str, bytes], path: str | None, within: _Sources | None):
+    def __init__(self, digest: str, files: dict[str, bytes], path: str | None, within: tuple[_Sources, ...]):
+        # within: the folders whose kernels this folder's kernels embed (the core's; other plugins' it declares)
         self.digest, self.files, self.path, self.within = digest, files, path, within
         self.verified: dict[str, bool] = {}
         self.changed = False  # a kernel file of the folder differs from its digest
@@ -98,7 +99,7 @@ class _Sources:
                 warnings.warn(f"archrun: {file} changed while it was imported (or holds kernels its folder's "
                               "digest missed); kernels compile without the shared cache in this process",
                               RuntimeWarning, stacklevel=2)
-        if self.path is None or self.changed or (self.within is not None and self.within.changed):
+        if self.path is None or self.changed or any(w.changed for w in self.within):
             return _private_folder(), recorded or b""
         return self.path, recorded
 
@@ -119,13 +120,16 @@ def cache_base() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "archrun" / "numba"
 
 
-def kernel_cache(package_file: str | os.PathLike) -> str | None:
+def kernel_cache(package_file: str | os.PathLike, embeds: tuple[str, ...] = ()) -> str | None:
     """Cache the compiled kernels of `package_file`'s folder under a digest of their sources and the core's.
 
     A vocabulary plugin with numba kernels (`cache=True`, e.g. `**JIT`) calls
     `kernel_cache(__file__)` at the top of its kernel package's `__init__.py`, before its kernel
     modules are imported: its kernels embed the core's (products, the layer kernel's steps), so
-    their cache must change whenever either's sources do. Returns the cache folder (None when
+    their cache must change whenever either's sources do. `embeds`: the kernel packages of other
+    plugins whose kernels this folder's kernels call (module names, e.g. "archrun_blocks"; each calls
+    kernel_cache itself): their sources join the digest too, so an edit there compiles these kernels
+    again instead of loading code that holds the old callees. Returns the cache folder (None when
     the JIT is disabled or the cache is unusable: the kernels then compile in every process).
     """
     folder = os.path.realpath(package_file)
@@ -140,7 +144,17 @@ def kernel_cache(package_file: str | os.PathLike) -> str | None:
     if late:
         warnings.warn(f"archrun: kernel_cache({folder!r}) after {', '.join(late)} was imported; call it at the "
                       "top of the package", RuntimeWarning, stacklevel=2)
-    return _register(folder, _REGISTERED[_CORE]).path
+    return _register(folder, (_REGISTERED[_CORE], *(_embedded(name) for name in embeds))).path
+
+
+def _embedded(module: str) -> _Sources:
+    """The registered sources of kernel package `module` (imported now, which registers them)."""
+    import importlib
+
+    folder = os.path.dirname(os.path.realpath(importlib.import_module(module).__file__))
+    if folder not in _REGISTERED:
+        raise ImportError(f"archrun: kernel_cache(embeds=...) names {module}, which does not call kernel_cache")
+    return _REGISTERED[folder]
 
 
 def guard_cache(probe: object) -> None:
@@ -148,8 +162,9 @@ def guard_cache(probe: object) -> None:
     kernel_cache(probe.__code__.co_filename)
 
 
-def _register(folder: str, within: _Sources | None) -> _Sources:
-    """Digest the kernel sources of `folder` (and those of `within`, the core's, whose kernels they call)."""
+def _register(folder: str, within: tuple[_Sources, ...]) -> _Sources:
+    """Digest the kernel sources of `folder` (and those of `within`: the core's and any other folders whose
+    kernels they call; empty for the core itself)."""
     import numba
 
     if not JIT["cache"] or numba.config.DISABLE_JIT:
@@ -158,12 +173,13 @@ def _register(folder: str, within: _Sources | None) -> _Sources:
         import llvmlite
 
         # numba's own code and the flags that change compiled code without changing numba's cache key
-        salt = within.digest if within else f"{LANES} {QB} {_options_text(JIT_PAR)}"  # the core: its constants
+        salt = (" ".join(w.digest for w in within) if within
+                else f"{LANES} {QB} {_options_text(JIT_PAR)}")  # the core: its constants
         h = hashlib.sha256(f"{salt} {numba.__version__} {llvmlite.__version__} {numba.config.BOUNDSCHECK} "
                            f"{numba.config.OPT}".encode())
         files = {}
         # the core's kernels span its subpackages (the matmul engine, the decode runtime); a plugin's, one folder
-        for src in sorted(Path(folder).rglob("*.py") if within is None else Path(folder).glob("*.py")):
+        for src in sorted(Path(folder).glob("*.py") if within else Path(folder).rglob("*.py")):
             if str(src) == os.path.realpath(__file__):
                 continue  # this file: only its constants (in the core's salt) reach compiled code
             try:
@@ -389,4 +405,4 @@ if not (_install_locator() and _install_keyed_data_names() and _install_reload_h
     # another numba: compile in every process rather than share a stale or racy cache
     JIT["cache"] = JIT_PAR["cache"] = False
 _CORE = os.path.dirname(os.path.realpath(__file__))
-_register(_CORE, None)
+_register(_CORE, ())

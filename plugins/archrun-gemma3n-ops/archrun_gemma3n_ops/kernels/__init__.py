@@ -2,4 +2,4 @@
 
 from archrun.kernels import kernel_cache
 
-kernel_cache(__file__)
+kernel_cache(__file__, embeds=("archrun_blocks",))
