@@ -247,7 +247,7 @@ def test_a_caller_compiled_over_a_cached_parallel_callee_loads_first_in_a_new_pr
 
 
 # A plugin whose kernels call another plugin's (declared: kernel_cache(__file__, embeds=(...)))
-USER_INIT = "from archrun.kernels import kernel_cache\n\nkernel_cache(__file__, embeds=('kpkg',))\n"
+USER_INIT = "import kpkg\nfrom archrun.kernels import kernel_cache\n\nkernel_cache(__file__, embeds=(kpkg,))\n"
 USER = ("from numba import njit\n\nfrom archrun.kernels.decode.parts import JIT\nfrom kpkg.callee import step\n\n\n"
         "@njit(**JIT)\ndef thrice(x):\n    return step(step(step(x)))\n")
 RUN_USER = """

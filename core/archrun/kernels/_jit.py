@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 import time
+import types
 import uuid
 import warnings
 from pathlib import Path
@@ -120,14 +121,14 @@ def cache_base() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "archrun" / "numba"
 
 
-def kernel_cache(package_file: str | os.PathLike, embeds: tuple[str, ...] = ()) -> str | None:
+def kernel_cache(package_file: str | os.PathLike, embeds: tuple[types.ModuleType, ...] = ()) -> str | None:
     """Cache the compiled kernels of `package_file`'s folder under a digest of their sources and the core's.
 
     A vocabulary plugin with numba kernels (`cache=True`, e.g. `**JIT`) calls
     `kernel_cache(__file__)` at the top of its kernel package's `__init__.py`, before its kernel
     modules are imported: its kernels embed the core's (products, the layer kernel's steps), so
     their cache must change whenever either's sources do. `embeds`: the kernel packages of other
-    plugins whose kernels this folder's kernels call (module names, e.g. "archrun_blocks"; each calls
+    plugins whose kernels this folder's kernels call (imported modules, e.g. `archrun_blocks`; each calls
     kernel_cache itself): their sources join the digest too, so an edit there compiles these kernels
     again instead of loading code that holds the old callees. Returns the cache folder (None when
     the JIT is disabled or the cache is unusable: the kernels then compile in every process).
@@ -144,16 +145,15 @@ def kernel_cache(package_file: str | os.PathLike, embeds: tuple[str, ...] = ()) 
     if late:
         warnings.warn(f"archrun: kernel_cache({folder!r}) after {', '.join(late)} was imported; call it at the "
                       "top of the package", RuntimeWarning, stacklevel=2)
-    return _register(folder, (_REGISTERED[_CORE], *(_embedded(name) for name in embeds))).path
+    return _register(folder, (_REGISTERED[_CORE], *(_embedded(module) for module in embeds))).path
 
 
-def _embedded(module: str) -> _Sources:
-    """The registered sources of kernel package `module` (imported now, which registers them)."""
-    import importlib
-
-    folder = os.path.dirname(os.path.realpath(importlib.import_module(module).__file__))
+def _embedded(module: types.ModuleType) -> _Sources:
+    """The registered sources of the (imported) kernel package `module`."""
+    folder = os.path.dirname(os.path.realpath(module.__file__))
     if folder not in _REGISTERED:
-        raise ImportError(f"archrun: kernel_cache(embeds=...) names {module}, which does not call kernel_cache")
+        raise ImportError(f"archrun: kernel_cache(embeds=...) names {module.__name__}, which does not call "
+                          "kernel_cache")
     return _REGISTERED[folder]
 
 
