@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import archrun
+from archrun.conformance.fused_steps import check_fused_steps
 from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.kernels.decode.fusion import FusedBlock
-from archrun.kernels.matmul import qmatrix
 
 GOLDENS = Path(__file__).resolve().parents[3] / "families" / "archrun-deepseek2" / "tests" / "goldens"
 Q_LORA, V_HEAD, EXPERT_FF = 32, 16, 32
@@ -83,24 +83,8 @@ def test_a_fused_mla_layer_has_the_op_paths_bits(model, threads):
     if threads > numba.config.NUMBA_NUM_THREADS:
         pytest.skip(f"numba runs at most {numba.config.NUMBA_NUM_THREADS} thread(s) here")
     model, _ = model
-    rng = np.random.default_rng(3)
-    before = qmatrix.current_threads()
-    qmatrix.set_threads(threads)
-    try:
-        for i, (lp, fb) in enumerate(zip(model.plan.layers, model.fused_blocks, strict=True)):
-            ops, fused = model.init_cache(16), model.init_cache(16)
-            context = rng.standard_normal((5, model.descriptor.n_embd)).astype(np.float32)
-            for cache in (ops, fused):
-                model.run_block(lp, context, cache.slots[i], 0, model.rope_angles(np.arange(5)))
-            for pos in range(5, 9):
-                x = rng.standard_normal(model.descriptor.n_embd).astype(np.float32)
-                angles = model.rope_angles(np.array([pos]))
-                want = model.run_block(lp, x[None].copy(), ops.slots[i], pos, angles)[0]
-                fb(x, fused.slots[i], pos, angles)
-                np.testing.assert_array_equal(x, want)
-                np.testing.assert_array_equal(fused.slots[i].k, ops.slots[i].k)
-    finally:
-        qmatrix.set_threads(before)
+    check_fused_steps(model, np.testing.assert_array_equal,
+                      lambda f, o: np.testing.assert_array_equal(f.k, o.k), threads)
 
 
 def test_fused_decode_is_the_op_by_op_decode(model):

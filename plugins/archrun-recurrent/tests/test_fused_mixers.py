@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import archrun
+from archrun.conformance.fused_steps import check_fused_steps
 from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.kernels.decode.fusion import MixerBlock
-from archrun.kernels.matmul import qmatrix
 
 FAMILIES = Path(__file__).resolve().parents[3] / "families"
 # fixture -> its family package: LFM2 (short convolutions and attention), Mamba2 (mixers only, no FFN), a
@@ -81,28 +81,13 @@ def test_a_fused_mixer_layer_has_the_op_paths_bits(q8_0, threads):
     m, _, rounded = q8_0
     same = (lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)) if rounded else \
         np.testing.assert_array_equal
-    rng = np.random.default_rng(3)
-    before = qmatrix.current_threads()
-    qmatrix.set_threads(threads)
-    try:
-        for i, (lp, fb) in enumerate(zip(m.plan.layers, m.fused_blocks, strict=True)):
-            if not isinstance(fb, MixerBlock):
-                continue
-            ops, fused = m.init_cache(16), m.init_cache(16)
-            context = rng.standard_normal((5, m.descriptor.n_embd)).astype(np.float32)
-            for cache in (ops, fused):
-                m.run_block(lp, context, cache.slots[i], 0, m.rope_angles(np.arange(5)))
-            for pos in range(5, 9):
-                x = rng.standard_normal(m.descriptor.n_embd).astype(np.float32)
-                angles = m.rope_angles(np.array([pos]))
-                want = m.run_block(lp, x[None].copy(), ops.slots[i], pos, angles)[0]
-                fb(x, fused.slots[i], pos, angles)
-                same(x, want)
-                for k, state in ops.slots[i].state.items():
-                    same(fused.slots[i].state[k], state)
-                assert fused.slots[i].n == ops.slots[i].n == pos + 1
-    finally:
-        qmatrix.set_threads(before)
+
+    def same_state(f, o):
+        for k, state in o.state.items():
+            same(f.state[k], state)
+        assert f.n == o.n
+
+    check_fused_steps(m, same, same_state, threads, select=lambda fb: isinstance(fb, MixerBlock))
 
 
 def test_fused_and_op_by_op_decode_agree(q8_0):
