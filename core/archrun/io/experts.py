@@ -64,7 +64,7 @@ class ExpertPager:
         self.evictions = 0  # matrices dropped so far
         self._lock = threading.Lock()  # layers are bound on two threads
         self.table = np.zeros((0, 3), np.int64)  # archrun.kernels.pages' page table: a row per matrix
-        self._lengths = np.zeros(0, np.int64)
+        self._lengths = np.zeros(0, np.int64)  # bytes of each stored matrix (its page range)
         self._release_file_cache = False
 
     @property
@@ -116,7 +116,6 @@ class ExpertPager:
         self._pending.clear()
         self._stamp = np.zeros(len(self.units), np.int64)
         self._resident = np.zeros(len(self.units), bool)
-        self._sizes = self._lengths.copy()
         self._unit_pages = np.array([a // PAGE for a, _ in self.units], np.int64)
 
     def resident(self) -> np.ndarray:
@@ -136,7 +135,7 @@ class ExpertPager:
 
     def resident_bytes(self) -> int:
         """Bytes of the expert matrices with pages in memory now (whole matrices)."""
-        return int(self._sizes[self.resident()].sum()) if self._map is not None else 0
+        return int(self._lengths[self.resident()].sum()) if self._map is not None else 0
 
     def between_steps(self) -> None:
         """Stamp the matrices paged in since the last call, then drop the oldest until under the budget."""
@@ -145,7 +144,7 @@ class ExpertPager:
         self._tick += 1
         now = self.resident()
         self._stamp[now & ~self._resident] = self._tick
-        over = int(self._sizes[now].sum()) - self.budget
+        over = int(self._lengths[now].sum()) - self.budget
         if over > 0:
             for i in np.argsort(np.where(now, self._stamp, np.iinfo(np.int64).max), kind="stable"):
                 if over <= 0 or not now[i]:
