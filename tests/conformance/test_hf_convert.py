@@ -48,7 +48,10 @@ def test_every_family_describes_its_fixtures():
     for path in SPECS:
         spec = hf.load_module(path)
         assert spec.ARCHES and spec.FIXTURES, path
-        assert all(isinstance(a, hf.HfArch) and a.gguf_arch for a in spec.ARCHES), path
+        assert all(isinstance(a, hf.HfArch) for a in spec.ARCHES), path
+        # archrun's converter names tensors through the installed gguf-py; llama.cpp's converter brings
+        # its own gguf-py, which may know architectures (deepseek32) the installed one does not
+        assert all(a.gguf_arch for a in spec.ARCHES if a.converter == "archrun"), path
         for fixture in spec.FIXTURES:
             assert isinstance(fixture, hf.TinyFixture)
             assert fixture.arch in {a.name for a in spec.ARCHES} | {a.model_type for a in spec.ARCHES}, fixture

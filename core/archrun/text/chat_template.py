@@ -50,6 +50,8 @@ MAX_OUTPUT_CHARS = 1 << 20  # rendered text, and any single string/list a templa
 MAX_EMITTED_CHARS = 4 * MAX_OUTPUT_CHARS  # everything written by {{ }}, captured blocks included
 MAX_INT_BITS = 100_000  # ints a template computes (10**30000 is fine, 2**10**9 is not)
 MAX_TEMPLATE_CHARS = 256 * 1024
+MAX_CALL_DEPTH = 200  # calls inside calls (a macro calling itself): not the process's recursion limit,
+# which other libraries raise (a raised limit let a recursive macro run for seconds before failing)
 _HUGE_WIDTH = re.compile(r"\d{7,}")  # a format width/precision of a million or more
 
 
@@ -59,6 +61,7 @@ class _Budget:
     def __init__(self, seconds: float) -> None:
         self.deadline = time.monotonic() + seconds
         self.emitted = 0
+        self.depth = 0
 
     def tick(self) -> None:
         if time.monotonic() > self.deadline:
@@ -324,7 +327,16 @@ class _GuardedSandbox(ImmutableSandboxedEnvironment):
             _check_weight(f"str.{getattr(method, '__name__', '?')}", len(receiver))
         _check_heavy(args, kwargs, getattr(method, "__name__", "a call"))
         _precheck_method(method, args, kwargs)
-        return _check_size(super().call(__context, __obj, *args, **kwargs))
+        budget = _BUDGET.get()
+        if budget is None:
+            return _check_size(super().call(__context, __obj, *args, **kwargs))
+        if budget.depth >= MAX_CALL_DEPTH:
+            raise _LimitExceeded(f"calls nest deeper than {MAX_CALL_DEPTH} levels")
+        budget.depth += 1
+        try:
+            return _check_size(super().call(__context, __obj, *args, **kwargs))
+        finally:
+            budget.depth -= 1
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _tick()
