@@ -78,7 +78,7 @@ def fetch_source() -> Path:
 
 def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32",
             name: str | None = None, config_extra: dict[str, Any] | None = None,
-            renames: Mapping[str, str] | None = None) -> Path:
+            renames: Mapping[str, str] | None = None, mxfp4: tuple[str, ...] = ()) -> Path:
     """Convert an in-memory HF causal LM with llama.cpp's ``convert_hf_to_gguf.py``; return the path.
 
     The model is saved (safetensors, its config) to a temporary folder and converted there by
@@ -86,7 +86,9 @@ def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32"
     replaces the tokenizer the converter would read, which tiny models do not have;
     ``config_extra`` fields (as released checkpoints carry them) are added to the config the
     converter reads (its AutoConfig round trip drops some); ``renames`` (regex -> replacement) rename
-    saved tensors back to the names released checkpoints use where transformers' save does not.
+    saved tensors back to the names released checkpoints use where transformers' save does not;
+    the saved ``*.weight`` matrices whose (renamed) names match an ``mxfp4`` regex are written as
+    released checkpoints hold MXFP4 (codes and ``*.scale`` exponents, ``hf.mxfp4.pack_mxfp4``).
     """
     if not available():
         raise ConverterUnavailable(f"llama.cpp's converter is not in {source_dir()}: run "
@@ -95,8 +97,8 @@ def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32"
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         model.save_pretrained(model_dir, safe_serialization=True)
-        if renames:
-            _rename_saved_tensors(model_dir, renames)
+        if renames or mxfp4:
+            _rename_saved_tensors(model_dir, renames or {}, mxfp4)
         vocab_json = Path(tmp) / "vocab.json"
         vocab_json.write_text(json.dumps({**vocab, "config_extra": config_extra or {}}))
         args = [str(model_dir), "--outfile", str(path), "--outtype", outtype]
@@ -109,15 +111,21 @@ def convert(model, path: str | Path, vocab: dict[str, Any], outtype: str = "f32"
     return path
 
 
-def _rename_saved_tensors(model_dir: Path, renames: Mapping[str, str]) -> None:
-    """Apply ``renames`` (regex -> replacement, in order) to every tensor name of the saved safetensors."""
+def _rename_saved_tensors(model_dir: Path, renames: Mapping[str, str], mxfp4: tuple[str, ...] = ()) -> None:
+    """Apply ``renames`` (regex -> replacement, in order) to every tensor name of the saved safetensors,
+    then pack the ``*.weight`` matrices an ``mxfp4`` regex matches into MXFP4 codes and ``*.scale``."""
     from safetensors.torch import load_file, save_file
+
+    from archrun.conformance.hf.mxfp4 import pack_mxfp4
 
     for file in sorted(model_dir.glob("*.safetensors")):
         tensors = {}
         for key, value in load_file(file).items():
             for pattern, repl in renames.items():
                 key = re.sub(pattern, repl, key)
+            if key.endswith(".weight") and any(re.search(p, key) for p in mxfp4):
+                tensors[key], tensors[key.removesuffix(".weight") + ".scale"] = pack_mxfp4(value)
+                continue
             tensors[key] = value
         save_file(tensors, file, metadata={"format": "pt"})
     index = model_dir / "model.safetensors.index.json"
@@ -128,6 +136,8 @@ def _rename_saved_tensors(model_dir: Path, renames: Mapping[str, str]) -> None:
             for pattern, repl in renames.items():
                 key = re.sub(pattern, repl, key)
             renamed[key] = file
+            if key.endswith(".weight") and any(re.search(p, key) for p in mxfp4):
+                renamed[key.removesuffix(".weight") + ".scale"] = file
         data["weight_map"] = renamed
         index.write_text(json.dumps(data))
 

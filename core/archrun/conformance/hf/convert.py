@@ -48,7 +48,7 @@ def convert(
     hp = model.config.to_dict()
     if arch.converter == "llama.cpp":
         return _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, arch.checkpoint_config(hp),
-                                 arch.checkpoint_renames)
+                                 arch.checkpoint_renames, arch.checkpoint_mxfp4)
     n_nextn = int(hp.get(arch.mtp.layers_key) or 0) if arch.mtp is not None else 0
     block_count = hp["num_hidden_layers"] + n_nextn
     file_type = _file_type(dtype)
@@ -75,7 +75,8 @@ def convert(
     return Path(path)
 
 
-def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, config_extra, renames=None) -> Path:
+def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, config_extra, renames=None,
+                      mxfp4=()) -> Path:
     """``convert`` through llama.cpp's own converter (whole-file dtypes it offers only)."""
     from archrun.conformance import llamacpp
 
@@ -86,7 +87,7 @@ def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, con
              "bos": hp.get("bos_token_id") or tokens.index(BOS_TOKEN),
              "eos": _first(hp.get("eos_token_id")) or tokens.index(EOS_TOKEN)}
     return llamacpp.convert(model, path, vocab, outtype=dtype, name=name, config_extra=config_extra,
-                            renames=renames)
+                            renames=renames, mxfp4=mxfp4)
 
 
 def _file_type(dtype: str) -> gguf.LlamaFileType:

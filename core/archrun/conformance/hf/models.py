@@ -92,7 +92,12 @@ class HfArch:
     back before llama.cpp's converter reads them. ``eval_model(model)``: turns the built model, in
     place, into what released checkpoints run in eval mode when transformers loads them with a
     quantization config (e.g. BitNet's linears swapped for its quantizing ones); the weights, and so
-    the converted file, stay as built.
+    the converted file, stay as built. ``finish_weights(model, seed)``: sets, in place and
+    deterministically, what the random draw cannot (an integer table such as a token -> expert map,
+    weights on a quantization grid with ``hf.mxfp4.round_to_mxfp4``), before ``eval_model``.
+    ``checkpoint_mxfp4`` (regexes over the saved, renamed tensor names): the matrices written in the
+    MXFP4 layout released checkpoints use (``<name>.weight`` codes and ``<name>.scale`` exponents,
+    ``hf.mxfp4``) for a converter that reads only that layout; their values must lie on the grid.
     """
 
     name: str
@@ -114,6 +119,8 @@ class HfArch:
     checkpoint_config: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_metadata
     checkpoint_renames: Mapping[str, str] = attrs.field(factory=dict)
     eval_model: Callable[[Any], None] | None = None
+    finish_weights: Callable[[Any, int], None] | None = None
+    checkpoint_mxfp4: tuple[str, ...] = ()
 
     @property
     def gguf_arch(self) -> gguf.MODEL_ARCH:
@@ -202,6 +209,8 @@ def build_tiny(arch: HfArch, seed: int, **overrides: Any):
     torch.manual_seed(seed)
     model = getattr(transformers, arch.model_class)(config).eval()
     _randomize(model, seed, arch, prefix="")
+    if arch.finish_weights is not None:
+        arch.finish_weights(model, seed)
     if arch.eval_model is not None:
         arch.eval_model(model)
     n_mtp = getattr(config, arch.mtp.layers_key, 0) if arch.mtp is not None else 0
