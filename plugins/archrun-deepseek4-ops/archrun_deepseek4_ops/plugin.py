@@ -5,7 +5,7 @@ from __future__ import annotations
 from archrun.contracts import OpCapabilities
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
-from archrun_deepseek4_ops import gating, swiglu
+from archrun_deepseek4_ops import attention, gating, swiglu
 
 
 @hookimpl
@@ -16,3 +16,8 @@ def archrun_register_vocabulary(register) -> None:
                 Lazy("archrun_deepseek4_ops.swiglu:swiglu_clamp_fast"),
                 "SwiGLU on min(gate, L) and clip(up, -L, L), L the file's per-layer swiglu_clamp_exp (DeepSeek-V4)",
                 layout=swiglu.ClampLayout()))
+    register(Op("attention", "deepseek4", attention.v4_reference, None,
+                "DeepSeek-V4 attention: q LoRA with per-head norm, one shared K=V head roped on its trailing dims "
+                "(undone on the output), sinks, sliding window, grouped low-rank output; CSA/HCA layers add "
+                "compressed entries of closed windows (CSA: overlapping, lightning-indexer top-k)",
+                layout=attention.V4Layout(), capabilities=OpCapabilities(binds=True)))
