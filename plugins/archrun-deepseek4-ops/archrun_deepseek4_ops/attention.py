@@ -264,16 +264,18 @@ class V4Slot:
         return sum(a.nbytes for name, a in vars(self).items()
                    if isinstance(a, np.ndarray) and name not in ("entries", "index_entries"))
 
-    def held(self, start: int, names: tuple[str, ...]) -> tuple[int, list[np.ndarray]]:
+    def held(self, start: int, need: int, names: tuple[str, ...]) -> tuple[int, list[np.ndarray]]:
         """(first position, arrays) of the rows holding positions < start, in position order (rows of
-        positions at or past start, left by a rewind, are ignored)."""
+        positions at or past start, left by a rewind, are ignored); InvalidRequest unless they are the
+        positions first..start-1 with first <= need (the oldest position the step reads)."""
         keep = (self.pos >= 0) & (self.pos < start)
         order = np.argsort(self.pos[keep], kind="stable")
         pos = self.pos[keep][order]
         first = int(pos[0]) if len(pos) else start
-        if len(pos) and (pos[-1] != start - 1 or len(pos) != start - first):
-            raise InvalidRequest(f"this cache cannot continue at position {start}: it holds positions "
-                                 f"{first}..{int(pos[-1])}")
+        if first > max(0, need) or len(pos) != start - first or (len(pos) and pos[-1] != start - 1):
+            held = f"positions {first}..{int(pos[-1])}" if len(pos) else "no positions before it"
+            raise InvalidRequest(f"this cache cannot continue at position {start}: it holds {held} (rewound "
+                                 "past its reach, or not the cache these tokens follow)")
         return first, [getattr(self, name)[keep][order] for name in names]
 
     def write(self, start: int, rows: dict[str, np.ndarray]) -> None:
@@ -368,7 +370,10 @@ class V4Attention:
             rows.update(ckv=side[0], cgate=side[1] + self.ape[at])
             if self.index_heads:
                 rows.update(ikv=side[2], igate=side[3] + self.index_ape[at])
-        base, old = slot.held(start, tuple(rows))
+        need = start - self.window + 1
+        if self.ratio:
+            need = min(need, (start // self.ratio - (1 if self.overlap else 0)) * self.ratio)
+        base, old = slot.held(start, need, tuple(rows))
         src = {name: np.concatenate([o, x]) for (name, x), o in zip(rows.items(), old, strict=True)}
         n_seen = 0
         chosen = None
@@ -387,10 +392,6 @@ class V4Attention:
         ws = np.arange(start // m, end // m)
         if not len(ws):
             return
-        need = max(0, (int(ws[0]) - (1 if self.overlap else 0)) * m)
-        if need < base:
-            raise InvalidRequest(f"this cache cannot continue at position {start}: the compressor needs position "
-                                 f"{need}, the cache holds positions from {base}")
         first = ws * m
         kv, gate = windows(src["ckv"], src["cgate"], base, ws, m, self.overlap)
         slot.entries[ws] = pool(kv, gate, self.norm, self.eps, self.rope, first)
