@@ -140,6 +140,13 @@ class FamilyHints:
     `stream`: the op (slot "stream") that carries the residual stream through the blocks when it is more
     than one [n, d] array (parallel streams of which each block reads one, inputs added per layer); None: one
     stream.
+    `metadata_keys`: the metadata key names the architecture's files carry that the installed gguf-py does
+    not spell (gguf.constants.Keys), written as gguf-py writes its own: `"{arch}.hyper_connection.count"`
+    (a name without `{arch}.` is a key of no architecture). The compiler, layer patterns and op layouts
+    read these as they read gguf-py's keys; any other name is refused, and keys a file carries that nobody
+    reads still only warn. `tensor_roles`: tensor roles gguf-py does not name, role -> name template
+    (`{"hc_attn_fn": "blk.{i}.hc_attn_fn.weight"}`), which ops bind by role as gguf-py's own
+    (`tensor_names` only remaps roles gguf-py or archrun already know).
     """
 
     name: str = field(validator=v.instance_of(str))
@@ -170,6 +177,9 @@ class FamilyHints:
     defaults: Mapping[str, Any] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)))
     tensor_names: Mapping[str, str | tuple[str, ...] | None] = field(
         factory=dict, converter=lambda d: MappingProxyType(dict(d)))
+    metadata_keys: tuple[str, ...] = field(default=(), converter=tuple, validator=lambda i, a, v: _key_names(v))
+    tensor_roles: Mapping[str, str] = field(factory=dict, converter=lambda d: MappingProxyType(dict(d)),
+                                            validator=lambda i, a, v: _role_templates(v))
     swa_period: int = 0
     nope_period: int = 0
     nope_global: bool = False
@@ -199,6 +209,20 @@ class FamilyHints:
                                 caller=self.caller | frozenset(hints))
         except (TypeError, ValueError) as e:
             raise InvalidRequest(f"bad hint: {e}") from None
+
+
+def _key_names(names: tuple[Any, ...]) -> None:
+    for name in names:
+        if not isinstance(name, str) or not name.strip(".") or "{" in name.removeprefix("{arch}."):
+            raise ValueError(f"metadata_keys holds key names such as '{{arch}}.hyper_connection.count', got {name!r}")
+
+
+def _role_templates(roles: Mapping[Any, Any]) -> None:
+    for role, template in roles.items():
+        if not (isinstance(role, str) and role and isinstance(template, str) and template
+                and "{" not in template.replace("{i}", "")):
+            raise ValueError(f"tensor_roles maps a role to a tensor name template ('blk.{{i}}.NAME.weight'), got "
+                             f"{role!r}: {template!r}")
 
 
 def _hint_value(name: str, value: Any) -> Any:

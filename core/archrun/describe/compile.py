@@ -102,15 +102,19 @@ class CompileResult:
 
 
 class _Meta:
-    """Typed, use-tracking access to `<arch>.*` metadata keys."""
+    """Typed, use-tracking access to `<arch>.*` metadata keys: gguf-py's (gguf.constants.Keys) and those the
+    family declares (FamilyHints.metadata_keys), no others."""
 
-    def __init__(self, gguf: GGUFFile, arch: str, defaults: Mapping[str, Any]):
+    def __init__(self, gguf: GGUFFile, arch: str, defaults: Mapping[str, Any], declared: tuple[str, ...] = ()):
         self.gguf, self.arch, self.defaults = gguf, arch, defaults
         self.used: set[str] = set()
+        self.arch_keys = ARCH_KEYS | {k.removeprefix("{arch}.") for k in declared if k.startswith("{arch}.")}
+        self.global_keys = GLOBAL_KEYS | {k for k in declared if not k.startswith("{arch}.")}
 
     def key(self, name: str) -> str:
-        if name not in ARCH_KEYS:
-            raise KeyError(f"{name!r} is not a gguf-py metadata key (gguf.constants.Keys)")
+        if name not in self.arch_keys:
+            raise KeyError(f"{name!r} is not a gguf-py metadata key (gguf.constants.Keys) nor one the family "
+                           "declares (FamilyHints.metadata_keys)")
         return f"{self.arch}.{name}"
 
     def has(self, name: str) -> bool:
@@ -132,8 +136,10 @@ class _Meta:
         `xielu.alpha_n`) holding one value or one per layer: n finite floats (with `infinite`, ±inf are
         values too: e.g. the normal quantile of 0 or 1); MetadataError when the file lacks it or holds
         something else (NaN always)."""
-        if key.removeprefix("{arch}.") not in ARCH_KEYS and key not in GLOBAL_KEYS:
-            raise KeyError(f"{key!r} is not a gguf-py metadata key (gguf.constants.Keys)")
+        if not (key.startswith("{arch}.") and key.removeprefix("{arch}.") in self.arch_keys) \
+                and key not in self.global_keys:
+            raise KeyError(f"{key!r} is not a gguf-py metadata key (gguf.constants.Keys) nor one the family "
+                           "declares (FamilyHints.metadata_keys)")
         full = key.replace("{arch}", self.arch)
         if full not in self.gguf.metadata:
             raise MetadataError(f"missing required metadata key {full!r}")
@@ -248,8 +254,8 @@ def compile_gguf(source: Any, plugins: Any = None, block_style: str | None = Non
     gguf: GGUFFile = source
     arch = _typed("general.architecture", _require(gguf, "general.architecture"), str)
     fam = _family_hints(arch, plugins, hints)
-    meta = _Meta(gguf, arch, fam.defaults)
-    tensors = _Tensors(gguf, {**DEFAULT_TENSOR_NAMES, **fam.tensor_names})
+    meta = _Meta(gguf, arch, fam.defaults, fam.metadata_keys)
+    tensors = _Tensors(gguf, {**DEFAULT_TENSOR_NAMES, **fam.tensor_roles, **fam.tensor_names})
     try:
         attention_ops, mixer_ops, param_layouts = _layouts(plugins)
         descriptor = _build(meta, tensors, fam, block_style, layer_patterns(plugins), attention_ops, mixer_ops,
