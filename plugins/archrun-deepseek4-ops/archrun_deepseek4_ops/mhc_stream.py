@@ -6,20 +6,63 @@
     leave:   the head's collapse (output_hc_*), before the trunk's final norm
 
 `attention` and `ffn` are the block's branches (archrun.run.interpreter.StreamBlock: pre-norm, op,
-post-norm; no residual, which the streams carry). Tensor roles are llama.cpp's names: blk.N.hc_attn_fn /
-_base / _scale, blk.N.hc_ffn_*, output_hc_fn / _base / _scale.
-
-Not registered yet: the gguf-py archrun pins (0.19) names neither these tensors nor the
-`hyper_connection.*` keys a layout would read N, the Sinkhorn iterations and the epsilon from.
+post-norm; no residual, which the streams carry). Registered as stream="mhc". Tensor roles are llama.cpp's
+gguf-py names (MODEL_TENSOR.HC_*): hc_attn_fn {N d, (2 + N) N}, hc_attn_base {(2 + N) N}, hc_attn_scale
+{3}, the same hc_ffn_*, and output_hc_fn {N d, N}, output_hc_base {N}, output_hc_scale {1}; its layout
+(`MhcLayout`) reads N, the Sinkhorn iterations and the epsilon from `hyper_connection.count`,
+`.sinkhorn_iterations` and `.epsilon`. The gguf-py archrun pins (0.19) names neither these tensors nor
+these keys: a family declares them (FamilyHints.metadata_keys, tensor_roles) as llama.cpp's gguf-py
+spells them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 from archrun_deepseek4_ops.mhc import HyperConnection, HyperHead
 
 F32 = np.float32
+
+
+class MhcLayout:
+    """{"params": {n_stream, iters, hc_eps}} from the file's `hyper_connection.*` keys, its tensors checked
+    (archrun.vocab.StreamLayout). A file stating a post-gate magnitude other than 2 or a low-rank mixing
+    (llama.cpp's `hyper_connection.magnitude`, `.low_rank`) is not DeepSeek-V4's mHC and is refused."""
+
+    def describe(self, ctx: Any) -> dict[str, Any]:
+        from archrun.errors import MetadataError
+
+        m, t, d = ctx.meta, ctx.tensors, ctx.n_embd
+
+        def key(name: str, kind: type, default: Any = ...) -> Any:
+            try:
+                return m.get(name, kind) if default is ... else m.get(name, kind, default)
+            except KeyError:  # a key archrun's gguf-py does not name and the family did not declare
+                if default is not ...:
+                    return default
+                raise MetadataError(f"stream 'mhc' needs the metadata key {name!r}, which archrun's gguf-py does "
+                                    "not name (a family declares it: FamilyHints.metadata_keys)") from None
+
+        n, iters, eps = key("hyper_connection.count", int), key("hyper_connection.sinkhorn_iterations", int), \
+            key("hyper_connection.epsilon", float)
+        if n < 1 or iters < 1 or not eps >= 0:
+            raise MetadataError(f"stream 'mhc' needs at least one stream and one Sinkhorn iteration and an epsilon "
+                                f">= 0: count {n}, sinkhorn_iterations {iters}, epsilon {eps}")
+        if key("hyper_connection.magnitude", float, 2.0) != 2.0 or key("hyper_connection.low_rank", int, 0):
+            raise MetadataError("stream 'mhc' is DeepSeek-V4's hyper-connections: a post-gate magnitude of 2 and "
+                                "full-rank mixing (the file states hyper_connection.magnitude or .low_rank)")
+        k = (2 + n) * n
+        for i in range(key("block_count", int)):
+            for kind in ("attn", "ffn"):
+                t.expect(f"hc_{kind}_fn", i, (n * d, k))
+                t.expect(f"hc_{kind}_base", i, (k,))
+                t.expect(f"hc_{kind}_scale", i, (3,))
+        t.expect("output_hc_fn", None, (n * d, n))
+        t.expect("output_hc_base", None, (n,))
+        t.expect("output_hc_scale", None, (1,))
+        return {"params": {"n_stream": n, "iters": iters, "hc_eps": eps}}
 
 
 class MhcStream:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from archrun.contracts import OpCapabilities
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
-from archrun_deepseek4_ops import attention, gating, swiglu
+from archrun_deepseek4_ops import attention, gating, mhc_stream, swiglu
 
 
 @hookimpl
@@ -21,3 +21,7 @@ def archrun_register_vocabulary(register) -> None:
                 "(undone on the output), sinks, sliding window, grouped low-rank output; CSA/HCA layers add "
                 "compressed entries of closed windows (CSA: overlapping, lightning-indexer top-k)",
                 layout=attention.V4Layout(), capabilities=OpCapabilities(binds=True)))
+    register(Op("stream", "mhc", mhc_stream.MhcStream, Lazy("archrun_deepseek4_ops.mhc_stream:mhc_stream_fast"),
+                "DeepSeek-V4's manifold-constrained hyper-connections: hyper_connection.count residual streams, "
+                "Sinkhorn-projected mixing around each attention and FFN branch, the head's collapse",
+                layout=mhc_stream.MhcLayout()))
