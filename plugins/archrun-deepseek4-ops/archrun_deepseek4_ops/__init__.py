@@ -4,15 +4,24 @@ gating "sqrtsoftplus" (expert scores sqrt(softplus(logits)), GGUF expert_gating_
 archrun_deepseek4_ops.gating) and activation "swiglu_clamp" (SwiGLU with the gate clamped from above and
 the up projection both ways by the file's per-layer limit, archrun_deepseek4_ops.swiglu).
 
-archrun_deepseek4_ops.mhc holds the math of manifold-constrained hyper-connections (N residual streams mixed
-around every attention and FFN sub-layer, Sinkhorn-projected mixing, the trunk's final collapse) with its
-numba kernels, and archrun_deepseek4_ops.mhc_stream the stream op built on it (the blocks' attention and FFN
-branches called one at a time); it is not registered yet: the gguf-py archrun pins names neither V4's
-hyper-connection tensors nor its keys. archrun_deepseek4_ops.hash_route routes the first layers' tokens by
-their id (the frozen tid2eid table), for when the MoE op is handed each row's token id.
-archrun_deepseek4_ops.v4_attention is the reference math of V4's attention on its sliding-only layers (q LoRA
-with a per-head unweighted norm, one shared K/V head, rope on the trailing dims undone on the output, sinks,
-a sliding window, the grouped low-rank output), not yet an op; archrun_deepseek4_ops.compressor the HCA
-and CSA compressors' entries (gated pooling of closed, for CSA overlapping, windows, roped at the window's
-start), which entries each query sees, and CSA's lightning-indexer selection (on archrun-mla's scorer).
+attention "deepseek4" (archrun_deepseek4_ops.attention, reference only): V4's attention on its three layer
+kinds, told apart by their tensors (sliding-only; CSA: `attn_compressor_*` of 2 hd rows and the lightning
+indexer; HCA: `attn_compressor_*` of hd rows; the ratio m is the width of `attn_compressor_ape`). Its
+layout (`V4Layout`) reads `rope.dimension_count`, `attention.q_lora_rank`, `attention.sliding_window`,
+`rope.freq_base`, for compressed layers `attention.compress_rope_freq_base` and the `rope.scaling.*` YaRN
+keys, for CSA `attention.indexer.head_count/key_length/top_k`, and binds the roles `attn_q_a`,
+`attn_q_a_norm`, `attn_q_b`, `attn_kv`, `attn_kv_a_norm`, `attn_sinks`, `attn_output_a`, `attn_output_b`,
+`attn_compressor_kv/gate/ape/norm`, `indexer.attn_q_b`, `indexer.proj`, `indexer_compressor_kv/gate/ape/norm`
+(llama.cpp's gguf-py names). The op ropes everything itself (the layer's rope table must be "none") and
+declares `binds`. Its slot keeps a ring of recent rows and the compressed entries (hd / m floats a token)
+and rewinds like a sliding-window ring (`max_rewind`); see docs/plugins.md.
+
+stream "mhc" (archrun_deepseek4_ops.mhc_stream on archrun_deepseek4_ops.mhc's math and numba kernels):
+manifold-constrained hyper-connections, N residual streams mixed around every attention and FFN branch
+(Sinkhorn-projected mixing) and the trunk's final collapse; its layout reads `hyper_connection.count`,
+`.sinkhorn_iterations`, `.epsilon` and binds `hc_attn_*`, `hc_ffn_*`, `output_hc_*`.
+archrun_deepseek4_ops.hash_route routes the first layers' tokens by their id (the frozen tid2eid table),
+for when the MoE op is handed each row's token id. archrun_deepseek4_ops.v4_attention and
+archrun_deepseek4_ops.compressor hold the whole-prompt reference math the op was built from (sliding
+attention; HCA/CSA entries and CSA's indexer selection).
 """

@@ -17,8 +17,8 @@ channels of window w's. A lightning indexer (its own overlapping compressor of i
 the attention's q LoRA roped at the query's position, head weights from h) scores the entries a query
 sees and keeps its top k (archrun_mla.indexer's scoring and selection); the query attends to those only.
 
-Reference math over a whole prompt from position 0; not yet an op: the rewindable state (the open
-window's projections, the last window's first half, the emitted entries) remains.
+Reference math over a whole prompt from position 0; the op (archrun_deepseek4_ops.attention) emits the
+same entries window by window from its cache.
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ groups of rank R. From the layer's normed input h [n, d] (HF DeepseekV4Attention
     a: its trailing r dims rotated back (-angle at the query's position): values carry their key's rope
     out = o_b(concat_g(a_g @ o_a_g.T))                                 a_g: heads g H/G .. (g+1) H/G - 1
 
-Not yet an op: the layers with compressors (CSA, HCA), a rewindable cache and a projection layout are
-what remains (see docs/families.md).
+The whole-prompt math attention="deepseek4" (archrun_deepseek4_ops.attention) was built from.
 """
 
 from __future__ import annotations
