@@ -25,7 +25,9 @@ Two kinds of capability:
   load), and the values `causal` (attention: False for an op whose queries see every position),
   `ffn_reads_input` (residual: the FFN reads the block's input, so the block may share one norm),
   `empty` (mixer: the op adds nothing to the stream, so the block's FFN may read its normed input under
-  any residual topology: the layers without a token mixer) and
+  any residual topology: the layers without a token mixer),
+  `token_ids` (moe: the op is called ``moe(x, weights, token_ids)`` with each row's token id, int64 [n],
+  e.g. to route by token; such a layer has no layer kernel, since a fused step knows no token ids) and
   `op_backend` (block_style: the backend the small ops bind on, "reference" or None for the model's).
 """
 
@@ -44,7 +46,7 @@ KERNEL_MEMBERS = ("fused", "fused_input", "fused_for", "pool_task", "slot_arrays
 #: members both factories' objects carry when declared
 SHARED_MEMBERS = ("kv_types", "binds")
 #: declared values (read from the declaration itself, not from bound objects)
-VALUES = ("causal", "ffn_reads_input", "empty", "op_backend")
+VALUES = ("causal", "ffn_reads_input", "empty", "token_ids", "op_backend")
 
 #: slot -> the capabilities an op of that slot may declare (members and values)
 SLOT_CAPABILITIES: dict[str, frozenset[str]] = {
@@ -56,7 +58,7 @@ SLOT_CAPABILITIES: dict[str, frozenset[str]] = {
     "activation": frozenset({"fused"}),
     "residual": frozenset({"fused", "fused_input", "binds", "ffn_reads_input"}),
     "gating": frozenset({"fused"}),
-    "moe": frozenset({"act_part", "fused_layer"}),
+    "moe": frozenset({"act_part", "fused_layer", "binds", "token_ids"}),
     "softcap": frozenset(),
     "stream": frozenset(),
     "block_style": frozenset({"op_backend"}),
@@ -83,6 +85,7 @@ class OpCapabilities:
     causal: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool), kw_only=True)
     ffn_reads_input: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     empty: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
+    token_ids: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     op_backend: str | None = attrs.field(default=None, kw_only=True,
                                          validator=attrs.validators.in_((None, "reference")))
 
@@ -117,6 +120,8 @@ def check_declaration(slot: str, name: str, fast: object, caps: object, plugin: 
         allowed = ", ".join(sorted(SLOT_CAPABILITIES.get(slot, ()))) or "none"
         raise PluginError(f"{label} declares {', '.join(wrong)}, which slot {slot!r} does not take "
                           f"(it takes: {allowed})")
+    if caps.token_ids and caps.fused_layer:
+        raise PluginError(f"{label} declares token_ids and fused_layer: a layer kernel is given no token ids")
     kernel = sorted(n for n in KERNEL_MEMBERS if getattr(caps, n))
     if kernel and fast is None:
         raise PluginError(f"{label} declares the kernel members {', '.join(kernel)} but has no fast factory "

@@ -140,8 +140,11 @@ class Trunk(Protocol):
         """Per rope table, (cos, sin) at these positions (None for tables without rope)."""
         ...
 
-    def run_block(self, block: Any, x: np.ndarray, slot: Any, start: int, angles: list) -> np.ndarray:
-        """A bound block on x [n, d] at positions start.., with its K/V in `slot` (made by block.attention)."""
+    def run_block(self, block: Any, x: np.ndarray, slot: Any, start: int, angles: list, sub: str | None = None,
+                  ids: np.ndarray | None = None) -> np.ndarray:
+        """A bound block on x [n, d] at positions start.., with its K/V in `slot` (made by block.attention); sub
+        "attention" / "ffn": that branch only (archrun.run.interpreter.StreamBlock); ids: the rows' token ids,
+        which a mixture that routes by token id needs (MoeFfn.token_ids)."""
         ...
 
     def head(self, hidden: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from archrun.contracts import NONE as NO_CAPABILITIES
 from archrun.contracts import OpCapabilities, check_bound
@@ -88,6 +89,20 @@ class _Binder:
     def table(self, role: str, layer: int | None = None) -> np.ndarray:
         """A tensor dequantized to f32 in numpy order (e.g. a position table [n_positions, d])."""
         return np.ascontiguousarray(self.gguf.dequantize(self._checked(role, layer).name), dtype=F32)
+
+    def integers(self, role: str, layer: int | None = None) -> np.ndarray:
+        """An integer tensor (I8, I16, I32, I64) as int64 in numpy order, e.g. a token -> experts table."""
+        name = self.d.tensor_name(role, layer)
+        if name not in self.gguf.tensors:
+            raise MissingTensor(f"required tensor {name!r} is missing")
+        info = self.gguf.tensors[name]
+        kinds = {GGMLQuantizationType.I8: "<i1", GGMLQuantizationType.I16: "<i2", GGMLQuantizationType.I32: "<i4",
+                 GGMLQuantizationType.I64: "<i8"}
+        if info.ggml_type not in kinds:
+            raise UnsupportedQuantType(f"tensor {name!r} ({info.type_name}) is not an integer tensor")
+        self.bound.add(name)
+        values = self.gguf.raw(name).view(kinds[GGMLQuantizationType(info.ggml_type)])
+        return values.reshape(info.np_shape).astype(np.int64)
 
     def norm_weight(self, role: str, layer: int | None = None) -> np.ndarray:
         """A norm's weight [d]: its tensor, or ones when the model's norms have no learned weights."""
@@ -451,4 +466,7 @@ def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> MoeFfn:
         shared=shared,
         shared_gate=b.vector("ffn_gate_inp_shexp", i) if spec.shared_gate else None,
     )
-    return MoeFfn(moe, weights)
+    caps = b.declared(moe)
+    if caps.binds:  # tensors of its own (e.g. a token -> experts table)
+        moe.bind(b, i)
+    return MoeFfn(moe, weights, caps.token_ids)

@@ -184,6 +184,7 @@ class FusedDecoder(Interpreter):
                                  dtype=np.float32)                            # [N, d]
         pos = np.concatenate([np.arange(st, st + n, dtype=np.int64) for st, n in zip(starts, lengths, strict=True)])
         seq = np.repeat(np.arange(len(spans), dtype=np.int64), lengths)
+        tokens = None if self.takes_hidden else np.concatenate(spans)  # for an FFN op that reads token ids
         angles = self.rope_angles(pos)
         slots = self._decode.slot_lists(list(caches), blocks)
         if not dense:
@@ -195,7 +196,7 @@ class FusedDecoder(Interpreter):
                 else:  # a layer with its own kernel (an FFN op's, a token mixer's): op by op on the rows
                     op = lp.mixer if lp.mixer is not None else lp.attention
                     run = per_span(op, [c.slots[li] for c in caches], starts, ends)
-                    x = np.ascontiguousarray(self._block(lp, x, angles, run), dtype=np.float32)
+                    x = np.ascontiguousarray(self._block(lp, x, angles, run, ids=tokens), dtype=np.float32)
             for n, cache in zip(lengths, caches, strict=True):
                 cache.advance(n)
             rows = np.arange(len(x)) if all_logits else ends - 1
@@ -231,7 +232,7 @@ class FusedDecoder(Interpreter):
         angles = self.rope_angles(np.concatenate([np.arange(st, st + len(ids))
                                                   for ids, st in zip(spans, starts, strict=True)]))
 
-        def block(li: int, lp: Any, h: np.ndarray, sub: str | None = None) -> np.ndarray:
+        def block(li: int, lp: Any, h: np.ndarray, sub: str | None = None, ids: np.ndarray | None = None) -> np.ndarray:
             slots = [c.slots[li] for c in caches]
             beside = None
             if lp.mixer is not None:
@@ -241,7 +242,7 @@ class FusedDecoder(Interpreter):
                 beside = per_span(lp.parallel.mix, [s.mixer for s in slots], starts, ends)
             else:
                 run = per_span(lp.attention, slots, starts, ends)
-            return self._block(lp, h, angles, run, beside, sub)
+            return self._block(lp, h, angles, run, beside, sub, ids)
 
         x = self._through_blocks(x, np.concatenate(spans), block)
         for ids, cache in zip(spans, caches, strict=True):

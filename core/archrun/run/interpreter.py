@@ -30,7 +30,7 @@ from archrun.io.ggufio import GGUFFile
 from archrun.io.weights import Matrix
 from archrun.run.bind import bind_layer
 from archrun.run.cache import CacheOwner, KvCache, PairSlot, kv_options
-from archrun.run.plan import LayerPlan, Plan
+from archrun.run.plan import LayerPlan, MoeFfn, Plan
 
 F32 = np.float32
 
@@ -241,35 +241,39 @@ class Interpreter:
         start = len(cache)
         x = self.embed(ids, start)
         angles = self.rope_angles(np.arange(start, start + len(ids)))
-        x = self._through_blocks(x, ids, lambda i, lp, h, sub=None: self.run_block(lp, h, cache.slots[i], start,
-                                                                                 angles, sub))
+        x = self._through_blocks(x, ids, lambda i, lp, h, sub=None, ids=None: self.run_block(
+            lp, h, cache.slots[i], start, angles, sub, ids))
         cache.advance(len(ids))
         hidden = self._final_norm(x)
         return self.head(hidden if all_logits else hidden[-1:]), hidden
 
     def _through_blocks(self, x: np.ndarray, ids: np.ndarray,
                         block: Callable[..., np.ndarray]) -> np.ndarray:
-        """The embeddings x [n, d] of token ids through every block (block(i, lp, h, sub=None) -> [n, d] runs
-        block i on h, or with sub "attention"/"ffn" only that branch: see StreamBlock); a model whose residual
+        """The embeddings x [n, d] of token ids through every block (block(i, lp, h, sub=None, ids=None) ->
+        [n, d] runs block i on h, or with sub "attention"/"ffn" only that branch: see StreamBlock; ids, the
+        rows' token ids, reach the FFN ops that read them, MoeFfn.token_ids); a model whose residual
         stream is more than one array runs the blocks through its stream op (Plan.stream: enter, layer per
         block, leave). Experts streamed from disk go back under their cap after every block (or branch), so a
-        prompt's peak is the cap plus one layer's picks."""
+        prompt's peak is the cap plus one layer's picks. A later pipeline stage (hidden states for ids) gives
+        no token ids."""
         stream, pager = self.plan.stream, self.plan.pager
+        tokens = None if self.takes_hidden else ids
         if pager is not None:
             run = block
 
-            def block(i: int, lp: LayerPlan, h: np.ndarray, sub: str | None = None) -> np.ndarray:
-                h = run(i, lp, h, sub)
+            def block(i: int, lp: LayerPlan, h: np.ndarray, sub: str | None = None,
+                      ids: np.ndarray | None = None) -> np.ndarray:
+                h = run(i, lp, h, sub, ids)
                 pager.between_steps()
                 return h
 
         if stream is None:
             for i, lp in enumerate(self.plan.layers):
-                x = block(i, lp, x)
+                x = block(i, lp, x, ids=tokens)
             return x
         state = stream.enter(x, ids)
         for i, lp in enumerate(self.plan.layers):
-            state = stream.layer(i, state, StreamBlock(functools.partial(block, i, lp)))
+            state = stream.layer(i, state, StreamBlock(functools.partial(block, i, lp, ids=tokens)))
         return stream.leave(state)
 
     def _final_norm(self, x: np.ndarray) -> np.ndarray:
@@ -363,27 +367,30 @@ class Interpreter:
         return bind_layer(self.plan.binder, index, spec)
 
     def run_block(self, lp: LayerPlan, x: np.ndarray, slot: Any, start: int, angles: list,
-                  sub: str | None = None) -> np.ndarray:
+                  sub: str | None = None, ids: np.ndarray | None = None) -> np.ndarray:
         """One decoder block on x [n, d] (or one branch of it: sub, see StreamBlock); its K/V (or state) go to
-        `slot` at rows start..start+n-1."""
+        `slot` at rows start..start+n-1; ids: the rows' token ids, for an FFN op that reads them."""
         if lp.mixer is not None:
-            return self._block(lp, x, angles, lambda h: lp.mixer(h, slot, start), sub=sub)
+            return self._block(lp, x, angles, lambda h: lp.mixer(h, slot, start), sub=sub, ids=ids)
         if lp.parallel is not None:
             return self._block(lp, x, angles, lambda q, k, v, *side: lp.attention(q, k, v, slot.attention, start,
                                                                                   *side),
-                               lambda h: lp.parallel.mix(h, slot.mixer, start), sub)
-        return self._block(lp, x, angles, lambda q, k, v, *side: lp.attention(q, k, v, slot, start, *side), sub=sub)
+                               lambda h: lp.parallel.mix(h, slot.mixer, start), sub, ids)
+        return self._block(lp, x, angles, lambda q, k, v, *side: lp.attention(q, k, v, slot, start, *side), sub=sub,
+                           ids=ids)
 
     def _block(self, lp: LayerPlan, x: np.ndarray, angles: list, attend: Callable[..., np.ndarray],
-               beside: Callable[[np.ndarray], np.ndarray] | None = None, sub: str | None = None) -> np.ndarray:
+               beside: Callable[[np.ndarray], np.ndarray] | None = None, sub: str | None = None,
+               ids: np.ndarray | None = None) -> np.ndarray:
         """A decoder block on x [n, d] whose attention is attend(q [n,H,hd], k, v) -> [n, H, vd], or,
         for a layer whose op is the whole token mixer, attend(h [n, d]) -> [n, d]; beside(h) -> [n, d]
         is the token mixer running beside the attention (added to its output), if any. sub "attention":
         only the attention branch's output (pre-norm, attention, post-norm: no residual); sub "ffn": only
-        the FFN branch on x as the FFN's input before its norm."""
+        the FFN branch on x as the FFN's input before its norm. ids: the rows' token ids (an FFN op may read
+        them: MoeFfn.token_ids)."""
         norm = self.plan.norm
         if sub == "ffn":
-            return self._ffn_branch(lp, x)
+            return self._ffn_branch(lp, x, ids)
         h = x if lp.attn_norm is None else norm(x, lp.attn_norm, lp.attn_norm_b)
         o = attend(h) if lp.mixer is not None else self._attend(lp, h, angles, attend)
         if beside is not None:
@@ -396,17 +403,17 @@ class Interpreter:
             return lp.residual.combine(x, o, np.zeros_like(x))
         # without an FFN norm: a parallel block's shared norm, or (no pre-norms) the FFN's input as is
         shared = lp.ffn_norm is None and lp.attn_norm is not None
-        return lp.residual.combine(x, o, self._ffn_branch(lp, h if shared else lp.residual.ffn_input(x, o)))
+        return lp.residual.combine(x, o, self._ffn_branch(lp, h if shared else lp.residual.ffn_input(x, o), ids))
 
-    def _ffn_branch(self, lp: LayerPlan, g: np.ndarray) -> np.ndarray:
+    def _ffn_branch(self, lp: LayerPlan, g: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
         """The FFN branch on its input g [n, d]: the FFN norm (if the block has one), the FFN, its post-norm;
-        zeros for a block without FFN."""
+        zeros for a block without FFN. ids: the rows' token ids, for a mixture that routes by them."""
         if lp.ffn is None:
             return np.zeros_like(g)
         norm = self.plan.norm
         if lp.ffn_norm is not None:
             g = norm(g, lp.ffn_norm, lp.ffn_norm_b)
-        f = lp.ffn(g)
+        f = lp.ffn(g, ids) if isinstance(lp.ffn, MoeFfn) and lp.ffn.token_ids else lp.ffn(g)
         return f if lp.post_ffn_norm is None else norm(f, lp.post_ffn_norm)
 
     def _attend(self, lp: LayerPlan, h: np.ndarray, angles: list,

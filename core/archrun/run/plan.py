@@ -50,13 +50,22 @@ class DenseFfn:
 
 
 class MoeFfn:
-    """A bound mixture-of-experts FFN: x[n, d] -> moe(x, weights) [n, d]."""
+    """A bound mixture-of-experts FFN: x[n, d] -> moe(x, weights) [n, d]; an op that declares `token_ids`
+    (archrun.contracts) is called moe(x, weights, ids) with the rows' token ids ids int64 [n]."""
 
-    def __init__(self, moe: Callable[[np.ndarray, MoeWeights], np.ndarray], weights: MoeWeights):
-        self.moe, self.weights = moe, weights
+    def __init__(self, moe: Callable[..., np.ndarray], weights: MoeWeights, token_ids: bool = False):
+        self.moe, self.weights, self.token_ids = moe, weights, token_ids
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.moe(x, self.weights)
+    def __call__(self, x: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+        if not self.token_ids:
+            return self.moe(x, self.weights)
+        if ids is None or len(ids) != len(x):
+            from archrun.errors import InvalidRequest
+
+            got = "none" if ids is None else len(ids)
+            raise InvalidRequest("this mixture of experts routes by token id: run it through a model step, which "
+                                 f"gives each of its {len(x)} rows' token id (got {got})")
+        return self.moe(x, self.weights, np.asarray(ids, np.int64))
 
 
 @attrs.define
@@ -70,7 +79,7 @@ class LayerPlan:
     attention: Any                     # bound attention op (makes this layer's cache slot)
     residual: Any                      # bound residual op: ffn_input(x, a), combine(x, a, f)
     ffn_norm: np.ndarray | None        # None: the FFN reads the attention's normed input
-    ffn: DenseFfn | MoeFfn | None      # None: the block has no FFN
+    ffn: DenseFfn | MoeFfn | None      # None: the block has no FFN (MoeFfn.token_ids: it reads the rows' ids)
     attn_norm_b: np.ndarray | None = None
     ffn_norm_b: np.ndarray | None = None
     q_norm: np.ndarray | None = None
