@@ -303,20 +303,21 @@ def pool(kv: np.ndarray, gate: np.ndarray, norm: np.ndarray, eps: float, rope: T
 
 
 def windows(src_kv: np.ndarray, src_gate: np.ndarray, base: int, ws: np.ndarray, ratio: int,
-            overlap: bool) -> tuple[np.ndarray, np.ndarray]:
+            overlap: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The slots [W, m or 2 m, c'] of windows ws from rows src_* [T, c] of positions base.. : window w's
-    m rows, or (overlap) window w - 1's first halves (empty for w = 0) beside window w's second halves."""
+    m rows, or (overlap) window w - 1's first halves (empty for w = 0: kv 0, gate -inf) beside window
+    w's second halves; and each window's first non-empty slot [W]."""
     cols = np.arange(ratio)
     cur = (ws[:, None] * ratio + cols[None, :]) - base                           # [W, m]
     if not overlap:
-        return src_kv[cur], src_gate[cur]
+        return src_kv[cur], src_gate[cur], np.zeros(len(ws), np.int64)
     half = src_kv.shape[1] // 2
     prev = cur - ratio
     ok = (ws > 0)[:, None, None]
     prev = np.maximum(prev, 0)
     kv = np.concatenate([np.where(ok, src_kv[prev, :half], F32(0)), src_kv[cur, half:]], axis=1)
     gate = np.concatenate([np.where(ok, src_gate[prev, :half], F32(-np.inf)), src_gate[cur, half:]], axis=1)
-    return kv, gate
+    return kv, gate, np.where(ws > 0, 0, ratio).astype(np.int64)
 
 
 class V4Attention:
@@ -362,8 +363,8 @@ class V4Attention:
         n, end = len(q), start + len(q)
         pos = np.arange(start, end)
         ang = self.rope.angles(pos)
-        q = rope_trailing(np.asarray(q, F32), ang)
-        kv = rope_trailing(np.asarray(k, F32).reshape(n, self.hd), ang)
+        q = self._rope(np.asarray(q, F32), pos, ang, 1.0)
+        kv = self._rope(np.asarray(k, F32).reshape(n, 1, self.hd), pos, ang, 1.0)[:, 0]
         rows = {"kv": kv}
         if self.ratio:
             at = pos % self.ratio
@@ -384,7 +385,21 @@ class V4Attention:
                 chosen = self._select(slot, side[4], side[5], pos, ang, n_seen)
         slot.write(start, rows)
         out = self._attend(q, src["kv"], base, pos, slot.entries[:n_seen] if n_seen else None, chosen)
-        return rope_trailing(out, ang, sign=-1.0)
+        return self._rope(out, pos, ang, -1.0)
+
+    def _rope(self, x: np.ndarray, pos: np.ndarray, ang: np.ndarray, sign: float) -> np.ndarray:
+        """x [n, k, hd] with its trailing r dims rotated by sign * the layer's angles at pos."""
+        return rope_trailing(x, ang, sign)
+
+    def _pool(self, kv: np.ndarray, gate: np.ndarray, first_slot: np.ndarray, norm: np.ndarray,
+              first: np.ndarray) -> np.ndarray:
+        return pool(kv, gate, norm, self.eps, self.rope, first)
+
+    def _scores(self, iq: np.ndarray, w: np.ndarray, keys: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """[n, T] indexer scores, -inf past each query's visible entries."""
+        from archrun_mla.indexer import index_scores
+
+        return index_scores(iq, w, keys, (pos + 1) // self.ratio - 1)
 
     def _emit(self, slot: V4Slot, src: dict, base: int, start: int, end: int) -> None:
         """Pool the windows that close at positions start..end-1 into the slot's entries."""
@@ -393,22 +408,22 @@ class V4Attention:
         if not len(ws):
             return
         first = ws * m
-        kv, gate = windows(src["ckv"], src["cgate"], base, ws, m, self.overlap)
-        slot.entries[ws] = pool(kv, gate, self.norm, self.eps, self.rope, first)
+        kv, gate, lo = windows(src["ckv"], src["cgate"], base, ws, m, self.overlap)
+        slot.entries[ws] = self._pool(kv, gate, lo, self.norm, first)
         if self.index_heads:
-            kv, gate = windows(src["ikv"], src["igate"], base, ws, m, True)
-            slot.index_entries[ws] = pool(kv, gate, self.index_norm, self.eps, self.rope, first)
+            kv, gate, lo = windows(src["ikv"], src["igate"], base, ws, m, True)
+            slot.index_entries[ws] = self._pool(kv, gate, lo, self.index_norm, first)
 
     def _select(self, slot: V4Slot, index_q: np.ndarray, index_w: np.ndarray, pos: np.ndarray, ang: np.ndarray,
                 n_seen: int) -> np.ndarray:
         """[n, n_seen] bool: the entries each query attends to (visible and among its indexer's top k)."""
-        from archrun_mla.indexer import index_scores, top_keys
+        from archrun_mla.indexer import top_keys
 
         seen = np.arange(n_seen)[None, :] < ((pos + 1) // self.ratio)[:, None]
         if n_seen <= self.top_k:
             return seen
-        iq = rope_trailing(np.asarray(index_q, F32).reshape(len(pos), self.index_heads, self.index_width), ang)
-        scores = index_scores(iq, np.asarray(index_w, F32), slot.index_entries[:n_seen], (pos + 1) // self.ratio - 1)
+        iq = self._rope(np.asarray(index_q, F32).reshape(len(pos), self.index_heads, self.index_width), pos, ang, 1.0)
+        scores = self._scores(iq, np.asarray(index_w, F32), slot.index_entries[:n_seen], pos)
         chosen = np.zeros_like(seen)
         np.put_along_axis(chosen, top_keys(scores, self.top_k), True, axis=1)
         return chosen & seen
@@ -444,3 +459,58 @@ class V4Attention:
 def v4_reference(spec: Any) -> V4Attention:
     """The float32 numpy reference."""
     return V4Attention(spec)
+
+
+class FastV4Attention(V4Attention):
+    """V4Attention on numba kernels (archrun_deepseek4_ops.kernels.v4_attention): rope, the windows' pooling,
+    the indexer's scores and the attention, each row from its own inputs in a fixed order, so a token's
+    bits are the same decoded alone, in a span or in a batch. Runs op by op (no fused layer kernel)."""
+
+    def __init__(self, spec: Any):
+        super().__init__(spec)
+        from archrun_deepseek4_ops.kernels import v4_attention as k  # imported on use: loading compiles nothing
+
+        self.k = k
+
+    def _rope(self, x: np.ndarray, pos: np.ndarray, ang: np.ndarray, sign: float) -> np.ndarray:
+        out = np.empty(x.shape, F32)
+        self.k.rope_rows(np.ascontiguousarray(x, F32), pos.astype(np.int64), self.rope.inv, float(sign), out)
+        return out
+
+    def _pool(self, kv: np.ndarray, gate: np.ndarray, first_slot: np.ndarray, norm: np.ndarray,
+              first: np.ndarray) -> np.ndarray:
+        out = np.empty((len(kv), kv.shape[2]), F32)
+        self.k.pool_windows(np.ascontiguousarray(kv, F32), np.ascontiguousarray(gate, F32), first_slot,
+                            np.ascontiguousarray(norm, F32), F32(self.eps), self.rope.inv, first.astype(np.int64), out)
+        return out
+
+    def _scores(self, iq: np.ndarray, w: np.ndarray, keys: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        n_vis = ((pos + 1) // self.ratio).astype(np.int64)
+        out = np.full((len(pos), len(keys)), -np.inf, F32)
+        self.k.index_scores_rows(np.ascontiguousarray(iq, F32), np.ascontiguousarray(w, F32),
+                                 np.ascontiguousarray(keys, F32), n_vis, F32(1.0 / math.sqrt(iq.shape[2])), out)
+        return out
+
+    def _attend(self, q: np.ndarray, kv: np.ndarray, base: int, pos: np.ndarray, entries: np.ndarray | None,
+                chosen: np.ndarray | None) -> np.ndarray:
+        n = len(q)
+        out = np.empty((n, self.spec.n_head, self.hd), F32)
+        if entries is None:
+            entries, sel, n_sel = np.zeros((0, self.hd), F32), np.zeros((n, 0), np.int64), np.zeros(n, np.int64)
+        elif chosen is None:
+            sel, n_sel = np.zeros((n, 0), np.int64), ((pos + 1) // self.ratio).astype(np.int64)
+        else:
+            n_sel = chosen.sum(axis=1).astype(np.int64)
+            sel = np.zeros((n, max(1, int(n_sel.max()))), np.int64)
+            for a in range(n):
+                picked = np.nonzero(chosen[a])[0]
+                sel[a, :len(picked)] = picked
+        self.k.attend_rows(np.ascontiguousarray(q, F32), np.ascontiguousarray(kv, F32), int(base),
+                           pos.astype(np.int64), self.window, np.ascontiguousarray(entries, F32), sel, n_sel,
+                           self.sinks.astype(F32), F32(self.spec.scale), out)
+        return out
+
+
+def v4_fast(spec: Any) -> V4Attention:
+    """The same op on numba kernels (see FastV4Attention)."""
+    return FastV4Attention(spec)

@@ -16,7 +16,7 @@ def archrun_register_vocabulary(register) -> None:
                 Lazy("archrun_deepseek4_ops.swiglu:swiglu_clamp_fast"),
                 "SwiGLU on min(gate, L) and clip(up, -L, L), L the file's per-layer swiglu_clamp_exp (DeepSeek-V4)",
                 layout=swiglu.ClampLayout()))
-    register(Op("attention", "deepseek4", attention.v4_reference, None,
+    register(Op("attention", "deepseek4", attention.v4_reference, Lazy("archrun_deepseek4_ops.attention:v4_fast"),
                 "DeepSeek-V4 attention: q LoRA with per-head norm, one shared K=V head roped on its trailing dims "
                 "(undone on the output), sinks, sliding window, grouped low-rank output; CSA/HCA layers add "
                 "compressed entries of closed windows (CSA: overlapping, lightning-indexer top-k)",

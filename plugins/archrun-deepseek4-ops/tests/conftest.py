@@ -2,7 +2,8 @@
 "swiglu_clamp" takes its limit from the file, so the fast-op check runs on these: DeepSeek-V4's 10, a limit
 that clamps most inputs, and none (0: plain SwiGLU). Stream "mhc" binds its own tensors and calls the
 block's branches, so a driver runs it: random hyper-connection weights, two layers of stand-in branches,
-a prompt and single tokens."""
+a prompt and single tokens. Attention "deepseek4" binds tables and takes side inputs: a driver runs its
+three layer kinds."""
 
 from types import SimpleNamespace
 
@@ -66,9 +67,25 @@ def drive_mhc(label: str, reference, fast) -> None:
             close(label, f"{case} streams={n} width={d} iters={iters}", got, want)
 
 
+def drive_v4(label: str, reference, fast) -> None:
+    """attention=deepseek4 binds its tables and takes side inputs: a sliding, a CSA and an HCA layer on random
+    weights (tests/v4_layer.py's geometry), as a prompt, token by token and in chunks."""
+    from v4_layer import KINDS, archrun_layer, op_inputs, random_weights, run_op
+
+    n = 29
+    for kind, name in enumerate(KINDS):
+        w = random_weights(kind, seed=kind)
+        layers = [archrun_layer(w, factory) for factory in (fast, reference)]
+        x = op_inputs(layers[1], np.random.default_rng(kind).standard_normal((n, 24)).astype(F32))
+        want = run_op(layers[1][1], x, [slice(0, n)])
+        for what, spans in (("prompt", [slice(0, n)]), ("token by token", [slice(i, i + 1) for i in range(n)]),
+                            ("chunks", [slice(0, 3), slice(3, 11), slice(11, n)])):
+            close(label, f"{what} {name}", run_op(layers[0][1], x, spans), want)
+
+
 archrun_conformance = Conformance("deepseek4-ops", op_specs={
     "activation=swiglu_clamp": [dict(limit=10.0), dict(limit=0.5), dict(limit=0.0)],
-}, op_drivers={"stream=mhc": drive_mhc}, op_deviations={
+}, op_drivers={"stream=mhc": drive_mhc, "attention=deepseek4": drive_v4}, op_deviations={
     "activation=swiglu_clamp": {
         "*extreme values": "archrun-blocks' SiLU part gives x / (1 + e^87) below its exp clamp: -4.9 at "
                            "x = -3.4e38, where the reference gives -0; the clamp keeps every other output "

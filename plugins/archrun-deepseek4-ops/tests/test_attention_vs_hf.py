@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from v4_layer import KINDS, WINDOW, archrun_layer, hf_layers, run, selection_margin, weights
 
+from archrun_deepseek4_ops.attention import FastV4Attention, V4Attention
+
 torch = pytest.importorskip("torch")
 hf = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 
@@ -53,26 +55,31 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), np.abs(got - want).max() / np.abs(want).max()
 
 
+BACKENDS = {"reference": V4Attention, "fast": FastV4Attention}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", range(3), ids=KINDS)
-def test_prompt_matches_hf(layers, kind):
+def test_prompt_matches_hf(layers, kind, backend):
     cfg, attn = layers
     h = np.random.default_rng(kind).standard_normal((N, cfg.hidden_size)).astype(F32)
     want = _hf(cfg, attn[kind], h)
-    layer = archrun_layer(weights(attn[kind]))
+    layer = archrun_layer(weights(attn[kind]), BACKENDS[backend])
     if kind == 1:
         assert selection_margin(layer, h) > 1e-3
     got, _ = run(layer, h, [slice(0, N)])
     _close(got, want)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", range(3), ids=KINDS)
-def test_decode_after_a_prompt_matches_hf(layers, kind):
+def test_decode_after_a_prompt_matches_hf(layers, kind, backend):
     cfg, attn = layers
     h = np.random.default_rng(10 + kind).standard_normal((N, cfg.hidden_size)).astype(F32)
     want = _hf_decode(cfg, attn[kind], h)
     np.testing.assert_allclose(want, _hf(cfg, attn[kind], h), rtol=0, atol=1e-5 * np.abs(want).max())
     spans = [slice(0, PROMPT)] + [slice(t, t + 1) for t in range(PROMPT, N)]
-    layer = archrun_layer(weights(attn[kind]))
+    layer = archrun_layer(weights(attn[kind]), BACKENDS[backend])
     if kind == 1:
         assert selection_margin(layer, h) > 1e-3
     got, _ = run(layer, h, spans)

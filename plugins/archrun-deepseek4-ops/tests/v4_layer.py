@@ -186,3 +186,40 @@ def selection_margin(layer, h: np.ndarray) -> float:
     gaps = [np.diff(np.sort(s[np.isfinite(s)])[::-1][op.top_k - 1:op.top_k + 1])[0]
             for s in scores if np.isfinite(s).sum() > op.top_k]
     return float(-max(gaps) / np.abs(scores[np.isfinite(scores)]).max())
+
+
+def random_weights(kind: int, seed: int = 0, n_head: int = H, hd: int = HD) -> dict[str, np.ndarray]:
+    """Random tensors (numpy order) of a layer of kind 0 (sliding), 1 (CSA) or 2 (HCA) in this module's
+    geometry (without HF)."""
+    rng = np.random.default_rng(seed)
+
+    def m(*shape, s=0.4):
+        return rng.normal(0, s, shape).astype(F32)
+
+    w = {"attn_q_a": m(QL, D), "attn_q_a_norm": m(QL, s=0.3) + 1, "attn_q_b": m(n_head * hd, QL),
+         "attn_kv": m(hd, D), "attn_kv_a_norm": m(hd, s=0.3) + 1, "attn_sinks": m(n_head),
+         "attn_output_a": m(G * OR, n_head * hd // G), "attn_output_b": m(D, G * OR)}
+    if kind:
+        ratio, width = (CSA, 2 * hd) if kind == 1 else (HCA, hd)
+        w.update(attn_compressor_kv=m(width, D), attn_compressor_gate=m(width, D), attn_compressor_ape=m(ratio, width),
+                 attn_compressor_norm=m(hd, s=0.3) + 1)
+    if kind == 1:
+        w.update({"indexer.attn_q_b": m(HI * DI, QL), "indexer.proj": m(HI, D), "indexer_compressor_kv": m(2 * DI, D),
+                  "indexer_compressor_gate": m(2 * DI, D), "indexer_compressor_ape": m(CSA, 2 * DI),
+                  "indexer_compressor_norm": m(DI, s=0.3) + 1})
+    return w
+
+
+def op_inputs(layer, h: np.ndarray) -> list[np.ndarray]:
+    """The op's inputs for h [n, d]: q [n, H, hd], k, v [n, 1, hd], then the side inputs."""
+    qkv, op, _ = layer
+    q, k, v, *side = qkv(h)
+    n = len(h)
+    return [q.reshape(n, op.spec.n_head, -1), k.reshape(n, 1, -1), v.reshape(n, 1, -1), *side]
+
+
+def run_op(op, inputs: list[np.ndarray], spans, slot=None) -> np.ndarray:
+    """The op's outputs [n, H, hd] over the rows of its inputs fed in spans, on one slot."""
+    slot = op.new_slot(256) if slot is None else slot
+    return np.concatenate([op(*(x[s] for x in inputs[:3]), slot, s.start, *(x[s] for x in inputs[3:]))
+                           for s in spans])
