@@ -1,25 +1,31 @@
 """archrun-deepseek4's tiny fixtures: HF DeepseekV4ForCausalLM, converted by llama.cpp's own converter.
 
-llama.cpp's converter reads only DeepSeek's own checkpoint layout: transformers' save writes DeepSeek's
-names under a ``model.`` prefix (``checkpoint_renames`` drops it, names the embedding and the final
-hyper-connection collapse as DeepSeek does, and puts back the attention's ``kv_norm``, which the reverse
-of transformers' ``.norm.`` -> ``.kv_norm.`` loading rule renames too), and the routed experts must come
-as MXFP4 (``<expert>.w1`` codes with E8M0 ``.scale``), which the converter repacks, value for value, into
-GGUF MXFP4 experts.
-``finish_weights`` therefore puts the experts' float32 weights on the MXFP4 grid (HF then computes with
-exactly the file's values) and draws each hash layer's ``tid2eid`` table (distinct experts per token).
-Every other tensor stays float32 (F32 in the file). ``checkpoint_config`` gives the converter the
-config fields released checkpoints carry and transformers 5 folds away: ``compress_ratios``,
-``num_hash_layers`` and the flat ``rope_scaling`` (YaRN; the compressed layers' rope only).
+llama.cpp's converter reads only DeepSeek's own checkpoint layout. transformers' save writes DeepSeek's
+names under a ``model.`` prefix: ``checkpoint_renames`` drops it, names the embedding and the final
+hyper-connection collapse as DeepSeek does, and puts back the attention's ``kv_norm`` (the reverse of
+transformers' ``.norm.`` -> ``.kv_norm.`` loading rule renames it too). The routed experts must come as
+MXFP4 (``<expert>.w1`` codes with E8M0 ``.scale``, ``checkpoint_mxfp4``), which the converter repacks,
+value for value, into GGUF MXFP4 experts: ``finish_weights`` puts the experts' float32 weights on the
+MXFP4 grid (HF then computes with exactly the file's values) and draws each hash layer's ``tid2eid``
+table (distinct experts per token). Every other tensor stays float32 (F32 in the file).
+``checkpoint_config`` gives the converter the config fields released checkpoints carry and transformers 5
+folds away: ``compress_ratios``, ``num_hash_layers`` and the flat ``rope_scaling`` (YaRN; the compressed
+layers' rope only).
+
+The fixtures store the converter's MXFP4 experts as float32, value for value (``f32_tensors``), so both
+backends are held to HF's float32 logits: the fast backend runs MXFP4 experts as Q8_0 blocks on int8
+activations, as llama.cpp does (about 1e-2 of the logits); test_deepseek4_mxfp4.py runs the experts as
+MXFP4 again, requantized by gguf-py.
 
 DeepSeek-V4-Flash's settings, scaled down: 4 hyper-connection streams (20 Sinkhorn iterations), one
 shared K=V head with the rope on its trailing 8 of 32 dims, a q LoRA, sinks, a sliding window (8 of 128
-there), grouped low-rank output (2 groups), sqrt-softplus routing with a selection bias, one shared
-expert, clamped SwiGLU (limit 10), hash-routed first layers, rope bases 10000 and 160000 (compressed
-layers, with YaRN factor 16 there); CSA layers (ratio 4, an indexer of 4 heads keeping the top 4
-compressed entries, so the selection drops entries from position 20 on) and HCA layers. llama.cpp's
-loader takes the compression ratios 0, 4 and 128 only: the fixture with HCA ratio 8 (its entries appear
-within the 40-token prompt) has HF as its only reference; the one with ratio 128 is llama.cpp's shape.
+there), grouped low-rank output (2 groups), sqrt-softplus routing (4 experts, 2 used) with a selection
+bias, one shared expert, clamped SwiGLU (limit 10), hash-routed first layers, rope bases 10000 and
+160000 (compressed layers, with YaRN factor 16 there); CSA layers (ratio 4, an indexer of 4 heads keeping
+the top 4 compressed entries, so the selection drops entries from position 20 on) and HCA layers.
+llama.cpp's loader takes the compression ratios 0, 4 and 128 only: the fixture with HCA ratio 8 (its
+entries appear within the 40-token prompt) has HF as its only reference; the one with ratio 128 is
+llama.cpp's shape.
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ def _finish_weights(model, seed: int) -> None:
 DEEPSEEK_V4 = HfArch(
     "deepseek4", "deepseek_v4", "DeepseekV4ForCausalLM", "DeepseekV4Config", converter="llama.cpp",
     defaults={"num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "partial_rotary_factor": 0.25,
-              "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16, "n_routed_experts": 8, "num_experts_per_tok": 2,
+              "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16, "n_routed_experts": 4, "num_experts_per_tok": 2,
               "n_shared_experts": 1, "intermediate_size": 32, "moe_intermediate_size": 32, "routed_scaling_factor": 1.5,
               "scoring_func": "sqrtsoftplus", "swiglu_limit": 10.0, "hc_mult": 4, "hc_sinkhorn_iters": 20,
               "hc_eps": 1e-6, "sliding_window": 8, "index_n_heads": 4, "index_head_dim": 16, "index_topk": 4,
@@ -86,7 +92,7 @@ DEEPSEEK_V4 = HfArch(
     rope_parameters=_rope, checkpoint_config=_checkpoint_config, finish_weights=_finish_weights,
     checkpoint_renames={r"^model\.embed_tokens\.": "embed.", r"^model\.hc_head\.hc_": "hc_head_", r"^model\.": "",
                         r"\.attn\.norm\.weight$": ".attn.kv_norm.weight"},
-    checkpoint_mxfp4=(r"\.ffn\.experts\.\d+\.w[123]\.weight$",),
+    checkpoint_mxfp4=(r"\.ffn\.experts\.\d+\.w[123]\.weight$",), f32_tensors=("blk.*.ffn_*_exps.weight",),
     scalar_init={"hc.scale": (1.0, 0.25), "hc_head.hc_scale": (1.0, 0.25)})
 
 ARCHES = (DEEPSEEK_V4,)
@@ -100,6 +106,6 @@ FIXTURES = (
     # sliding, CSA and HCA (ratio 8) layers, the first hash-routed
     _fixture("deepseek4_csa_hca8", 1, (0, 4, 8), 1,
              llama_cpp="llama.cpp's loader takes the compression ratios 0, 4 and 128 only (this file has 8)"),
-    # llama.cpp's shape: HCA ratio 128 (no entry within the prompt), two hash layers, two CSA layers
-    _fixture("deepseek4_csa_hca128", 2, (0, 4, 128, 4), 2),
+    # llama.cpp's shape: HCA ratio 128 (no entry within the prompt), two hash layers
+    _fixture("deepseek4_csa_hca128", 2, (0, 4, 128), 2),
 )

@@ -47,8 +47,9 @@ def convert(
     """
     hp = model.config.to_dict()
     if arch.converter == "llama.cpp":
-        return _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, arch.checkpoint_config(hp),
+        path = _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, arch.checkpoint_config(hp),
                                  arch.checkpoint_renames, arch.checkpoint_mxfp4)
+        return widen_to_f32(path, arch.f32_tensors) if arch.f32_tensors else path
     n_nextn = int(hp.get(arch.mtp.layers_key) or 0) if arch.mtp is not None else 0
     block_count = hp["num_hidden_layers"] + n_nextn
     file_type = _file_type(dtype)
@@ -88,6 +89,27 @@ def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, con
              "eos": _first(hp.get("eos_token_id")) or tokens.index(EOS_TOKEN)}
     return llamacpp.convert(model, path, vocab, outtype=dtype, name=name, config_extra=config_extra,
                             renames=renames, mxfp4=mxfp4)
+
+
+def widen_to_f32(path: str | Path, globs: tuple[str, ...]) -> Path:
+    """Rewrite the GGUF at ``path`` in place with its quantized tensors matching ``globs`` stored as float32
+    (gguf-py's dequantization: exact for every type whose values are float32 numbers, MXFP4 and Q8_0)."""
+    from gguf import quants
+
+    from archrun.conformance.gguf_edit import rewrite_gguf
+
+    path = Path(path)
+    reader = gguf.GGUFReader(str(path))
+    widened = {t.name: quants.dequantize(t.data, t.tensor_type).astype(np.float32) for t in reader.tensors
+               if any(fnmatch.fnmatchcase(t.name, g) for g in globs)
+               and t.tensor_type not in (gguf.GGMLQuantizationType.F32,)}
+    del reader
+    if not widened:
+        return path
+    tmp = path.with_name(path.name + ".f32")
+    rewrite_gguf(path, tmp, drop_tensors=tuple(widened), add_tensors=widened)
+    tmp.replace(path)
+    return path
 
 
 def _file_type(dtype: str) -> gguf.LlamaFileType:

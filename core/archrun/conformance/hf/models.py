@@ -98,6 +98,10 @@ class HfArch:
     ``checkpoint_mxfp4`` (regexes over the saved, renamed tensor names): the matrices written in the
     MXFP4 layout released checkpoints use (``<name>.weight`` codes and ``<name>.scale`` exponents,
     ``hf.mxfp4``) for a converter that reads only that layout; their values must lie on the grid.
+    ``f32_tensors`` (globs of GGUF tensor names): tensors llama.cpp's converter writes quantized (e.g.
+    MXFP4 experts) that the fixture stores as float32 instead, value for value (every value of those
+    types is a float32), so both backends can be held to HF's float32 logits; the converter's own types
+    stay checkable by requantizing (gguf-py) and comparing.
     """
 
     name: str
@@ -121,6 +125,7 @@ class HfArch:
     eval_model: Callable[[Any], None] | None = None
     finish_weights: Callable[[Any, int], None] | None = None
     checkpoint_mxfp4: tuple[str, ...] = ()
+    f32_tensors: tuple[str, ...] = ()
 
     @property
     def gguf_arch(self) -> gguf.MODEL_ARCH:
