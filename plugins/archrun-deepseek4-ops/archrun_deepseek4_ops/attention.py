@@ -68,6 +68,24 @@ def _key(meta: Any, name: str, kind: type, default: Any = ...) -> Any:
                             "does not name") from None
 
 
+def _stated_ratio(meta: Any, layer: int) -> int | None:
+    """Layer's entry of `attention.compress_ratios` (llama.cpp: one per layer, MTP layers' after the trunk's),
+    None when the file states none."""
+    ask = getattr(meta, "per_layer", None)
+    try:
+        if ask is None or not meta.has("attention.compress_ratios"):
+            return None
+        n = meta.get("block_count", int) + meta.get("nextn_predict_layers", int, 0)
+        for count in (n, meta.get("block_count", int)):
+            try:
+                return ask("attention.compress_ratios", count)[layer]
+            except MetadataError:
+                continue
+    except KeyError:  # a key archrun's gguf-py does not name and the family did not declare
+        return None
+    raise MetadataError("attention.compress_ratios must hold one ratio per layer")
+
+
 class V4Layout:
     """describe: V4's geometry from its keys and tensors; bind: the projections (q, the K/V head, the
     compressors' and indexer's side inputs) and the grouped low-rank output."""
@@ -97,11 +115,19 @@ class V4Layout:
                                 f"groups of {n_head} heads of width {hd}")
         rank = int(o_a[1]) // groups
         t.expect("attn_output_b", i, (groups * rank, d))
+        for name, derived in (("attention.output_group_count", groups), ("attention.output_lora_rank", rank)):
+            stated = _key(m, name, int, None)
+            if stated is not None and stated != derived:
+                raise MetadataError(f"layer {i}: {name} = {stated}, but attn_output_a {tuple(o_a)} holds {derived}")
         params = {"q_lora_rank": q_lora, "rope_dim": rope, "window": window, "o_groups": groups,
                   "o_lora_rank": rank, "ratio": 0, "overlap": 0, "rope_base": _key(m, "rope.freq_base", float,
                                                                                       10000.0)}
         if t.has("attn_compressor_kv", i):
             params.update(self._compressor(m, t, i, d, hd, rope, q_lora))
+        stated = _stated_ratio(m, i)
+        if stated is not None and stated != params["ratio"]:
+            raise MetadataError(f"layer {i}: attention.compress_ratios states {stated}, but the layer's compressor "
+                                f"tensors give {params['ratio']} (0: none)")
         return dict(n_head_kv=1, head_dim=hd, v_head_dim=hd, scale=1.0 / math.sqrt(hd), params=params)
 
     @staticmethod
@@ -236,8 +262,8 @@ class V4Slot:
     """One layer's cache: a ring of `size` rows indexed by position % size (pos: the position each row
     holds, -1 empty) with the K/V row `kv` [size, hd] and, compressed layers, the compressor's projections
     `ckv`/`cgate` [size, c] (gate plus position bias) and CSA's indexer's `ikv`/`igate` [size, 2 Di]; the
-    emitted entries `entries` [capacity // m, hd] and `index_entries` [capacity // m, Di], views of flat
-    arrays of ceil(capacity hd / m) floats, so their bytes grow by hd / m floats a token.
+    emitted entries `entries` [capacity // m, hd] and `index_entries` [capacity // m, Di], float32 views of
+    flat byte arrays of ceil(4 capacity hd / m) bytes, so their bytes grow by 4 hd / m a token.
 
     `max_rewind`: how many of the last tokens a rewind may forget (None: the ring holds every position)."""
 
@@ -251,13 +277,14 @@ class V4Slot:
         if ratio:
             self.ckv = np.zeros((self.size, width), F32)
             self.cgate = np.zeros((self.size, width), F32)
-            self._entries = np.zeros(-(-capacity * hd // ratio), F32)
-            self.entries = self._entries[:capacity // ratio * hd].reshape(-1, hd)
+            self._entries = np.zeros(-(-capacity * hd * 4 // ratio), np.uint8)
+            self.entries = self._entries[:capacity // ratio * hd * 4].view(F32).reshape(-1, hd)
         if index_width:
             self.ikv = np.zeros((self.size, 2 * index_width), F32)
             self.igate = np.zeros((self.size, 2 * index_width), F32)
-            self._index_entries = np.zeros(-(-capacity * index_width // ratio), F32)
-            self.index_entries = self._index_entries[:capacity // ratio * index_width].reshape(-1, index_width)
+            self._index_entries = np.zeros(-(-capacity * index_width * 4 // ratio), np.uint8)
+            self.index_entries = self._index_entries[:capacity // ratio * index_width * 4].view(F32).reshape(
+                -1, index_width)
 
     @property
     def nbytes(self) -> int:

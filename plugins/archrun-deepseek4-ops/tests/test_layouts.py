@@ -104,3 +104,32 @@ def test_mhc_layout_reads_the_hyper_connection_keys():
     ctx.meta = Meta({**HC_KEYS, "hyper_connection.count": 3})
     with pytest.raises(ShapeMismatch):
         MhcLayout().describe(ctx)
+
+
+class _RatiosMeta(Meta):
+    """Metadata with llama.cpp's per-layer `attention.compress_ratios` (the compiler's per_layer)."""
+
+    def has(self, name):
+        return name in self.keys
+
+    def per_layer(self, name, n, default=...):
+        value = self.keys[name]
+        if len(value) != n:
+            raise MetadataError(f"{name} must be {n} integers")
+        return tuple(value)
+
+
+def test_stated_ratios_and_output_geometry_must_match_the_tensors(tensors):
+    from archrun_deepseek4_ops.attention import V4Layout
+
+    ratios = {**KEYS, "block_count": 3, "attention.compress_ratios": [0, CSA, HCA]}
+    for i, w in enumerate(tensors):
+        ctx = _ctx(w, _RatiosMeta(ratios))
+        ctx.layer = i
+        V4Layout().describe(ctx)
+    ctx = _ctx(tensors[2], _RatiosMeta({**ratios, "attention.compress_ratios": [0, CSA, 128]}))
+    ctx.layer = 2
+    with pytest.raises(MetadataError, match="compress_ratios"):
+        V4Layout().describe(ctx)
+    with pytest.raises(MetadataError, match="output_lora_rank"):
+        V4Layout().describe(_ctx(tensors[0], Meta({**KEYS, "attention.output_lora_rank": 7})))
