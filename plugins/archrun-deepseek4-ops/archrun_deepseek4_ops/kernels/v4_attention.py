@@ -11,11 +11,33 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-from archrun.kernels._jit import JIT
+from archrun.kernels._jit import JIT, JIT_PAR
 
 _F32 = np.float32
+
+
+@njit(**dict(JIT, inline="always"))
+def _dot(a, b, n):
+    """sum of a[i] b[i] over i < n in float32, in a stated order: element i goes to lane i % 8, the lanes
+    summed as ((0+1)+(2+3))+((4+5)+(6+7)), then the tail in element order (eight chains LLVM vectorises
+    without reassociating)."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _F32(0.0)
+    end = n - n % 8
+    for i in range(0, end, 8):
+        a0 += a[i] * b[i]
+        a1 += a[i + 1] * b[i + 1]
+        a2 += a[i + 2] * b[i + 2]
+        a3 += a[i + 3] * b[i + 3]
+        a4 += a[i + 4] * b[i + 4]
+        a5 += a[i + 5] * b[i + 5]
+        a6 += a[i + 6] * b[i + 6]
+        a7 += a[i + 7] * b[i + 7]
+    s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for i in range(end, n):
+        s += a[i] * b[i]
+    return s
 
 
 @njit(**JIT)
@@ -77,19 +99,17 @@ def pool_windows(kv, gate, first_slot, norm, eps, inv, first, out):
             out[w, off + 2 * i + 1] = o * cs + e * sn
 
 
-@njit(**JIT)
+@njit(**JIT_PAR)
 def index_scores_rows(q, w, keys, n_vis, scale, out):
     """out [n, T]: for row a and entry t < n_vis[a], sum_h w[a, h] relu(q[a, h] . keys[t] scale) (HF's
-    order); entries past n_vis[a] are left as they are (the caller masks them)."""
+    order; the dots by `_dot`, the heads in order); entries past n_vis[a] are left as they are (the caller
+    masks them). Rows run in parallel, each on its own inputs."""
     n, n_head, width = q.shape
-    for a in range(n):
+    for a in prange(n):
         for t in range(n_vis[a]):
             acc = _F32(0.0)
             for h in range(n_head):
-                dot = _F32(0.0)
-                for d in range(width):
-                    dot += q[a, h, d] * keys[t, d]
-                acc += max(dot * scale, _F32(0.0)) * w[a, h]
+                acc += max(_dot(q[a, h], keys[t], width) * scale, _F32(0.0)) * w[a, h]
             out[a, t] = acc
 
 
@@ -101,17 +121,17 @@ def _key(rows, entries, sel, use_sel, a, k, n_rows, first_row):
     return entries[sel[a, k - n_rows] if use_sel else k - n_rows]
 
 
-@njit(**JIT)
+@njit(**JIT_PAR)
 def attend_rows(q, rows, base, pos, window, entries, sel, n_sel, sinks, scale, out):
     """out [n, H, hd]: query row a (position pos[a]) of q [n, H, hd] over the K=V rows of positions
     max(base, pos[a] - window + 1) .. pos[a] (rows [T, hd] hold positions base..) and the entries
     sel[a, :n_sel[a]] of entries [E, hd] (sel empty: entries 0 .. n_sel[a] - 1), softmax with the head's
-    sink logit, in key order."""
+    sink logit, in key order (scores by `_dot`). Rows run in parallel, each on its own inputs."""
     n, n_head, hd = q.shape
     use_sel = sel.shape[1] > 0
     n_max = window + (sel.shape[1] if use_sel else entries.shape[0])
-    scores = np.empty(n_max, _F32)
-    for a in range(n):
+    for a in prange(n):
+        scores = np.empty(n_max, _F32)
         p = pos[a]
         lo = max(base, p - window + 1)
         n_rows = p - lo + 1
@@ -120,10 +140,7 @@ def attend_rows(q, rows, base, pos, window, entries, sel, n_sel, sinks, scale, o
             top = sinks[h]
             for k in range(n_keys):
                 key = _key(rows, entries, sel, use_sel, a, k, n_rows, lo - base)
-                dot = _F32(0.0)
-                for d in range(hd):
-                    dot += q[a, h, d] * key[d]
-                scores[k] = dot * scale
+                scores[k] = _dot(q[a, h], key, hd) * scale
                 top = max(top, scores[k])
             total = _F32(0.0)
             for k in range(n_keys):
