@@ -7,7 +7,9 @@ V4's own ("deepseek4", archrun-deepseek4-ops: q LoRA, one shared K=V head roped 
 op itself, so the model's rope table rotates nothing, sinks, the sliding window, the grouped low-rank
 output, and the compressed entries of CSA / HCA layers by `attention.compress_ratios`); experts are
 clamped SwiGLU ("swiglu_clamp", the file's per-layer `swiglu_clamp_exp`) scored by sqrt-softplus (the
-file's expert_gating_func 4), renormalised and scaled, plus a shared expert.
+file's expert_gating_func 4), renormalised and scaled, plus a shared expert; the first
+`hash_layer_count` layers (those with a `ffn_gate_tid2eid` table) pick their experts by token id
+("hash_topk", archrun-hash-moe), the others top-k with a selection bias.
 
 The installed gguf-py (0.19) spells none of V4's own keys and tensors: the family declares them
 (FamilyHints.metadata_keys, tensor_roles) as llama.cpp's gguf-py names them.
@@ -41,7 +43,7 @@ TENSOR_ROLES = {
 HINTS = {
     "deepseek4": FamilyHints(name="deepseek4", rope_pairing="none", activation="swiglu_clamp", embed_scale=1.0,
                              stream="mhc", metadata_keys=METADATA_KEYS, tensor_roles=TENSOR_ROLES,
-                             **{**TRANSFORMER, "attention": "deepseek4"}),
+                             **{**TRANSFORMER, "attention": "deepseek4", "moe": "hash_topk"}),
 }
 
 plugin = FamilyPlugin(HINTS)

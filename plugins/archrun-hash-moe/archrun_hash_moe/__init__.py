@@ -1,0 +1,67 @@
+"""archrun-hash-moe: the MoE op `hash_topk`, archrun-blocks' top-k mixture whose hash layers route by token id.
+
+A layer whose file holds a token -> experts table (`blk.N.ffn_gate_tid2eid`, integers [vocab, k]; the role
+`ffn_gate_tid2eid`, which the family declares) is a hash layer (DeepSeek-V4's first `hash_layer_count`
+layers): row r runs the k experts table[token_id[r]], weighted by the router's scores of those experts
+(the gating op on `ffn_gate_inp`), renormalised and scaled as top-k routing weights its choice
+(archrun_deepseek4_ops.hash_route; HF DeepseekV4HashRouter, llama.cpp's build_moe_ffn given the
+selection), plus the shared experts. A layer without a table is archrun-blocks' `topk` itself.
+
+The op declares `token_ids` (archrun.contracts: it is called moe(x, weights, ids) with each row's token
+id) and `binds` (it reads its layer's table at load): so its layers have no fused layer kernel and a
+model using it decodes op by op. Reference and fast factories: the fast one runs the top-k layers on
+archrun-blocks' fast mixture and the hash layers' experts on the model's fast products.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from archrun.descriptor import MoeSpec
+
+F32 = np.float32
+TABLE = "ffn_gate_tid2eid"
+
+
+class HashTopK:
+    """moe(x [n, d], weights, ids [n]) -> [n, d]: the layer's table routes by ids, else `topk`."""
+
+    def __init__(self, spec: MoeSpec, gating, act, topk):
+        self.spec, self.gating, self.act, self.topk = spec, gating, act, topk
+        self.table = None
+
+    def bind(self, binder, layer: int) -> None:
+        from archrun_deepseek4_ops.hash_route import HashTable
+
+        if binder.d.tensor_name(TABLE, layer) in binder.gguf.tensors:
+            self.table = HashTable(binder.integers(TABLE, layer), self.spec.n_expert, self.spec.n_expert_used)
+
+    def __call__(self, x: np.ndarray, w, ids: np.ndarray) -> np.ndarray:
+        if self.table is None:
+            return self.topk(x, w)
+        from archrun_blocks.reference import shared_experts
+        from archrun_deepseek4_ops.hash_route import route_by_token
+
+        experts, weights = route_by_token(self.gating(w.gate_inp(x)), ids, self.table, self.spec)
+        out = np.zeros_like(x)
+        for e in np.unique(experts):
+            rows, slot = np.nonzero(experts == e)
+            xe = x[rows]
+            out[rows] += weights[rows, slot][:, None] * w.down[e](self.act(w.gate[e](xe), w.up[e](xe)))
+        if w.shared is not None:
+            out += shared_experts(x, w, self.act)
+        return out
+
+
+def hash_topk(spec: MoeSpec, gating, act) -> HashTopK:
+    """The reference op (archrun-blocks' reference top-k for the layers without a table)."""
+    from archrun_blocks import reference
+
+    return HashTopK(spec, gating, act, reference.moe_topk(spec, gating, act))
+
+
+def hash_topk_fast(spec: MoeSpec, gating, act) -> HashTopK:
+    """The fast op: archrun-blocks' fast top-k mixture for the layers without a table."""
+    from archrun_blocks import fast
+
+    return HashTopK(spec, gating, act, fast.moe_topk(spec, gating, act))
