@@ -93,7 +93,8 @@ def _convert_llamacpp(model, path, hp, dtype, rename_arch, types, mtp, name, con
 
 def widen_to_f32(path: str | Path, globs: tuple[str, ...]) -> Path:
     """Rewrite the GGUF at ``path`` in place with its quantized tensors matching ``globs`` stored as float32
-    (gguf-py's dequantization: exact for every type whose values are float32 numbers, MXFP4 and Q8_0)."""
+    (gguf-py's dequantization: exact for every type whose values are float32 numbers, MXFP4 and Q8_0); a file
+    left without quantized tensors says so (``general.file_type`` ALL_F32)."""
     from gguf import quants
 
     from archrun.conformance.gguf_edit import rewrite_gguf
@@ -106,8 +107,12 @@ def widen_to_f32(path: str | Path, globs: tuple[str, ...]) -> Path:
     del reader
     if not widened:
         return path
+    floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.I8, gguf.GGMLQuantizationType.I16,
+              gguf.GGMLQuantizationType.I32, gguf.GGMLQuantizationType.I64)
+    all_f32 = all(t.name in widened or t.tensor_type in floats for t in gguf.GGUFReader(str(path)).tensors)
     tmp = path.with_name(path.name + ".f32")
-    rewrite_gguf(path, tmp, drop_tensors=tuple(widened), add_tensors=widened)
+    rewrite_gguf(path, tmp, drop_tensors=tuple(widened), add_tensors=widened,
+                 add_keys={"general.file_type": int(gguf.LlamaFileType.ALL_F32)} if all_f32 else None)
     tmp.replace(path)
     return path
 
