@@ -291,19 +291,17 @@ class V4Slot:
         return sum(a.nbytes for name, a in vars(self).items()
                    if isinstance(a, np.ndarray) and name not in ("entries", "index_entries"))
 
-    def held(self, start: int, need: int, names: tuple[str, ...]) -> tuple[int, list[np.ndarray]]:
-        """(first position, arrays) of the rows holding positions < start, in position order (rows of
-        positions at or past start, left by a rewind, are ignored); InvalidRequest unless they are the
-        positions first..start-1 with first <= need (the oldest position the step reads)."""
-        keep = (self.pos >= 0) & (self.pos < start)
-        order = np.argsort(self.pos[keep], kind="stable")
-        pos = self.pos[keep][order]
-        first = int(pos[0]) if len(pos) else start
-        if first > max(0, need) or len(pos) != start - first or (len(pos) and pos[-1] != start - 1):
-            held = f"positions {first}..{int(pos[-1])}" if len(pos) else "no positions before it"
-            raise InvalidRequest(f"this cache cannot continue at position {start}: it holds {held} (rewound "
-                                 "past its reach, or not the cache these tokens follow)")
-        return first, [getattr(self, name)[keep][order] for name in names]
+    def check(self, start: int, first: int) -> None:
+        """InvalidRequest unless the ring holds positions first..start-1 (a step at `start` reads them)."""
+        want = np.arange(max(0, first), start)
+        if not np.array_equal(self.pos[want % self.size], want):
+            raise InvalidRequest(f"this cache cannot continue at position {start}: it does not hold positions "
+                                 f"{max(0, first)}..{start - 1} (rewound past its reach, or not the cache these "
+                                 "tokens follow)")
+
+    def rows(self, name: str, first: int, start: int) -> np.ndarray:
+        """Array `name`'s rows of positions first..start-1, in order (after `check`)."""
+        return getattr(self, name)[np.arange(first, start) % self.size]
 
     def write(self, start: int, rows: dict[str, np.ndarray]) -> None:
         """Store positions start.. (only the last `size` of them can matter later)."""
@@ -398,20 +396,20 @@ class V4Attention:
             rows.update(ckv=side[0], cgate=side[1] + self.ape[at])
             if self.index_heads:
                 rows.update(ikv=side[2], igate=side[3] + self.index_ape[at])
-        need = start - self.window + 1
-        if self.ratio:
-            need = min(need, (start // self.ratio - (1 if self.overlap else 0)) * self.ratio)
-        base, old = slot.held(start, need, tuple(rows))
-        src = {name: np.concatenate([o, x]) for (name, x), o in zip(rows.items(), old, strict=True)}
-        n_seen = 0
+        base = max(0, start - self.window + 1)                      # the oldest row a query of this step reads
+        closes = bool(self.ratio) and end // self.ratio > start // self.ratio
+        first = max(0, (start // self.ratio - (1 if self.overlap else 0)) * self.ratio) if closes else start
+        slot.check(start, min(base, first))
+        n_seen = end // self.ratio if self.ratio else 0
         chosen = None
-        if self.ratio:
-            n_seen = end // self.ratio
-            self._emit(slot, src, base, start, end)
-            if self.index_heads and n_seen:
-                chosen = self._select(slot, side[4], side[5], pos, ang, n_seen)
+        if closes:  # the compressor's rows of the windows closing in this step: from the ring, then the new ones
+            src = {name: np.concatenate([slot.rows(name, first, start), x]) for name, x in rows.items() if name != "kv"}
+            self._emit(slot, src, first, start, end)
+        if self.index_heads and n_seen:
+            chosen = self._select(slot, side[4], side[5], pos, ang, n_seen)
+        keys = np.concatenate([slot.rows("kv", base, start), kv])
         slot.write(start, rows)
-        out = self._attend(q, src["kv"], base, pos, slot.entries[:n_seen] if n_seen else None, chosen)
+        out = self._attend(q, keys, base, pos, slot.entries[:n_seen] if n_seen else None, chosen)
         return self._rope(out, pos, ang, -1.0)
 
     def _rope(self, x: np.ndarray, pos: np.ndarray, ang: np.ndarray, sign: float) -> np.ndarray:
