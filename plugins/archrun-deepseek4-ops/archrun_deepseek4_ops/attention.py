@@ -45,12 +45,12 @@ from typing import Any
 
 import numpy as np
 
+from archrun.descriptor import NO_ROPE
 from archrun.errors import InvalidRequest, MetadataError
 from archrun_deepseek4_ops.mhc import unweighted_rms
 from archrun_deepseek4_ops.v4_attention import rope_trailing
 
 F32 = np.float32
-NO_ROPE = "none"
 QUERY_BLOCK_BUDGET = 1 << 22  # floats of one [H, rows, keys] block of scores
 
 
