@@ -36,6 +36,14 @@ is a function of its window's rows only, written when the window closes: truncat
 length within the ring's reach leaves exactly the rows and entries a cache that never went past it holds
 (entries of windows that close later are recomputed when they close again). So the slot rewinds like a
 sliding-window ring (`max_rewind`), with no state copies.
+
+HF and llama.cpp compute the same attention; where they differ: llama.cpp loads compression ratios 0, 4
+(CSA) and 128 (HCA) only, HF any (archrun: any, CSA told by the compressor's width); llama.cpp multiplies
+q, K/V and the indexer's queries and keys by a Hadamard rotation (orthogonal: the same scores up to
+rounding), folds the indexer's 1 / sqrt(Di) into its head weights (exact for ReLU), and rewinds the
+compressors' partial windows from per-sequence state copies where archrun recomputes from its ring.
+Entries tied at the indexer's k-th place (exact zeros after the ReLU) each picks in its own order
+(torch.topk, ggml_top_k); archrun takes the earlier ones (archrun_mla.indexer.top_keys).
 """
 
 from __future__ import annotations

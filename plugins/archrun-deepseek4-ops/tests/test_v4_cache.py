@@ -99,3 +99,21 @@ def test_rewind_past_the_ring_is_refused(layers):
         run(layer, h[:1], [slice(0, 1)], slot, start=N + 3)
     with pytest.raises(InvalidRequest):
         run(layer, h[:1], [slice(0, 1)], slot, start=N - 20)
+
+
+@pytest.mark.parametrize("kind", range(3), ids=KINDS)
+def test_a_cleared_cache_forgets_the_previous_sequence(layers, kind):
+    """KvCache.clear() leaves the ring's rows in place: a new sequence from position 0 never reads them."""
+    layer = layers[kind]
+    op = layer[1]
+    rng = np.random.default_rng(kind)
+    old, new = (rng.standard_normal((N, 24)).astype(F32) for _ in range(2))
+    slot = op.new_slot(64, 4)
+    cache = KvCache([slot], 64)
+    run(layer, old, [slice(0, N)], slot)
+    cache.advance(N)
+    cache.clear()
+    spans = [slice(0, 9), slice(9, 10), slice(10, 27)]
+    got, _ = run(layer, new, spans, slot)
+    want, _ = run(layer, new, spans, op.new_slot(64, 4))
+    np.testing.assert_array_equal(got, want)
