@@ -39,9 +39,11 @@ sliding-window ring (`max_rewind`), with no state copies.
 
 HF and llama.cpp compute the same attention; where they differ: llama.cpp loads compression ratios 0, 4
 (CSA) and 128 (HCA) only, HF any (archrun: any, CSA told by the compressor's width); llama.cpp multiplies
-q, K/V and the indexer's queries and keys by a Hadamard rotation (orthogonal: the same scores up to
-rounding), folds the indexer's 1 / sqrt(Di) into its head weights (exact for ReLU), and rewinds the
-compressors' partial windows from per-sequence state copies where archrun recomputes from its ring.
+the indexer's queries and keys, and q and K/V when its K cache is quantized, by a Hadamard rotation
+(orthogonal: the same scores up to rounding), scales the indexer's head weights once by 1 / sqrt(Di Hi)
+where HF scales the ReLU'd dots by 1 / sqrt(Di) and the weights by 1 / sqrt(Hi) (equal up to rounding),
+and rewinds the compressors' partial windows from per-sequence state copies where archrun recomputes
+from its ring.
 Entries tied at the indexer's k-th place (exact zeros after the ReLU) each picks in its own order
 (torch.topk, ggml_top_k); archrun takes the earlier ones (archrun_mla.indexer.top_keys).
 """
