@@ -27,7 +27,9 @@ Two kinds of capability:
   `empty` (mixer: the op adds nothing to the stream, so the block's FFN may read its normed input under
   any residual topology: the layers without a token mixer),
   `token_ids` (moe: the op is called ``moe(x, weights, token_ids)`` with each row's token id, int64 [n],
-  e.g. to route by token; such a layer has no layer kernel, since a fused step knows no token ids) and
+  e.g. to route by token; such a layer has no layer kernel, since a fused step knows no token ids),
+  `branches` (stream: the op calls each block's attention and FFN branches apart, ``block.attention`` /
+  ``block.ffn``, and carries the residual itself, so the blocks' residual topology is never used) and
   `op_backend` (block_style: the backend the small ops bind on, "reference" or None for the model's).
 """
 
@@ -46,7 +48,7 @@ KERNEL_MEMBERS = ("fused", "fused_input", "fused_for", "pool_task", "slot_arrays
 #: members both factories' objects carry when declared
 SHARED_MEMBERS = ("kv_types", "binds")
 #: declared values (read from the declaration itself, not from bound objects)
-VALUES = ("causal", "ffn_reads_input", "empty", "token_ids", "op_backend")
+VALUES = ("causal", "ffn_reads_input", "empty", "token_ids", "branches", "op_backend")
 
 #: slot -> the capabilities an op of that slot may declare (members and values)
 SLOT_CAPABILITIES: dict[str, frozenset[str]] = {
@@ -60,7 +62,7 @@ SLOT_CAPABILITIES: dict[str, frozenset[str]] = {
     "gating": frozenset({"fused"}),
     "moe": frozenset({"act_part", "fused_layer", "binds", "token_ids"}),
     "softcap": frozenset(),
-    "stream": frozenset(),
+    "stream": frozenset({"branches"}),
     "block_style": frozenset({"op_backend"}),
 }
 
@@ -86,6 +88,7 @@ class OpCapabilities:
     ffn_reads_input: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     empty: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     token_ids: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
+    branches: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     op_backend: str | None = attrs.field(default=None, kw_only=True,
                                          validator=attrs.validators.in_((None, "reference")))
 

@@ -345,9 +345,19 @@ def _stated(descriptor, convention: str):
         ffns = [lay.ffn for lay in descriptor.layers if lay.ffn is not None]
         return ffns[0].activation if ffns else None
     if convention == "residual":  # topologies differ only in a block with both branches: none without one
+        if descriptor.stream and _stream_caps(descriptor.stream).branches:
+            return None  # the stream op runs the branches apart and carries the residual itself
         return layer.residual if any(lay.ffn is not None and not _empty(lay.attention)
                                      for lay in descriptor.layers) else None
     return descriptor.norm
+
+
+def _stream_caps(name: str):
+    """What the installed stream op `name` declares (archrun.contracts.OpCapabilities)."""
+    from archrun.plugins import default_plugin_manager
+    from archrun.vocab import build_vocabulary
+
+    return build_vocabulary(default_plugin_manager()).entry("stream", name).op.capabilities
 
 
 def _empty(attention) -> bool:
