@@ -106,6 +106,8 @@ FIXTURES = (
     # sliding, CSA and HCA (ratio 8) layers, the first hash-routed
     _fixture("deepseek4_csa_hca8", 1, (0, 4, 8), 1,
              llama_cpp="llama.cpp's loader takes the compression ratios 0, 4 and 128 only (this file has 8)"),
-    # llama.cpp's shape: HCA ratio 128 (no entry within the prompt), two hash layers
-    _fixture("deepseek4_csa_hca128", 2, (0, 4, 128), 2),
+    # llama.cpp's shape: HCA ratio 128 (no entry within the prompt), two hash layers, an indexer of 4 heads
+    # of 64 (llama.cpp rotates the indexer's queries and keys by a Hadamard matrix of 64 or more dims; with
+    # 2 heads both often score 0 after the ReLU: ties HF's torch.topk breaks in no defined order), rank 8
+    _fixture("deepseek4_csa_hca128", 2, (0, 4, 128), 2, index_head_dim=64, o_lora_rank=8),
 )
