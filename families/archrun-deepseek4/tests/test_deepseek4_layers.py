@@ -76,3 +76,39 @@ def test_fixture_sees_the_indexer_selection(name, tmp_path):
                         add_keys={"deepseek4.attention.indexer.top_k": 40})
     per_pos = _per_position(path, ids, want)
     assert per_pos[:19].max() <= 1e-5 and per_pos[19:].max() > 1e-3
+
+
+MARGIN = 1e-4  # least gap at the indexer's k-th place, relative to the query's largest |visible score|
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_hf_indexer_selection_has_a_margin(name):
+    """HF's own indexer scores (torch) keep a gap at the k-th place for every query that sees more compressed
+    entries than its top-k: no tie torch.topk might break in another order than archrun or llama.cpp."""
+    torch = pytest.importorskip("torch")
+
+    from archrun.conformance.hf import build_tiny, load_module
+
+    spec = load_module(Path(__file__).parent / "hf_arch.py")
+    entry = next(f for f in spec.FIXTURES if f.name == name)
+    model, config = build_tiny(spec.DEEPSEEK_V4, entry.seed, **entry.overrides)
+    ids, _ = _golden(name)
+    seen, original = [], torch.Tensor.topk
+
+    def recording_topk(scores, k, *args, **kwargs):
+        if scores.dim() == 3 and scores.shape[1] == len(ids):  # the indexer's [1, queries, entries]
+            seen.append(scores[0].float().numpy().copy())
+        return original(scores, k, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+        mp.setattr(torch.Tensor, "topk", recording_topk)
+        model(torch.from_numpy(ids)[None])
+    k, csa = config.index_topk, LAYERS[name][0].count(4)
+    assert len(seen) == csa
+    margins = []
+    for scores in seen:
+        for row in scores:
+            visible = np.sort(row[np.isfinite(row)])[::-1]
+            if len(visible) > k:
+                margins.append((visible[k - 1] - visible[k]) / np.abs(visible).max())
+    assert len(margins) == csa * (len(ids) - 19) and min(margins) > MARGIN
