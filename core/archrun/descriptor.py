@@ -277,6 +277,8 @@ class MoeSpec:
     up_bias: bool = field(default=False, validator=v.instance_of(bool))
     down_bias: bool = field(default=False, validator=v.instance_of(bool))
     shared_bias: bool = field(default=False, validator=v.instance_of(bool))  # ffn_*_shexp.bias
+    # the mixture op's own per-layer parameters, read from the file by its layout (archrun.vocab.MoeLayout)
+    params: tuple[tuple[str, float], ...] = field(default=(), converter=_named_values, kw_only=True)
 
     @n_expert_used.validator
     def _used(self, _attr, value: int) -> None:

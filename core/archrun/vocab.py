@@ -101,6 +101,15 @@ class ActivationLayout(Protocol):
     def describe(self, ctx: Any) -> dict[str, Any]: ...
 
 
+class MoeLayout(Protocol):
+    """The per-layer parameters of a mixture op that reads its own from the file (slot "moe", `Op.layout`):
+    describe(ctx) runs at compile time for each MoE layer (ctx: archrun.describe.compile.LayerContext) and
+    returns {"params": {name: number}}; the descriptor keeps them (MoeSpec.params), which the op reads from
+    the spec its factory gets."""
+
+    def describe(self, ctx: Any) -> dict[str, Any]: ...
+
+
 class MixerLayout(Protocol):
     """The geometry of a token mixer (slot "mixer", `Op.layout`): describe(ctx) runs at compile time for
     each layer using the mixer (ctx: archrun.describe.compile.LayerContext), checks the layer's tensors and returns
@@ -147,7 +156,7 @@ class Op:
     layout: an attention op's own projections (AttentionLayout), or None for the standard ones; a
     mixer op's geometry (MixerLayout, required in slot "mixer"); an activation op's parameters read
     from the file (ActivationLayout), or None for an activation without any; a stream op's parameters
-    read from the file (StreamLayout).
+    read from the file (StreamLayout); a mixture op's per-layer parameters read from the file (MoeLayout).
     capabilities: what its bound objects can do beyond the slot's Protocol (archrun.contracts), checked
     when the op is registered.
     fast may be a `Lazy("module:factory")`, imported when a model first binds it.
@@ -158,8 +167,8 @@ class Op:
     reference: Callable[..., Any] = attrs.field(validator=attrs.validators.is_callable())
     fast: Callable[..., Any] | None = attrs.field(default=None)
     doc: str = ""
-    layout: AttentionLayout | MixerLayout | ActivationLayout | StreamLayout | None = attrs.field(default=None,
-                                                                                               kw_only=True)
+    layout: AttentionLayout | MixerLayout | ActivationLayout | StreamLayout | MoeLayout | None = attrs.field(
+        default=None, kw_only=True)
     capabilities: OpCapabilities = attrs.field(factory=OpCapabilities, kw_only=True)
 
     def declared(self, backend: str) -> OpCapabilities:

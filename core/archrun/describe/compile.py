@@ -348,15 +348,15 @@ class _Conventions:
 
 def _layouts(plugins: Any) -> tuple[dict[str, Any], dict[str, Any], dict[tuple[str, str], Any]]:
     """(installed attention ops by name -> their projection layout (None: the standard projections),
-    installed token mixers (slot "mixer") by name -> their layout, installed activations and stream ops
-    that read parameters from the file by (slot, name) -> their layout)."""
+    installed token mixers (slot "mixer") by name -> their layout, installed activations, stream ops and
+    mixtures that read parameters from the file by (slot, name) -> their layout)."""
     from archrun.vocab import build_vocabulary
 
     vocab = list(build_vocabulary(plugins))
     return ({e.op.name: e.op.layout for e in vocab if e.op.slot == "attention"},
             {e.op.name: e.op.layout for e in vocab if e.op.slot == "mixer"},
             {(e.op.slot, e.op.name): e.op.layout for e in vocab
-             if e.op.slot in ("activation", "stream") and e.op.layout is not None})
+             if e.op.slot in ("activation", "stream", "moe") and e.op.layout is not None})
 
 
 @frozen
@@ -775,10 +775,11 @@ class _Geometry:
                        up_bias=_vector_if_present(t, "ffn_up.bias", i, 2 * n_ff if packed else n_ff),
                        down_bias=_vector_if_present(t, "ffn_down.bias", i, d))
 
-    def _activation_params(self, i: int, kind: str) -> tuple[tuple[str, float], ...]:
-        """Layer i's parameters of an activation op that reads its own from the file (its `Op.layout`,
-        archrun.vocab.ActivationLayout), as sorted (name, value) pairs; none for the others."""
-        layout = self.param_layouts.get(("activation", kind))
+    def _activation_params(self, i: int, kind: str, slot: str = "activation") -> tuple[tuple[str, float], ...]:
+        """Layer i's parameters of an activation (or mixture, `slot` "moe") op that reads its own from the file
+        (its `Op.layout`, archrun.vocab.ActivationLayout / MoeLayout), as sorted (name, value) pairs; none for
+        the others."""
+        layout = self.param_layouts.get((slot, kind))
         if layout is None:
             return ()
         ctx = LayerContext(self.meta, self.t, i, self.n_embd, self.heads[i], self.heads_kv[i] or self.heads[i])
@@ -797,9 +798,10 @@ class _Geometry:
         if bias:
             t.expect("exp_probs_b", i, (n_expert,))
         n_shared, n_ff_shared = self._shared(i)
-        act = self.conv.need("activation") or ""
+        act, kind = self.conv.need("activation") or "", self.conv.need("moe") or ""
         return MoeSpec(
-            kind=self.conv.need("moe") or "", activation=act, activation_params=self._activation_params(i, act),
+            kind=kind, activation=act, activation_params=self._activation_params(i, act),
+            params=self._activation_params(i, kind, "moe"),
             n_expert=n_expert,
             n_expert_used=n_used, n_ff=n_ff, gating=self.conv.gating(bias) or "",
             weights_norm=meta.get("expert_weights_norm", bool, self.fam.moe_weights_norm),

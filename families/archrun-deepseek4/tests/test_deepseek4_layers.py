@@ -14,6 +14,7 @@ import pytest
 
 import archrun
 from archrun.conformance.gguf_edit import rewrite_gguf
+from archrun.errors import MissingTensor, UnexpectedTensor
 
 GOLDENS = Path(__file__).parent / "goldens"
 LAYERS = {"deepseek4_csa_hca8": ((0, 4, 8), 1), "deepseek4_csa_hca128": ((0, 4, 128), 2)}
@@ -37,7 +38,18 @@ def test_layer_kinds(name):
     assert [bool(p["overlap"]) for p in params] == [r == 4 for r in ratios]  # CSA: overlapping windows
     assert all(p["window"] == 8 for p in params)
     assert [lp.ffn.moe.table is not None for lp in m.plan.layers] == [i < n_hash for i in range(len(ratios))]
+    assert [dict(lay.ffn.params)["hash"] for lay in m.descriptor.layers] == [i < n_hash for i in range(len(ratios))]
     assert m.descriptor.stream == "mhc" and dict(m.descriptor.stream_params)["n_stream"] == 4
+
+
+@pytest.mark.parametrize("count, error", [(2, MissingTensor), (0, UnexpectedTensor)])
+def test_hash_layer_count_and_tables_agree(count, error, tmp_path):
+    """The file's hash_layer_count says which layers route by token id: a hash layer without its table, or a
+    table in a layer the count calls top-k, is refused at load (deepseek4_csa_hca8: one hash layer)."""
+    path = rewrite_gguf(GOLDENS / "deepseek4_csa_hca8.gguf", tmp_path / "count.gguf",
+                        add_keys={"deepseek4.hash_layer_count": count})
+    with pytest.raises(error, match="ffn_gate_tid2eid"):
+        archrun.load(path, backend="reference")
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))

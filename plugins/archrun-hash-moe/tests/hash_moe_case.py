@@ -17,7 +17,7 @@ D, F, E, K, V, LIMIT, SCALE = 32, 16, 8, 3, 64, 1.0, 1.5
 
 SPEC = MoeSpec(kind="hash_topk", activation="swiglu_clamp", activation_params=(("limit", LIMIT),), n_expert=E,
                n_expert_used=K, n_ff=F, gating="sqrtsoftplus", weights_norm=True, weights_scale=SCALE,
-               router_bias=False, n_shared=1, n_ff_shared=F)
+               router_bias=False, n_shared=1, n_ff_shared=F, params=(("hash", 1.0),))
 
 
 def hf_block(hash_layer: bool, seed: int = 5):
@@ -74,7 +74,7 @@ def op(factory, b, backend: str):
     fast = backend == "fast"
     spec = SPEC if b.is_hash else MoeSpec(**{**{a: getattr(SPEC, a) for a in (
         "kind", "activation", "activation_params", "n_expert", "n_expert_used", "n_ff", "gating", "weights_norm",
-        "weights_scale", "n_shared", "n_ff_shared")}, "router_bias": True})
+        "weights_scale", "n_shared", "n_ff_shared")}, "router_bias": True, "params": (("hash", 0.0),)})
     gating, act = (sqrtsoftplus_fast, swiglu_clamp_fast) if fast else (sqrtsoftplus, swiglu_clamp)
     m = factory(spec, gating(), act(LIMIT))
     m.bind(binder(b), 0)
