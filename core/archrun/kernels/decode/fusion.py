@@ -8,11 +8,13 @@ A layer whose FFN op brings its own layer kernel (`ffn_op.fused_layer`, e.g. a m
 experts) runs that. A token mixer's layer (a recurrent layer: a short convolution, a state-space
 model, a delta rule) runs its mixer op's layer kernel (`mixer_op.fused_layer(common, group_id=None)`,
 a MixerBlock): the op computes the mixer's output from the block's normed input and hands it to
-kernels.decode.layer's `mixer_output`; the layer's recurrent state reaches the kernel through the op's
-`slot_arrays(slot, start)` (the state arrays of the token at `start`, updated in place). An attention op
-with its own projection layout (e.g. latent attention) brings its layer's kernel the same way
-(`fuse_attention_layer`: `op.fused_layer(qkv, o, common, moe, group_id=None)`). Ops without
-parts, and the reference backend, keep the op-by-op path, which computes the same block. The
+kernels.decode.layer's `mixer_output` (a layer whose FFN is a mixture of experts: when the op's
+fused_layer takes `moe=`, the layer's bound MoeFfn, whose FFN its kernel then runs too); the layer's
+recurrent state reaches the kernel through the op's `slot_arrays(slot, start)` (the state arrays
+of the token at `start`, updated in place). An attention op with its own projection layout (e.g.
+latent attention) brings its layer's kernel the same way (`fuse_attention_layer`:
+`op.fused_layer(qkv, o, common, moe, group_id=None)`). Ops without parts, and the reference
+backend, keep the op-by-op path, which computes the same block. The
 core only moves parts and arrays into the kernel: it knows no math.
 
 On more than one thread, the products of a one-token step (every layer's product groups and the
@@ -24,6 +26,7 @@ experts). `DecodeSteps.running()` wakes its workers for one step.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -244,18 +247,22 @@ def _own_kernel_common(lp: LayerPlan, norm: Any, rope: Part, declared: Callable[
 def fuse_mixer(lp: LayerPlan, norm: Any, declared: Callable[[Any], OpCapabilities],
                groups: list[tuple] | None = None) -> MixerBlock | None:
     """The fused decode step of a token mixer's layer (its op's `fused_layer`), or None when it must run op
-    by op (an op without a layer kernel or parts, an FFN that is not a dense product pair)."""
+    by op (an op without a layer kernel or parts, an FFN that is neither a dense product pair nor a mixture of
+    experts the op's kernel takes: its fused_layer has a `moe` parameter, which gets the layer's bound MoeFfn)."""
     op, caps = lp.attention, declared(lp.attention)
     if not (caps.fused_layer and caps.slot_arrays) or op.fused_layer is None or op.slot_arrays is None:
         return None
+    kw = {}
     if lp.ffn is not None and not isinstance(lp.ffn, DenseFfn):
-        return None  # a mixture of experts (its own layer kernel): op by op
+        if "moe" not in inspect.signature(op.fused_layer).parameters:
+            return None  # a mixture of experts the op's layer kernel does not run: op by op
+        kw["moe"] = lp.ffn
     made = _own_kernel_common(lp, norm, NO_ROPE, declared, groups)
     if made is None:
         return None
     common, first = made
-    made = (op.fused_layer(common) if groups is None else
-            op.fused_layer(common, lambda ms, n_in: _group_id(groups, ms, n_in)))
+    made = (op.fused_layer(common, **kw) if groups is None else
+            op.fused_layer(common, lambda ms, n_in: _group_id(groups, ms, n_in), **kw))
     if made is None:
         return None
     kernel, args, big = made
