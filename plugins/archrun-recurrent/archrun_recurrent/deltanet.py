@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from archrun.errors import MetadataError
+from archrun_recurrent.fused import FusedMixer
 from archrun_recurrent.mamba2 import silu, softplus
 from archrun_recurrent.state import StateSlot
 
@@ -167,11 +168,61 @@ def deltanet_reference(spec: Any) -> GatedDeltaNet:
     return GatedDeltaNet(spec)
 
 
-def deltanet_fast(spec: Any, tiled: bool = False) -> GatedDeltaNet:
-    """The same mixer with its delta rule in a numba kernel (runs op by op)."""
-    from archrun_recurrent.kernels import scan  # imported on use: loading the plugin compiles no kernel
+class FastGatedDeltaNet(FusedMixer, GatedDeltaNet):
+    """The mixer token by token in numba kernels (archrun_recurrent.kernels.delta_step), and its whole decode layer
+    as one kernel (`fused_layer`, archrun.kernels.decode.fusion.MixerBlock; with a dense FFN or a mixture of
+    experts) built from the same token step: a token's result has the same bits on either path."""
 
-    return GatedDeltaNet(spec, scan.delta_rule, tiled)
+    _args: tuple | None = None
+
+    def _token_args(self) -> tuple:
+        """The token kernel's weights (built on first use, after bind): conv taps [conv_dim, K], a zero conv bias,
+        dt bias, A (float32 [Hv]), the norm's weight [dv], Hk, tiled, split, the q scale, the norm's epsilon."""
+        if self._args is None:
+            vecs = (np.ascontiguousarray(v, F32).reshape(-1) for v in (self.dt_bias, self.a, self.norm_w))
+            self._args = (np.ascontiguousarray(self.conv_w, F32), np.zeros(self.conv_dim, F32), *vecs,
+                          np.int64(self.hk), np.int64(self.tiled), np.int64(self.split), F32(self.scale),
+                          float(self.eps))
+        return self._args
+
+    def mix(self, h: np.ndarray, slot: StateSlot, start: int) -> np.ndarray:
+        """Append h [n, d] at positions start.. to the layer's state; the mixer output [n, d]. The states after
+        the step's last tokens are kept in the slot's ring."""
+        from archrun_recurrent.kernels.delta_step import deltanet_tokens
+
+        slot.begin(start)
+        n, end = len(h), start + len(h)
+        qkv = np.ascontiguousarray(self.qkv(h), dtype=F32)                    # [n, conv_dim]
+        z = np.ascontiguousarray(self.gate(h), dtype=F32)                     # [n, Hv dv]
+        ba = np.concatenate([self.beta_proj(h), self.alpha_proj(h)], axis=1) if self.split else self.ba(h)
+        ba = np.ascontiguousarray(ba, dtype=F32)                              # [n, 2 Hv]
+        y = np.empty((n, self.hv * self.dv), F32)
+        conv, state = slot.state["conv"], slot.state["delta"]
+        args = self._token_args()
+        first = slot.first_kept(start, end) - start - 1                        # first token whose state is kept
+        if first > 0:
+            deltanet_tokens(qkv[:first], z[:first], ba[:first], conv, state, *args, y[:first])
+        for j in range(first, n):
+            deltanet_tokens(qkv[j:j + 1], z[j:j + 1], ba[j:j + 1], conv, state, *args, y[j:j + 1])
+            slot.keep(start + j + 1)
+        slot.end(end)
+        return self.out_proj(y)
+
+    def _fused_parts(self) -> tuple:
+        from archrun_recurrent.kernels.delta_step import deltanet_layer
+
+        ba = (self.beta_proj, self.alpha_proj) if self.split else self.ba
+        return deltanet_layer, ((self.qkv, self.gate), ba, self.out_proj), self._token_args()
+
+    def _fused_moe_kernel(self):
+        from archrun_recurrent.kernels.delta_step import deltanet_moe_layer
+
+        return deltanet_moe_layer
+
+
+def deltanet_fast(spec: Any, tiled: bool = False) -> GatedDeltaNet:
+    """The same mixer token by token in numba kernels; its layer decodes fused."""
+    return FastGatedDeltaNet(spec, tiled=tiled)
 
 
 def tiled_reference(spec: Any) -> GatedDeltaNet:

@@ -1,6 +1,6 @@
 """A mixer whose layer decodes fused (archrun.kernels.decode.fusion.MixerBlock): its `slot_arrays` and `fused_layer`
-members (FusedMixer), and what its layer kernel takes of its matrices (one product group each, their decode pool
-ids)."""
+members (FusedMixer), and what its layer kernel takes of its matrices (product groups of up to 3 matrices, their
+decode pool ids) and of the layer's mixture of experts when it has one (archrun-blocks' `ffn_args`)."""
 
 from __future__ import annotations
 
@@ -11,40 +11,72 @@ import numpy as np
 
 
 def product_groups(mats: Sequence[Any], group_id: Callable | None) -> tuple[list[tuple], np.ndarray, bool] | None:
-    """(a product group of 3 uniform matrices per matrix, their pool group ids int64 (-1: none), whether a
-    matrix is big enough to split over threads), or None when a matrix is not prepared for the fast kernels.
-    group_id(ms, n_in) -> id, when given, registers each group with the decode pool."""
+    """(a product group of 3 uniform matrices per item of `mats`, their pool group ids int64 (-1: none), whether a
+    matrix is big enough to split over threads), or None when a matrix is not prepared for the fast kernels. An
+    item is a matrix (a group of one) or a tuple of up to 3 matrices of one input width (one group: their
+    outputs one after another; an empty tuple: a group of absent matrices, which the kernel does not run).
+    group_id(ms, n_in) -> id, when given, registers each group (but an empty one) with the decode pool."""
     from archrun.kernels.decode.block import absent_matrix, uniform
     from archrun.kernels.matmul.qmatrix import PARALLEL_MIN_BYTES
 
-    if any(m is None or m.prepared is None for m in mats):
+    items = [tuple(m) if isinstance(m, tuple) else (m,) for m in mats]
+    flat = [m for item in items for m in item]
+    if any(m is None or m.prepared is None for m in flat):
         return None
-    groups = [(uniform(m.prepared, m.bias), absent_matrix(), absent_matrix()) for m in mats]
-    gids = np.full(len(mats), -1, np.int64)
+    if any(len(item) > 3 or len({m.n_in for m in item}) > 1 for item in items):
+        raise ValueError("a product group takes at most 3 matrices of one input width")
+    groups = [tuple(uniform(m.prepared, m.bias) for m in item) + (absent_matrix(),) * (3 - len(item))
+              for item in items]
+    gids = np.full(len(items), -1, np.int64)
     if group_id is not None:
-        gids[:] = [group_id(g, m.n_in) for g, m in zip(groups, mats, strict=True)]
-    return groups, gids, max(m.prepared.nbytes for m in mats) >= PARALLEL_MIN_BYTES
+        gids[:] = [group_id(g, item[0].n_in) if item else -1 for g, item in zip(groups, items, strict=True)]
+    return groups, gids, max(m.prepared.nbytes for m in flat) >= PARALLEL_MIN_BYTES
+
+
+def moe_arguments(moe: Any, group_id: Callable | None) -> tuple[tuple, bool] | None:
+    """(archrun-blocks' moe_rows arguments of the layer's mixture of experts (moe: its bound MoeFfn), whether its
+    experts are big enough to split over threads), or None when its op has none (`ffn_args`). group_id as for
+    product_groups: the router's and experts' products then go to the decode pool."""
+    ffn_args = getattr(moe.moe, "ffn_args", None)
+    return None if ffn_args is None else ffn_args(moe.weights, group_id)
 
 
 class FusedMixer:
     """The fused-decode members of a recurrent mixer (a mixin before the mixer's class): the subclass says what
     its layer kernel takes in `_fused_parts() -> (kernel, matrices, weights)`; the kernel is called as
-    kernel(x, common, *product groups of the matrices, *weights, pool ids, state, chunks, par)."""
+    kernel(x, common, *product groups of the matrices, *weights, pool ids, state, chunks, par). A mixer whose
+    kernel also runs a mixture of experts names that kernel in `_fused_moe_kernel()`, called as
+    kernel(x, common, *product groups, *weights, pool ids, *the MoE's ffn_args, state, chunks, par)."""
 
     def _fused_parts(self) -> tuple[Any, Sequence[Any], tuple]:
         raise NotImplementedError
+
+    def _fused_moe_kernel(self) -> Any:
+        """The layer kernel of a block whose FFN is a mixture of experts, or None (such layers run op by op)."""
+        return None
 
     def slot_arrays(self, slot: Any, start: int) -> tuple:
         """The state a one-token step at `start` updates: (state array, its ring row) per state array
         (archrun_recurrent.state.StateSlot.step_arrays)."""
         return slot.step_arrays(start)
 
-    def fused_layer(self, common: Any, group_id: Callable | None = None) -> tuple | None:
+    def fused_layer(self, common: Any, group_id: Callable | None = None, moe: Any = None) -> tuple | None:
         """(kernel, args, parallel) of the layer's decode step, or None when a matrix is not prepared for the
-        fast kernels. group_id(ms, n_in) -> id, when given, registers the products with the decode pool."""
+        fast kernels or the layer's mixture of experts (moe: its bound MoeFfn, None for a dense FFN or none) has
+        no kernel arguments. group_id(ms, n_in) -> id, when given, registers the products with the decode pool."""
         kernel, mats, weights = self._fused_parts()
+        if moe is not None:
+            kernel = self._fused_moe_kernel()
+            if kernel is None or getattr(moe.moe, "ffn_args", None) is None:
+                return None
         made = product_groups(mats, group_id)
         if made is None:
             return None
         groups, gids, big = made
-        return kernel, (common, *groups, *weights, gids), big
+        if moe is None:
+            return kernel, (common, *groups, *weights, gids), big
+        ffn = moe_arguments(moe, group_id)
+        if ffn is None:
+            return None
+        moe_args, moe_big = ffn
+        return kernel, (common, *groups, *weights, gids, *moe_args), big or moe_big

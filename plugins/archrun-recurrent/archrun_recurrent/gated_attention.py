@@ -8,7 +8,9 @@ Q/K norms, rope and cache are the interpreter's), and
     out = attn_output(attention(q, k, v) * sigmoid(gate))          [n, H hd] -> [n, d]
 
 The layout (archrun.vocab.AttentionLayout) splits the gate off in `qkv` and applies it in `o`; a
-block calls the two in order on the same rows, so the bound pair hands the gate over.
+block calls the two in order on the same rows, so the bound pair hands the gate over. The fast op's layer
+decodes fused (`fused_layer`: archrun_recurrent.kernels.gated_attention_layer, with a dense FFN or a mixture
+of experts), from the matrices the bound pair names (`qkv.gated_query`, `o.matrix`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class GatedAttentionLayout:
             gate = held.pop()
             return wo((a * (1.0 / (1.0 + np.exp(-gate)))).astype(F32))
 
+        qkv.gated_query, o.matrix = (wq, wk, wv), wo  # what the fused layer (`fused_layer`) reads
         return qkv, o
 
 
@@ -100,8 +103,41 @@ def gated_reference(spec: Any) -> Any:
     return reference.CausalAttention(spec)
 
 
+def fused_layer(op: Any, qkv: Any, o: Any, common: Any, moe: Any, group_id: Any = None) -> tuple | None:
+    """(kernel, args, parallel) of a gated attention layer's decode step (archrun.kernels.decode.fusion's
+    fuse_attention_layer), or None when it runs op by op: another layout's projections (no `gated_query`), an
+    attention without a kernel part, a matrix not prepared for the fast kernels, a mixture of experts without
+    kernel arguments."""
+    from archrun.kernels.decode.parts import usable
+    from archrun_recurrent.fused import moe_arguments, product_groups
+    from archrun_recurrent.kernels import gated_attention_layer as k
+
+    mats, wo = getattr(qkv, "gated_query", None), getattr(o, "matrix", None)
+    part = None if op.fused is None else usable(op.fused, "attention")
+    if mats is None or wo is None or part is None:
+        return None
+    wq, wk, wv = mats
+    made = product_groups((wq, (wk, wv), wo), group_id)
+    if made is None:
+        return None
+    groups, gids, big = made
+    args = (common, *groups, part.handle, part.params, gids)
+    if moe is None:
+        return k.gated_attention_layer, args, big
+    ffn = moe_arguments(moe, group_id)
+    if ffn is None:
+        return None
+    moe_args, moe_big = ffn
+    return k.gated_attention_moe_layer, (*args, *moe_args), big or moe_big
+
+
 def gated_fast(spec: Any) -> Any:
-    """The attention itself: archrun-blocks' causal attention (fast; the layer runs op by op)."""
+    """The attention itself: archrun-blocks' causal attention (fast), whose layer decodes fused with its gate
+    (`fused_layer`) when its projections are gated_causal's."""
+    from functools import partial
+
     from archrun_blocks import fast
 
-    return fast.causal_attention(spec)
+    op = fast.causal_attention(spec)
+    op.fused_layer = partial(fused_layer, op) if op.fused is not None else None
+    return op

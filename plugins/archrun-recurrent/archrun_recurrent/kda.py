@@ -26,6 +26,7 @@ import numpy as np
 
 from archrun.errors import MetadataError
 from archrun_recurrent.deltanet import GatedDeltaNet, delta_reference, l2norm
+from archrun_recurrent.fused import FusedMixer
 from archrun_recurrent.mamba2 import silu, softplus
 
 F32 = np.float32
@@ -127,8 +128,60 @@ def kda_reference(spec: Any) -> KimiDeltaAttention:
     return KimiDeltaAttention(spec)
 
 
-def kda_fast(spec: Any) -> KimiDeltaAttention:
-    """The same mixer with its delta rule in a numba kernel (runs op by op)."""
-    from archrun_recurrent.kernels import scan  # imported on use: loading the plugin compiles no kernel
+class FastKda(FusedMixer, KimiDeltaAttention):
+    """The mixer token by token in numba kernels (archrun_recurrent.kernels.delta_step), and its whole decode layer
+    as one kernel (`fused_layer`, archrun.kernels.decode.fusion.MixerBlock; with a dense FFN or a mixture of
+    experts) built from the same token step: a token's result has the same bits on either path."""
 
-    return KimiDeltaAttention(spec, scan.delta_rule)
+    _args: tuple | None = None
+
+    def _token_args(self) -> tuple:
+        """The token kernel's weights (built on first use, after bind): conv taps [3 inner, K], a zero conv bias,
+        dt bias [inner], A [H], the norm's weight [dk], the q scale, the norm's epsilon."""
+        if self._args is None:
+            vecs = (np.ascontiguousarray(v, F32).reshape(-1) for v in (self.dt_bias, self.a, self.norm_w))
+            self._args = (np.ascontiguousarray(self.conv_w, F32), np.zeros(self.conv_dim, F32), *vecs,
+                          F32(self.scale), float(self.eps))
+        return self._args
+
+    def mix(self, h: np.ndarray, slot: Any, start: int) -> np.ndarray:
+        """Append h [n, d] at positions start.. to the layer's state; the mixer output [n, d]. The states after
+        the step's last tokens are kept in the slot's ring."""
+        from archrun_recurrent.kernels.delta_step import kda_tokens
+
+        slot.begin(start)
+        n, end = len(h), start + len(h)
+        qkv = np.ascontiguousarray(np.concatenate([self.q(h), self.k(h), self.v(h)], axis=1), dtype=F32)
+        f, b, gate = (np.ascontiguousarray(p(h), dtype=F32) for p in (self.decay, self.beta_proj, self.gate))
+        y = np.empty((n, self.inner), F32)
+        conv, state = slot.state["conv"], slot.state["delta"]
+        args = self._token_args()
+        first = slot.first_kept(start, end) - start - 1                        # first token whose state is kept
+        if first > 0:
+            kda_tokens(qkv[:first], f[:first], b[:first], gate[:first], conv, state, *args, y[:first])
+        for j in range(first, n):
+            kda_tokens(qkv[j:j + 1], f[j:j + 1], b[j:j + 1], gate[j:j + 1], conv, state, *args, y[j:j + 1])
+            slot.keep(start + j + 1)
+        slot.end(end)
+        return self.out_proj(y)
+
+    def _fused_parts(self) -> tuple:
+        from archrun_recurrent.kernels.delta_step import kda_layer
+
+        conv_w, conv_b, dt_bias, a, norm_w, scale, eps = self._token_args()
+        if self.full_gate:
+            low, g_b = (self.decay.a, self.beta_proj, self.gate), ()
+        else:
+            low, g_b = (self.decay.a, self.beta_proj, self.gate.a), (self.gate.b,)
+        mats = ((self.q, self.k, self.v), low, (self.decay.b,), g_b, self.out_proj)
+        return kda_layer, mats, (conv_w, conv_b, dt_bias, a, norm_w, np.int64(self.full_gate), scale, eps)
+
+    def _fused_moe_kernel(self):
+        from archrun_recurrent.kernels.delta_step import kda_moe_layer
+
+        return kda_moe_layer
+
+
+def kda_fast(spec: Any) -> KimiDeltaAttention:
+    """The same mixer token by token in numba kernels; its layer decodes fused."""
+    return FastKda(spec)

@@ -20,13 +20,14 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("mixer", "gated_deltanet", deltanet.deltanet_reference,
                 Lazy("archrun_recurrent.deltanet:deltanet_fast"),
                 "gated DeltaNet (Qwen3-Next): conv, l2-normed q/k, beta/alpha gates, delta-rule state, gated norm",
-                layout=deltanet.DeltaNetLayout()))
+                layout=deltanet.DeltaNetLayout(),
+                capabilities=OpCapabilities(fused_layer=True, slot_arrays=True)))
     register(Op("attention", "gated_causal", gated_attention.gated_reference,
                 Lazy("archrun_recurrent.gated_attention:gated_fast"),
                 "causal attention whose output is gated by sigmoid(gate) from the query projection (Qwen3-Next)",
                 layout=gated_attention.GatedAttentionLayout(),
                 capabilities=OpCapabilities(fused=True, fused_for=True, pool_task=True, slot_arrays=True, kv_types=True,
-                                            binds=True)))  # archrun-blocks' causal attention (its projections own)
+                                            binds=True, fused_layer=True)))  # blocks' attention; gated layer kernel
     register(Op("attention", "gated_causal_gate_proj", gated_attention.gated_reference,
                 Lazy("archrun_recurrent.gated_attention:gated_fast"),
                 "causal attention whose output is gated by sigmoid(attn_gate h), a projection of its own (AFMoE)",
@@ -36,11 +37,13 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("mixer", "gated_deltanet_tiled", deltanet.tiled_reference,
                 Lazy("archrun_recurrent.deltanet:tiled_fast"),
                 "gated DeltaNet whose value head j reads key head j % key heads (Qwen3.5 files' tiled order)",
-                layout=deltanet.DeltaNetLayout()))
+                layout=deltanet.DeltaNetLayout(),
+                capabilities=OpCapabilities(fused_layer=True, slot_arrays=True)))
     register(Op("mixer", "mamba", mamba.mamba_reference, Lazy("archrun_recurrent.mamba:mamba_fast"),
                 "Mamba selective state-space mixer (Mamba, Falcon-Mamba, Jamba): conv1d, x/dt projections, dt/B/C "
                 "norms, per-channel state",
                 layout=mamba.MambaLayout(), capabilities=OpCapabilities(fused_layer=True, slot_arrays=True)))
     register(Op("mixer", "kda", kda.kda_reference, Lazy("archrun_recurrent.kda:kda_fast"),
                 "Kimi Delta Attention (Kimi Linear): q/k/v short convs, l2-normed q/k, per-channel decay, delta-rule "
-                "state, sigmoid-gated norm", layout=kda.KdaLayout()))
+                "state, sigmoid-gated norm", layout=kda.KdaLayout(),
+                capabilities=OpCapabilities(fused_layer=True, slot_arrays=True)))

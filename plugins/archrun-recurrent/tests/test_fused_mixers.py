@@ -1,8 +1,8 @@
-"""Token mixers decode fused (their ops' layer kernels: `shortconv`, `mamba2`, `mamba`) with the bits of the op-by-op
-path: on copies of the families' tiny fixtures whose block matrices are Q8_0 (the fused and the op-by-op
-product kernels of a quantized type compute one token alike; float32 products differ in rounding, numpy's
-BLAS against the decode kernel), a mixer layer's fused step gives the op-by-op block's output and state bit
-for bit."""
+"""Token mixers decode fused (their ops' layer kernels: `shortconv`, `mamba2`, `mamba`, `gated_deltanet` and
+`gated_deltanet_tiled`, `kda`; with a dense FFN or a mixture of experts) with the bits of the op-by-op path: on
+copies of the families' tiny fixtures whose block matrices are Q8_0 (the fused and the op-by-op product kernels
+of a quantized type compute one token alike; float32 products differ in rounding, numpy's BLAS against the
+decode kernel), a mixer layer's fused step gives the op-by-op block's output and state bit for bit."""
 
 from __future__ import annotations
 
@@ -20,20 +20,41 @@ from archrun.kernels.decode.fusion import MixerBlock
 FAMILIES = Path(__file__).resolve().parents[3] / "families"
 # fixture -> its family package: LFM2 (short convolutions and attention), Mamba2 (mixers only, no FFN), a
 # Granite-4.0-style hybrid (Mamba2 and attention, dense FFN), Mamba (no FFN; Falcon-Mamba's weightless dt/B/C
-# norms)
+# norms), Qwen3-Next (gated DeltaNet with ssm_ba and gated attention, a mixture of experts in every layer), Qwen3.5
+# (tiled value heads, split beta/alpha; a dense FFN, or a mixture of experts), Kimi Linear (KDA and latent attention,
+# dense FFNs then a mixture of experts)
 FIXTURES = {"lfm2_ccac": "lfm2", "lfm2_accc_l2": "lfm2", "lfm2_acca_l4": "lfm2", "mamba2_g2_k3_tied": "mamba2",
             "mamba2_g4_hd32": "mamba2", "granitehybrid_mmam_dense": "granitehybrid", "mamba_k3_n24": "mamba",
-            "falcon_mamba_k4": "mamba"}
+            "falcon_mamba_k4": "mamba", "qwen3next_dddA": "qwen3next", "qwen3next_dAdA_k3": "qwen3next",
+            "qwen35_dddA": "qwen35", "qwen35moe_ddAd": "qwen35", "kimi_linear_mkkm_k3": "kimi-linear",
+            "kimi_linear_dk32": "kimi-linear"}
+# built here from the family's HF arch (hf_arch.py; llama.cpp's converter): fixture -> (arch name, seed, config).
+# Kimi Linear with KDA heads 32 wide: its rank-dk decay and gate projections (ssm_f_b, ssm_g_b) take Q8_0 blocks
+BUILT = {"kimi_linear_dk32": ("KIMI_LINEAR", 3, {"linear_head_dim": 32})}
 # Mamba's dt projection takes R < 32 inputs in these fixtures: it stays F16, whose one-row product differs in
 # its last bits between the op path's matmul and the decode kernel's product group; there the fused layer agrees
 # with the op path to float rounding (every other float step is shared)
-ROUNDED = {"falcon_mamba_k4", "mamba_k3_n24"}
+# (and Kimi Linear's KDA decay and gate projections take dk < 32 inputs in its family's fixtures: F16 too)
+ROUNDED = {"falcon_mamba_k4", "mamba_k3_n24", "kimi_linear_mkkm_k3"}
+# a batch of these runs every layer op by op on its rows, the latent attention layers' op path rounding apart from
+# their fused kernel (the mixer layers keep their bits)
+BATCH_ROUNDED = ROUNDED | {"kimi_linear_dk32"}
 MATRICES = ("shortconv.in_proj", "shortconv.out_proj", "ssm_in", "ssm_x", "ssm_dt", "ssm_out", "attn_q", "attn_k",
-            "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+            "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "attn_qkv", "attn_gate", "ssm_ba", "ssm_beta",
+            "ssm_alpha", "ssm_f_a", "ssm_f_b", "ssm_g_a", "ssm_g_b")
 
 
-def fixture(name: str) -> Path:
-    return FAMILIES / f"archrun-{FIXTURES[name]}" / "tests" / "goldens" / f"{name}.gguf"
+def fixture(name: str, built: Path | None = None) -> Path:
+    """The family's fixture file, or one BUILT into the folder `built`."""
+    tests = FAMILIES / f"archrun-{FIXTURES[name]}" / "tests"
+    if name not in BUILT:
+        return tests / "goldens" / f"{name}.gguf"
+    from archrun.conformance import hf
+
+    arch, seed, config = BUILT[name]
+    spec = getattr(hf.load_module(tests / "hf_arch.py"), arch)
+    model, _ = hf.build_tiny(spec, seed, **config)
+    return hf.convert(model, built / f"{name}.gguf", spec, "f32", name=name.replace("_", "-"))
 
 
 def _quantized(name: str) -> bool:
@@ -56,8 +77,9 @@ def _q8_0_copy(src: Path, dst: Path) -> Path:
 @pytest.fixture(scope="module", params=sorted(FIXTURES))
 def q8_0(request, tmp_path_factory) -> tuple:
     """(fused, op-by-op) models of a Q8_0 copy of the fixture."""
-    path = _q8_0_copy(fixture(request.param), tmp_path_factory.mktemp("q8") / f"{request.param}.gguf")
-    return archrun.load(path), archrun.load(path, fused=False), request.param in ROUNDED
+    src = fixture(request.param, tmp_path_factory.mktemp("built"))
+    path = _q8_0_copy(src, tmp_path_factory.mktemp("q8") / f"{request.param}.gguf")
+    return archrun.load(path), archrun.load(path, fused=False), request.param in ROUNDED, request.param
 
 
 def _states(cache) -> list[np.ndarray]:
@@ -65,7 +87,7 @@ def _states(cache) -> list[np.ndarray]:
 
 
 def test_mixer_layers_decode_one_call_per_layer(q8_0):
-    fused, ops, _ = q8_0
+    fused, ops, _, _ = q8_0
     mixers = [lp.mixer is not None for lp in fused.plan.layers]
     assert fused.fused_blocks is not None and ops.fused_blocks is None and any(mixers)
     assert [isinstance(fb, MixerBlock) for fb in fused.fused_blocks] == mixers
@@ -78,7 +100,7 @@ def test_a_fused_mixer_layer_has_the_op_paths_bits(q8_0, threads):
     state: the same output and the same new state, bit for bit."""
     if threads > numba.config.NUMBA_NUM_THREADS:
         pytest.skip(f"numba runs at most {numba.config.NUMBA_NUM_THREADS} thread(s) here")
-    m, _, rounded = q8_0
+    m, _, rounded, _ = q8_0
     same = (lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)) if rounded else \
         np.testing.assert_array_equal
 
@@ -103,7 +125,7 @@ def test_fused_and_op_by_op_decode_agree(q8_0):
 
 def test_fused_steps_rewind_like_op_steps(q8_0):
     """A fused step keeps its state in the slot's ring: rewinding over fused steps restores it exactly."""
-    fused, _, _ = q8_0
+    fused, _, _, _ = q8_0
     ids = np.random.default_rng(4).integers(0, fused.descriptor.n_vocab, 8)
     cache = fused.init_cache(16)
     fused.forward_step(ids[:2], cache)
@@ -120,7 +142,8 @@ def test_fused_steps_rewind_like_op_steps(q8_0):
 def test_a_batch_row_has_its_single_steps_bits(q8_0):
     """In a batch the mixer layers run op by op on the rows, the attention layers (if any) through the rows kernel:
     each sequence's logits are its fused one-token step's."""
-    fused, _, rounded = q8_0
+    fused, _, _, name = q8_0
+    rounded = name in BATCH_ROUNDED
     ids = np.random.default_rng(5).integers(0, fused.descriptor.n_vocab, 6)
     single, batched = [], [fused.init_cache(16) for _ in range(2)]
     for j, cache in enumerate(batched):
@@ -130,7 +153,7 @@ def test_a_batch_row_has_its_single_steps_bits(q8_0):
         single.append(fused.forward_step(ids[5 - j:6 - j], alone))
     got = fused.forward_step_batch([ids[5:6], ids[4:5]], batched)
     for g, w in zip(got, single, strict=True):
-        if rounded:  # the mixer layers' op path on the rows rounds its dt projection apart (ROUNDED)
+        if rounded:  # the op path on the rows rounds apart (BATCH_ROUNDED)
             np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * float(np.abs(w).max()))
         else:
             np.testing.assert_array_equal(g, w)
