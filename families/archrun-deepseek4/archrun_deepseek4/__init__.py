@@ -9,7 +9,7 @@ output, and the compressed entries of CSA / HCA layers by `attention.compress_ra
 clamped SwiGLU ("swiglu_clamp", the file's per-layer `swiglu_clamp_exp`) scored by sqrt-softplus (the
 file's expert_gating_func 4), renormalised and scaled, plus a shared expert; the first
 `hash_layer_count` layers (those with a `ffn_gate_tid2eid` table) pick their experts by token id
-("hash_topk", archrun-hash-moe), the others top-k with a selection bias.
+("hash_topk", archrun-deepseek4-ops), the others top-k with a selection bias.
 
 The installed gguf-py (0.19) spells none of V4's own keys and tensors: the family declares them
 (FamilyHints.metadata_keys, tensor_roles) as llama.cpp's gguf-py names them.

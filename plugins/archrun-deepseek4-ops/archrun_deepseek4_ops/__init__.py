@@ -22,8 +22,10 @@ stream "mhc" (archrun_deepseek4_ops.mhc_stream on archrun_deepseek4_ops.mhc's ma
 manifold-constrained hyper-connections, N residual streams mixed around every attention and FFN branch
 (Sinkhorn-projected mixing) and the trunk's final collapse; its layout reads `hyper_connection.count`,
 `.sinkhorn_iterations`, `.epsilon` and binds `hc_attn_*`, `hc_ffn_*`, `output_hc_*`.
-archrun_deepseek4_ops.hash_route routes the first layers' tokens by their id (the frozen tid2eid table),
-for when the MoE op is handed each row's token id. archrun_deepseek4_ops.v4_attention and
+moe "hash_topk" (archrun_deepseek4_ops.hash_moe, on archrun_deepseek4_ops.hash_route's routing): the file's
+first `hash_layer_count` layers pick each row's experts by its token id through their `ffn_gate_tid2eid`
+table, the others are archrun-blocks' top-k; it declares `token_ids` (called moe(x, weights, ids)) and
+`binds`. archrun_deepseek4_ops.v4_attention and
 archrun_deepseek4_ops.compressor hold the whole-prompt reference math the op was built from (sliding
 attention; HCA/CSA entries and CSA's indexer selection).
 """

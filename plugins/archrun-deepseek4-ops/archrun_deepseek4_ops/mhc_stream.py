@@ -29,7 +29,8 @@ F32 = np.float32
 class MhcLayout:
     """{"params": {n_stream, iters, hc_eps}} from the file's `hyper_connection.*` keys, its tensors checked
     (archrun.vocab.StreamLayout). A file stating a post-gate magnitude other than 2 or a low-rank mixing
-    (llama.cpp's `hyper_connection.magnitude`, `.low_rank`) is not DeepSeek-V4's mHC and is refused."""
+    (llama.cpp's `hyper_connection.magnitude`, `.low_rank`) is not DeepSeek-V4's mHC and is refused; a stated
+    `embedding_length_out` must be the streams' total width, count x embedding_length."""
 
     def describe(self, ctx: Any) -> dict[str, Any]:
         from archrun.errors import MetadataError
@@ -53,6 +54,10 @@ class MhcLayout:
         if key("hyper_connection.magnitude", float, 2.0) != 2.0 or key("hyper_connection.low_rank", int, 0):
             raise MetadataError("stream 'mhc' is DeepSeek-V4's hyper-connections: a post-gate magnitude of 2 and "
                                 "full-rank mixing (the file states hyper_connection.magnitude or .low_rank)")
+        width = key("embedding_length_out", int, n * d)  # llama.cpp states the streams' total width
+        if width != n * d:
+            raise MetadataError(f"stream 'mhc': embedding_length_out {width} is not hyper_connection.count {n} x "
+                                f"embedding_length {d}")
         k = (2 + n) * n
         for i in range(key("block_count", int)):
             for kind in ("attn", "ffn"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from archrun.contracts import OpCapabilities
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Lazy, Op
-from archrun_deepseek4_ops import attention, gating, mhc_stream, swiglu
+from archrun_deepseek4_ops import attention, gating, hash_moe, mhc_stream, swiglu
 
 
 @hookimpl
@@ -24,4 +24,8 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("stream", "mhc", mhc_stream.MhcStream, Lazy("archrun_deepseek4_ops.mhc_stream:mhc_stream_fast"),
                 "DeepSeek-V4's manifold-constrained hyper-connections: hyper_connection.count residual streams, "
                 "Sinkhorn-projected mixing around each attention and FFN branch, the head's collapse",
-                layout=mhc_stream.MhcLayout()))
+                layout=mhc_stream.MhcLayout(), capabilities=OpCapabilities(branches=True)))
+    register(Op("moe", "hash_topk", hash_moe.hash_topk, Lazy("archrun_deepseek4_ops.hash_moe:hash_topk_fast"),
+                "top-k routing, except in hash layers (a token -> experts table, ffn_gate_tid2eid): the row's token "
+                "id picks the experts, the router's scores weight them (DeepSeek-V4)",
+                layout=hash_moe.HashLayout(), capabilities=OpCapabilities(token_ids=True, binds=True)))

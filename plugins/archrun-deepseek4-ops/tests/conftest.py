@@ -3,7 +3,8 @@
 that clamps most inputs, and none (0: plain SwiGLU). Stream "mhc" binds its own tensors and calls the
 block's branches, so a driver runs it: random hyper-connection weights, two layers of stand-in branches,
 a prompt and single tokens. Attention "deepseek4" binds tables and takes side inputs: a driver runs its
-three layer kinds."""
+three layer kinds. MoE "hash_topk" is called with the rows' token ids and binds its layer's table: a driver
+runs HF's hash and top-k layers (hash_moe_case.py) through both factories, a prompt's rows and single rows."""
 
 from types import SimpleNamespace
 
@@ -83,9 +84,24 @@ def drive_v4(label: str, reference, fast) -> None:
             close(label, f"{what} {name}", run_op(layers[0][1], x, spans), want)
 
 
+def drive_hash_topk(label: str, reference, fast) -> None:
+    from hash_moe_case import D, V, hf_block, op, weights
+
+    rng = np.random.default_rng(7)
+    x, ids = (rng.standard_normal((13, D)) * 2).astype(np.float32), rng.integers(0, V, 13)
+    for hash_layer in (True, False):
+        b = hf_block(hash_layer)
+        want = op(reference, b, "reference")(x, weights(b, "reference"), ids)
+        got_op, w = op(fast, b, "fast"), weights(b, "fast")
+        kind = "hash" if hash_layer else "topk"
+        close(label, f"{kind} layer, 13 rows", got_op(x, w, ids), want)
+        close(label, f"{kind} layer, one row", got_op(x[5:6], w, ids[5:6]), want[5:6])
+
+
 archrun_conformance = Conformance("deepseek4-ops", op_specs={
     "activation=swiglu_clamp": [dict(limit=10.0), dict(limit=0.5), dict(limit=0.0)],
-}, op_drivers={"stream=mhc": drive_mhc, "attention=deepseek4": drive_v4}, op_deviations={
+}, op_drivers={"stream=mhc": drive_mhc, "attention=deepseek4": drive_v4, "moe=hash_topk": drive_hash_topk},
+    op_deviations={
     "activation=swiglu_clamp": {
         "*extreme values": "archrun-blocks' SiLU part gives x / (1 + e^87) below its exp clamp: -4.9 at "
                            "x = -3.4e38, where the reference gives -0; the clamp keeps every other output "

@@ -104,6 +104,11 @@ def test_mhc_layout_reads_the_hyper_connection_keys():
     ctx.meta = Meta({**HC_KEYS, "hyper_connection.count": 3})
     with pytest.raises(ShapeMismatch):
         MhcLayout().describe(ctx)
+    ctx.meta = Meta({**HC_KEYS, "embedding_length_out": 4 * 24})
+    assert MhcLayout().describe(ctx)["params"]["n_stream"] == 4
+    ctx.meta = Meta({**HC_KEYS, "embedding_length_out": 3 * 24})
+    with pytest.raises(MetadataError, match="embedding_length_out"):
+        MhcLayout().describe(ctx)
 
 
 class _RatiosMeta(Meta):

@@ -1,4 +1,4 @@
-"""archrun-hash-moe's `hash_topk` against HF's DeepseekV4SparseMoeBlock: a hash layer (experts by tid2eid[token
+"""`hash_topk` against HF's DeepseekV4SparseMoeBlock: a hash layer (experts by tid2eid[token
 id], weighted by the sqrt-softplus scores) and a top-k layer (a selection bias), both backends; bad token ids
 and tables are refused with a typed error."""
 
@@ -9,7 +9,7 @@ import pytest
 from hash_moe_case import D, E, K, V, binder, hf_block, op, weights
 
 from archrun.errors import ShapeMismatch
-from archrun_hash_moe import hash_topk, hash_topk_fast
+from archrun_deepseek4_ops.hash_moe import hash_topk, hash_topk_fast
 
 torch = pytest.importorskip("torch")
 

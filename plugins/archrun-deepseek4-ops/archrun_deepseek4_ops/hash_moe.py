@@ -1,11 +1,11 @@
-"""archrun-hash-moe: the MoE op `hash_topk`, archrun-blocks' top-k mixture whose hash layers route by token id.
+"""The MoE op `hash_topk`: archrun-blocks' top-k mixture whose hash layers route by token id.
 
 The file's `hash_layer_count` (a key the family declares) makes its first layers hash layers (DeepSeek-V4's):
 each holds a token -> experts table (`blk.N.ffn_gate_tid2eid`, integers [vocab, k]; the role
 `ffn_gate_tid2eid`, which the family declares too), read at load (MissingTensor without it), and row r
 runs the k experts table[token_id[r]], weighted by the router's scores of those experts (the gating op on
 `ffn_gate_inp`), renormalised and scaled as top-k routing weights its choice
-(archrun_deepseek4_ops.hash_route; HF DeepseekV4HashRouter, llama.cpp's build_moe_ffn given the
+(hash_route; HF DeepseekV4HashRouter, llama.cpp's build_moe_ffn given the
 selection), plus the shared experts. The other layers are archrun-blocks' `topk` itself (a table there is
 a tensor the plan does not use: the load fails). `HashLayout` reads the count at compile time
 (MoeSpec.params "hash": 1 for a hash layer).

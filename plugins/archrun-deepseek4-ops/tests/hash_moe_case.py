@@ -1,5 +1,5 @@
 """A hash layer and a top-k layer of HF's DeepseekV4SparseMoeBlock on random weights, and the archrun
-MoeWeights / binder that hand the same weights to archrun-hash-moe's op (shared by the tests and the kit's
+MoeWeights / binder that hand the same weights to `hash_topk` (shared by the tests and the kit's
 op driver)."""
 
 from __future__ import annotations
