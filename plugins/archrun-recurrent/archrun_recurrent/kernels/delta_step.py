@@ -24,6 +24,7 @@ from archrun.kernels.decode import layer
 from archrun.kernels.decode.block import product_group
 from archrun_blocks.moe_kernels import moe_rows
 from archrun_recurrent.kernels.mamba2_step import _conv, _silu, _softplus
+from archrun_recurrent.kernels.mamba_step import _rms
 
 _F32 = np.float32
 _STEP = dict(JIT, inline="always")
@@ -44,17 +45,6 @@ def _l2norm(v, scale):  # pragma: no cover - compiled
     r = _F32(1.0 / np.sqrt(ss + L2_EPS))
     for i in range(v.shape[0]):
         v[i] = v[i] * r * scale
-
-
-@njit(**_STEP)
-def _rms(v, w, eps):  # pragma: no cover - compiled
-    """v [k] in place: v / sqrt(mean(v^2) + eps) * w (the sum of squares in float64, in order)."""
-    ss = 0.0
-    for i in range(v.shape[0]):
-        ss += np.float64(v[i]) * np.float64(v[i])
-    r = _F32(1.0 / np.sqrt(ss / v.shape[0] + eps))
-    for i in range(v.shape[0]):
-        v[i] = v[i] * r * w[i]
 
 
 @njit(**_STEP)
