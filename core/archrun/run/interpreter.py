@@ -30,7 +30,7 @@ from archrun.io.ggufio import GGUFFile
 from archrun.io.weights import Matrix
 from archrun.run.bind import bind_layer
 from archrun.run.cache import CacheOwner, KvCache, PairSlot, kv_options
-from archrun.run.plan import LayerPlan, MoeFfn, Plan
+from archrun.run.plan import LayerPlan, Plan
 
 F32 = np.float32
 
@@ -413,7 +413,7 @@ class Interpreter:
         norm = self.plan.norm
         if lp.ffn_norm is not None:
             g = norm(g, lp.ffn_norm, lp.ffn_norm_b)
-        f = lp.ffn(g, ids) if isinstance(lp.ffn, MoeFfn) and lp.ffn.token_ids else lp.ffn(g)
+        f = lp.ffn(g, ids)
         return f if lp.post_ffn_norm is None else norm(f, lp.post_ffn_norm)
 
     def _attend(self, lp: LayerPlan, h: np.ndarray, angles: list,

@@ -44,7 +44,8 @@ class DenseFfn:
         self.act, self.gate_up, self.down, self.gated = act, gate_up, down, gated
         self.sub_norm = sub_norm  # a norm of the hidden before the down projection (BitNet), or None
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+        """ids: the rows' token ids, which a dense FFN does not read (the call is the same as a mixture's)."""
         h = self.act(*self.gate_up(x))
         return self.down(h if self.sub_norm is None else self.sub_norm(h))
 
