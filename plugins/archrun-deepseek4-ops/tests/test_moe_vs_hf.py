@@ -8,53 +8,24 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from gguf.constants import GGMLQuantizationType as T
+from hash_moe_case import LIMIT, SCALE, D, E, F, K, hf_block, weights
 
 from archrun.descriptor import MoeSpec
 from archrun.errors import MetadataError
-from archrun.io.weights import Matrix, MoeWeights
 from archrun_blocks import fast, reference
 from archrun_deepseek4_ops.gating import sqrtsoftplus, sqrtsoftplus_fast
 from archrun_deepseek4_ops.swiglu import ClampLayout, swiglu_clamp, swiglu_clamp_fast
 
 torch = pytest.importorskip("torch")
-hf = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
-DeepseekV4Config = pytest.importorskip("transformers").DeepseekV4Config
+pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 
 F32 = np.float32
-D, F, E, K, LIMIT, SCALE = 32, 16, 8, 3, 1.0, 1.5
 
 
 @pytest.fixture(scope="module")
 def block():
     """HF's MoE block (a top-k layer) with random weights and a nonzero selection bias."""
-    torch.manual_seed(5)
-    cfg = DeepseekV4Config(vocab_size=64, hidden_size=D, moe_intermediate_size=F, n_routed_experts=E,
-                           num_experts_per_tok=K, n_shared_experts=1, swiglu_limit=LIMIT,
-                           routed_scaling_factor=SCALE, num_hidden_layers=2, mlp_layer_types=["moe", "moe"])
-    cfg.intermediate_size = F  # the shared expert's width
-    b = hf.DeepseekV4SparseMoeBlock(cfg, 1).float().eval()
-    with torch.no_grad():
-        for p in b.parameters():
-            p.normal_(0, 0.3)
-        b.gate.e_score_correction_bias.normal_(0, 0.2)
-    return b
-
-
-def _matrix(w, backend: str) -> Matrix:
-    w = np.ascontiguousarray(w.detach().numpy(), F32)
-    return Matrix(w.view(np.uint8), int(T.F32), w.shape[1], backend)
-
-
-def _weights(b, backend: str) -> MoeWeights:
-    gate_up, down = b.experts.gate_up_proj.detach(), b.experts.down_proj.detach()
-    s = b.shared_experts
-    return MoeWeights(
-        gate_inp=_matrix(b.gate.weight, backend), probs_bias=b.gate.e_score_correction_bias.numpy().astype(F32),
-        gate=[_matrix(gate_up[e, :F], backend) for e in range(E)],
-        up=[_matrix(gate_up[e, F:], backend) for e in range(E)],
-        down=[_matrix(down[e], backend) for e in range(E)],
-        shared=tuple(_matrix(m.weight, backend) for m in (s.gate_proj, s.up_proj, s.down_proj)))
+    return hf_block(hash_layer=False)
 
 
 SPEC = MoeSpec(kind="topk", activation="swiglu_clamp", activation_params=(("limit", LIMIT),), n_expert=E,
@@ -112,7 +83,7 @@ def test_moe_block_matches_hf(block, backend):
         op = fast.moe_topk(SPEC, sqrtsoftplus_fast(), swiglu_clamp_fast(LIMIT))
     else:
         op = reference.moe_topk(SPEC, sqrtsoftplus(), swiglu_clamp(LIMIT))
-    got = op(x, _weights(block, backend))
+    got = op(x, weights(block, backend))
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
@@ -122,10 +93,10 @@ def test_moe_kernel_routes_with_the_part(block):
     spec = MoeSpec(**{**{a: getattr(SPEC, a) for a in ("kind", "n_expert", "n_expert_used", "n_ff", "gating",
                                                       "weights_norm", "weights_scale", "router_bias", "n_shared",
                                                       "n_ff_shared")}, "activation": "silu"})
-    w, x = _weights(block, "fast"), _x(6, seed=2)
+    w, x = weights(block, "fast"), _x(6, seed=2)
     op = fast.moe_topk(spec, sqrtsoftplus_fast(), fast.silu())
     assert op.arrays(w) is not None  # the kernel runs, not the reference mixture
-    want = reference.moe_topk(spec, sqrtsoftplus(), reference.silu())(x, _weights(block, "reference"))
+    want = reference.moe_topk(spec, sqrtsoftplus(), reference.silu())(x, weights(block, "reference"))
     assert np.abs(op(x, w) - want).max() <= 1e-5 * np.abs(want).max()
 
 
