@@ -8,8 +8,8 @@ A layer whose FFN op brings its own layer kernel (`ffn_op.fused_layer`, e.g. a m
 experts) runs that. A token mixer's layer (a recurrent layer: a short convolution, a state-space
 model, a delta rule) runs its mixer op's layer kernel (`mixer_op.fused_layer(common, group_id=None)`,
 a MixerBlock): the op computes the mixer's output from the block's normed input and hands it to
-kernels.decode.layer's `mixer_output` (a layer whose FFN is a mixture of experts: when the op's
-fused_layer takes `moe=`, the layer's bound MoeFfn, whose FFN its kernel then runs too); the layer's
+kernels.decode.layer's `mixer_output` (a layer whose FFN is a mixture of experts: fused_layer gets
+the layer's bound MoeFfn as `moe=`, and its kernel runs that FFN too or it answers None); the layer's
 recurrent state reaches the kernel through the op's `slot_arrays(slot, start)` (the state arrays
 of the token at `start`, updated in place). An attention op with its own projection layout (e.g.
 latent attention) brings its layer's kernel the same way (`fuse_attention_layer`:
@@ -26,7 +26,6 @@ experts). `DecodeSteps.running()` wakes its workers for one step.
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -248,21 +247,18 @@ def fuse_mixer(lp: LayerPlan, norm: Any, declared: Callable[[Any], OpCapabilitie
                groups: list[tuple] | None = None) -> MixerBlock | None:
     """The fused decode step of a token mixer's layer (its op's `fused_layer`), or None when it must run op
     by op (an op without a layer kernel or parts, an FFN that is neither a dense product pair nor a mixture of
-    experts the op's kernel takes: its fused_layer has a `moe` parameter, which gets the layer's bound MoeFfn)."""
+    experts the op's kernel takes: fused_layer gets the layer's bound MoeFfn as `moe` and answers None)."""
     op, caps = lp.attention, declared(lp.attention)
     if not (caps.fused_layer and caps.slot_arrays) or op.fused_layer is None or op.slot_arrays is None:
         return None
-    kw = {}
-    if lp.ffn is not None and not isinstance(lp.ffn, DenseFfn):
-        if "moe" not in inspect.signature(op.fused_layer).parameters:
-            return None  # a mixture of experts the op's layer kernel does not run: op by op
-        kw["moe"] = lp.ffn
+    # a mixture of experts: the op's layer kernel runs it too, or its fused_layer answers None (op by op)
+    moe = None if lp.ffn is None or isinstance(lp.ffn, DenseFfn) else lp.ffn
     made = _own_kernel_common(lp, norm, NO_ROPE, declared, groups)
     if made is None:
         return None
     common, first = made
-    made = (op.fused_layer(common, **kw) if groups is None else
-            op.fused_layer(common, lambda ms, n_in: _group_id(groups, ms, n_in), **kw))
+    made = (op.fused_layer(common, moe=moe) if groups is None else
+            op.fused_layer(common, lambda ms, n_in: _group_id(groups, ms, n_in), moe=moe))
     if made is None:
         return None
     kernel, args, big = made
