@@ -168,26 +168,42 @@ def test_mxfp4_dequantizes_as_gguf_py_does():
     assert np.array_equal(quant.dequantize(raw, quant.MXFP4, want.shape), want)
 
 
-def test_mxfp4_runs_exactly_as_q8_0_in_the_fast_engine():
+def _every_mxfp4_value() -> np.ndarray:
+    """MXFP4 rows holding every code under every E8M0 scale: 256 blocks of 32 (each code twice)."""
+    raw = np.empty((256, 17), np.uint8)
+    raw[:, 0] = np.arange(256)
+    raw[:, 1:] = np.arange(16, dtype=np.uint8) | (np.arange(16, dtype=np.uint8)[::-1] << 4)
+    return raw.reshape(4, 64 * 17)
+
+
+def test_mxfp4_runs_exactly_as_bf16_in_the_fast_engine():
+    raw = _every_mxfp4_value()
+    # every value, the subnormal scales 2^-128 and 2^-127 and the ones whose products overflow to Inf included
+    with np.errstate(over="ignore"):
+        want = quant.dequantize(raw, quant.MXFP4, (4, 64 * 32))
+        assert np.array_equal(quant.dequantize(quant.mxfp4_as_bf16(raw), quant.BF16, want.shape), want)
+    tiny = np.abs(want[want != 0]).min()
+    assert np.isinf(want).any() and tiny == 2.0 ** -128 and tiny < np.finfo(np.float32).tiny
     raw, want = _mxfp4_blocks(4)
-    as_q8 = quant.mxfp4_as_q8_0(raw)
-    assert np.array_equal(quant.dequantize(as_q8, quant.Q8_0, want.shape), want)
     m = Matrix(raw, quant.MXFP4, want.shape[1], "fast")
-    x = np.random.default_rng(5).normal(0, 1, (2, want.shape[1])).astype(np.float32)
-    y = m(x)  # int8 activations on the Q8_0 kernels: the decode path's rounding
-    assert m.prepared.ggml_type == quant.Q8_0
-    assert np.abs(y - x @ want.T).max() <= 1e-2 * np.abs(x @ want.T).max()
+    x = np.random.default_rng(5).normal(0, 1, (3, want.shape[1])).astype(np.float32)
+    y = m(x)  # float32 activations on the BF16 kernels: the dequantized weights' products, summed in float32
+    assert m.prepared.ggml_type == quant.BF16
+    exact = x.astype(np.float64) @ want.T.astype(np.float64)
+    assert np.abs(y - exact).max() <= 1e-6 * np.abs(exact).max()
+    assert np.array_equal(m(x[1:2])[0], y[1])  # a row's bits do not depend on the rows beside it
 
 
-def test_mxfp4_scales_outside_float16_are_refused_and_overflowing_blocks_found():
+def test_mxfp4_scales_beyond_float16_run_and_overflowing_blocks_are_found():
     raw, _ = _mxfp4_blocks(6, rows=1, cols=64)
     big = raw.copy()
-    big[0, 17] = 128 + 20  # block 1 scaled by 2^20: no float16 holds it
-    with pytest.raises(UnsupportedQuantType, match="float16"):
-        quant.mxfp4_as_q8_0(big)
+    big[0, 17] = 128 + 20  # block 1 scaled by 2^20: beyond float16, held exactly by bfloat16
+    want = quant.dequantize(big, quant.MXFP4, (1, 64))
+    assert np.array_equal(quant.dequantize(quant.mxfp4_as_bf16(big), quant.BF16, (1, 64)), want)
     assert quant.first_non_finite(big, quant.MXFP4) is None  # large, yet finite
     inf = raw.copy()
     inf[0, 17], inf[0, 18] = 254, 0x07  # code 12 times 2^126 overflows float32
     assert quant.first_non_finite(inf, quant.MXFP4) == ("scale of block", 1)
-    assert np.isinf(quant.dequantize(inf, quant.MXFP4, (1, 64))).any()
+    with np.errstate(over="ignore"):
+        assert np.isinf(quant.dequantize(inf, quant.MXFP4, (1, 64))).any()
     assert quant.first_non_finite(raw, quant.MXFP4) is None
