@@ -53,7 +53,11 @@ class Llama4Attention(reference.CausalAttention):
         self.eps = d.norm_eps
         self.qk_norm = not any(getattr(ly.ffn, "n_expert", 0) == NO_QK_NORM_EXPERTS for ly in d.layers)
 
-    def __call__(self, q, k, v, slot, start: int) -> np.ndarray:
+    def __call__(self, q, k, v, slot, start: int, prepared: bool = False) -> np.ndarray:
+        """Attend q [n, H, hd] from positions start.. over the slot's rows and k/v [n, KV, *] (stored first);
+        prepared: q and k are already normalised / tuned (the fast op's kernel did it)."""
+        if prepared:
+            return super().__call__(q, k, v, slot, start)
         if self.chunk:
             if self.qk_norm:
                 q, k = l2_norm(q, self.eps), l2_norm(k, self.eps)
@@ -75,13 +79,6 @@ class Llama4Attention(reference.CausalAttention):
 def llama4_reference(spec) -> Llama4Attention:
     """The float32 numpy reference (archrun_blocks.reference.attend per chunk)."""
     return Llama4Attention(spec)
-
-
-def llama4_fast(spec) -> Llama4Attention:
-    """The same on archrun-blocks' attention kernel, op by op (no fused kernel part)."""
-    from archrun_blocks import elementwise  # imported on use: loading the plugin compiles no kernel
-
-    return Llama4Attention(spec, elementwise.attention)
 
 
 def topk_input_weighted(spec, gating, act):

@@ -11,7 +11,7 @@ import pytest
 
 from archrun.descriptor import AttentionSpec, MoeSpec
 from archrun.io.weights import Matrix, MoeWeights
-from archrun_llama4_ops import ops
+from archrun_llama4_ops import fast, ops
 
 RNG = np.random.default_rng(11)
 F32 = np.float32
@@ -41,7 +41,7 @@ def _l2(x):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5)
 
 
-@pytest.mark.parametrize("make", [ops.llama4_reference, ops.llama4_fast])
+@pytest.mark.parametrize("make", [ops.llama4_reference, fast.llama4_attention])
 def test_chunked_layer_sees_its_chunk_only_on_l2_normalised_qk(make):
     chunk, n, n_head, kv, hd = 4, 11, 4, 2, 8
     spec = AttentionSpec(kind="llama4", n_head=n_head, n_head_kv=kv, head_dim=hd, v_head_dim=hd,
@@ -56,7 +56,7 @@ def test_chunked_layer_sees_its_chunk_only_on_l2_normalised_qk(make):
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("make", [ops.llama4_reference, ops.llama4_fast])
+@pytest.mark.parametrize("make", [ops.llama4_reference, fast.llama4_attention])
 def test_global_layer_tunes_query_temperature(make):
     n, n_head, hd, start = 3, 2, 8, 8190  # positions 8190..8192: the scale steps up at pos + 1 = 8192
     spec = AttentionSpec(kind="llama4", n_head=n_head, n_head_kv=1, head_dim=hd, v_head_dim=hd, scale=0.35)
