@@ -124,9 +124,11 @@ class StreamLayout(Protocol):
     """The parameters of a stream op (slot "stream", `Op.layout`) read from the file: describe(ctx) runs once
     at compile time (ctx: archrun.describe.compile.LayerContext with layer -1: the model's metadata keys and
     tensors) and returns {"params": {name: number}}; the descriptor keeps them (Descriptor.stream_params)
-    and the binder passes them to the op's factory as keywords: factory(descriptor, **params)."""
+    and the binder passes them to the op's factory as keywords: factory(descriptor, **params). It returns
+    None for a file with nothing for the op to carry (Gemma 4 files without per-layer inputs): that model
+    runs one stream (Descriptor.stream "")."""
 
-    def describe(self, ctx: Any) -> dict[str, Any]: ...
+    def describe(self, ctx: Any) -> dict[str, Any] | None: ...
 
 
 @attrs.frozen

@@ -421,9 +421,10 @@ def _build(meta: _Meta, t: _Tensors, fam: FamilyHints, block_style: str | None, 
     embed_scale = meta.get("embedding_scale", float, 0.0) or conv.need("embed_scale")
     stream = fam.stream or ""
     stream_layout = (param_layouts or {}).get(("stream", stream))
-    stream_params = () if stream_layout is None else tuple(sorted(
-        (str(k), float(v)) for k, v in stream_layout.describe(LayerContext(meta, t, -1, n_embd, 0, 0))
-        .get("params", {}).items()))
+    described = {} if stream_layout is None else stream_layout.describe(LayerContext(meta, t, -1, n_embd, 0, 0))
+    if described is None:  # the layout declines: this file has nothing for the op to carry, one stream
+        stream, described = "", {}
+    stream_params = tuple(sorted((str(k), float(v)) for k, v in described.get("params", {}).items()))
     conv.check()
     return Descriptor(
         architecture=meta.arch,

@@ -12,9 +12,12 @@ What gemma4 files do not say (llama.cpp src/models/gemma4-iswa.cpp, HF modeling_
   `layer_output_scale`;
 - token embeddings scaled by sqrt(n_embd); GeGLU with tanh-GELU; norms stored as is (x * w);
 - the chat template comes with the file (released models carry one);
-- not run yet, refused by name (UnsupportedArchitecture, archrun-gemma4-ops' layout): per-layer input
-  embeddings (E2B/E4B) and the 26B-A4B mixture blocks, whose router role the family hides from the
-  generic compiler so that the refusal, not a missing standard expert tensor, is what a user sees.
+- per-layer inputs (E2B/E4B: `embedding_length_per_layer_input` > 0) through the stream op `gemma4_ple`
+  (archrun-gemma4-ops), which adds each layer's term after the block and before the layer scalar; files
+  without them decline it and run one stream;
+- not run yet, refused by name (UnsupportedArchitecture, archrun-gemma4-ops' layout): the 26B-A4B
+  mixture blocks, whose router role the family hides from the generic compiler so that the refusal, not a
+  missing standard expert tensor, is what a user sees.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ HINTS = {
         activation="gelu_tanh",
         embed_scale="sqrt_n_embd",
         swa_rope="plain",
+        stream="gemma4_ple",
         tensor_names={"ffn_gate_inp": None},
     ),
 }

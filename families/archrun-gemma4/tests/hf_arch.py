@@ -11,6 +11,7 @@ sliding-window pattern, the KV-shared layer count and the per-layer input width.
 from __future__ import annotations
 
 from archrun.conformance.hf import HfArch, TinyFixture
+from archrun.conformance.hf.models import N_VOCAB
 
 _S, _F = "sliding_attention", "full_attention"
 
@@ -51,4 +52,10 @@ FIXTURES = (
     TinyFixture("gemma4_kv_shared", "gemma4", 3, {"num_hidden_layers": 8, "num_kv_shared_layers": 3,
                                                   "use_double_wide_mlp": True, "sliding_window": 4,
                                                   "layer_types": [_S, _S, _F, _S, _F, _S, _S, _F]}),
+    # E2B / E4B: per-layer inputs (a token table of 8 values a layer plus a projection of the embeddings,
+    # gating a projection added after each block, before the layer scalar), KV sharing, double-wide MLPs
+    TinyFixture("gemma4_ple", "gemma4", 4, {"hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": N_VOCAB,
+                                            "num_hidden_layers": 7, "num_kv_shared_layers": 3,
+                                            "use_double_wide_mlp": True, "sliding_window": 4,
+                                            "layer_types": [_S, _S, _S, _F, _S, _S, _F]}),
 )

@@ -18,7 +18,7 @@ from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.conformance.tiny_hf import assert_far_from_hf
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"
-NAMES = ("gemma4_dense", "gemma4_k_eq_v", "gemma4_kv_shared")
+NAMES = ("gemma4_dense", "gemma4_k_eq_v", "gemma4_kv_shared", "gemma4_ple")
 FLIPS = {
     "attention": {"attention": "causal"},            # standard projections, 1/sqrt(hd), no V norm
     "embed_scale": {"embed_scale": 1.0},
@@ -82,19 +82,39 @@ def test_both_attention_layouts_are_covered():
     assert any(reuse) and not all(reuse)
 
 
-@pytest.mark.parametrize("edit", ["per_layer_inputs", "router"])
-def test_unsupported_parts_are_refused_by_name(edit, tmp_path):
-    """Per-layer input embeddings (E2B/E4B) and mixture blocks (26B-A4B) are refused at load, by name."""
+def test_mixture_blocks_are_refused_by_name(tmp_path):
+    """Mixture blocks (26B-A4B) are refused at load, by name."""
     from archrun.errors import UnsupportedArchitecture
 
-    src = GOLDENS / "gemma4_dense.gguf"
-    if edit == "per_layer_inputs":
-        path = rewrite_gguf(src, tmp_path / "ple.gguf", add_keys={"gemma4.embedding_length_per_layer_input": 8})
-    else:
-        router = np.zeros((4, 64), np.float32)  # [n_expert, n_embd] in numpy order
-        path = rewrite_gguf(src, tmp_path / "moe.gguf", add_tensors={"blk.0.ffn_gate_inp.weight": router})
-    with pytest.raises(UnsupportedArchitecture, match="per-layer input" if edit == "per_layer_inputs" else "experts"):
+    router = np.zeros((4, 64), np.float32)  # [n_expert, n_embd] in numpy order
+    path = rewrite_gguf(GOLDENS / "gemma4_dense.gguf", tmp_path / "moe.gguf",
+                        add_tensors={"blk.0.ffn_gate_inp.weight": router})
+    with pytest.raises(UnsupportedArchitecture, match="experts"):
         archrun.load(path, backend="reference")
+
+
+def test_per_layer_inputs_run_as_a_stream_only_where_the_file_has_them(tmp_path):
+    """gemma4_ple runs the stream op gemma4_ple; files without per-layer inputs run one stream; a file that
+    states a width without the tensors is refused with the missing tensor's name."""
+    from archrun.errors import MissingTensor
+
+    assert archrun.load(GOLDENS / "gemma4_ple.gguf", backend="reference").descriptor.stream == "gemma4_ple"
+    assert archrun.load(GOLDENS / "gemma4_dense.gguf", backend="reference").descriptor.stream == ""
+    path = rewrite_gguf(GOLDENS / "gemma4_dense.gguf", tmp_path / "ple.gguf",
+                        add_keys={"gemma4.embedding_length_per_layer_input": 8})
+    with pytest.raises(MissingTensor, match="per_layer"):
+        archrun.load(path, backend="reference")
+
+
+@pytest.mark.parametrize("drop", ["per_layer_token_embd", "per_layer_model_proj"])
+def test_each_per_layer_input_part_matters(drop, tmp_path):
+    """Either half of the per-layer inputs zeroed (the token table, the projection of the embeddings) moves
+    the logits far from HF."""
+    tensors = hf.gguf_tensors(GOLDENS / "gemma4_ple.gguf")
+    name = f"{drop}.weight"
+    path = rewrite_gguf(GOLDENS / "gemma4_ple.gguf", tmp_path / "zero.gguf", drop_tensors=[name],
+                        add_tensors={name: np.zeros_like(tensors[name])})
+    assert_far_from_hf(path, GOLDENS / "gemma4_ple.npz", f"gemma4_ple without {drop}")
 
 
 def test_gemma4_tokenizer_runs_the_model(tmp_path):

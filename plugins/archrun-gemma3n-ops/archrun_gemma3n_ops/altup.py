@@ -6,35 +6,33 @@ HF Gemma3nTextModel / Gemma3nTextAltUp / Gemma3nTextDecoderLayer, llama.cpp gemm
 input width (`embedding_length_per_layer_input`); rms(v) = sqrt(mean(v^2)) over the last axis.
 
 enter(x = the scaled embeddings, ids):
-    per-layer inputs P [n, L, p] = (norm(per_layer_model_proj(x) / sqrt(d), per_layer_proj_norm)
-                                    + per_layer_token_embd[ids] sqrt(p)) / sqrt(2)
+    per-layer inputs P [n, L, p] and each layer's term_i (archrun_gemma4_ops.per_layer: Gemma 4's E2B/E4B
+                                    have the same)
     streams X_0 = x, X_k = Y_k rms(x) / max(rms(Y_k), sqrt(1e-5)), Y_k = altup_proj[k-1] x   (k = 1..S-1)
 layer(i, X, block):
     m(v)   = tanh((norm(v, altup_router_norm) / d) altup_router)                 the router  [n, S]
     pred_j = X_j + sum_k C[j, k] X_k,  C = altup_predict_coef m(X_a) as [S, S]    predict
     o      = block(pred_a)                                                        the block on the active one
     X'_j   = pred_j + (altup_correct_coef m(o) + 1)_j (o - pred_a)                correct
-    y      = post_norm(proj(gelu(inp_gate(X'_a altup_correct_scale)) P[:, i]))    the per-layer input
-    X'_j  += y for j = 1..S-1
+    X'_j  += term_i(X'_a altup_correct_scale) for j = 1..S-1                      the per-layer input
 leave(X):
     mean of X_0 and Z_k = U_k rms(X_0) / max(rms(U_k), sqrt(1e-5)), U_k = altup_unembd_proj[k-1] X_k
     (then the model's final norm). llama.cpp merges with the active stream's magnitude and without the
     1e-5 floor (the same for active_idx 0 and for any stream of non-negligible size).
 
-The per-layer token table is read by rows (the ids of each step); the stacked [S-1, d, d] projections are
-small float tables. Released models' table covers the text vocabulary (262144 of 262400 ids); the converter
-pads it with zero rows for the multimodal ids, which read those zeros here as in llama.cpp (HF's text model
-maps them to row 0).
+The stacked [S-1, d, d] projections are small float tables. Released models' per-layer token table covers
+the text vocabulary (262144 of 262400 ids); the converter pads it with zero rows for the multimodal ids,
+which read those zeros here as in llama.cpp (HF's text model maps them to row 0).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
-from archrun.errors import MetadataError, ShapeMismatch
+from archrun.errors import MetadataError
+from archrun_gemma4_ops.per_layer import PerLayerInputs, expect_tensors
 
 F32 = np.float32
 FLOOR = F32(1e-5)  # HF clamps the mean square of a projected stream at 1e-5 before its square root
@@ -55,17 +53,11 @@ class AltupLayout:
                                 f"{active}, {m.key('embedding_length_per_layer_input')} = {width}")
         t.expect("altup_proj", None, (d, d, n_in - 1))
         t.expect("altup_unembd_proj", None, (d, d, n_in - 1))
-        t.expect("per_layer_model_proj", None, (d, n_layer * width))
-        t.expect("per_layer_proj_norm", None, (width,))
-        if t.shape("per_layer_token_embd")[0] != n_layer * width:
-            raise ShapeMismatch(f"per_layer_token_embd has shape {tuple(t.shape('per_layer_token_embd'))}, expected "
-                                f"({n_layer * width}, n_vocab)")
+        expect_tensors(t, d, n_layer, width)
         for i in range(n_layer):
             t.expect("altup_router", i, (d, n_in))
             t.expect("altup_predict_coef", i, (n_in, n_in * n_in))
             t.expect("altup_correct_coef", i, (n_in, n_in))
-            t.expect("inp_gate", i, (d, width))
-            t.expect("proj", i, (width, d))
         return {"params": {"n_inputs": n_in, "active": active, "per_layer_width": width}}
 
 
@@ -89,8 +81,6 @@ class _Layer:
         self.predict = b.table("altup_predict_coef", i)       # [S*S, S]
         self.correct = b.table("altup_correct_coef", i)       # [S, S]
         self.correct_scale = b.vector("altup_correct_scale", i)
-        self.gate, self.proj = b.matrix("inp_gate", i), b.matrix("proj", i)
-        self.post_norm = b.vector("post_norm", i)
 
 
 class Altup:
@@ -98,30 +88,20 @@ class Altup:
 
     def __init__(self, descriptor: Any, n_inputs: float = 4, active: float = 0, per_layer_width: float = 1):
         self.d, self.n_layer = descriptor.n_embd, descriptor.n_layer
-        self.n, self.active, self.width = int(n_inputs), int(active), int(per_layer_width)
+        self.n, self.active = int(n_inputs), int(active)
+        self.per_layer = PerLayerInputs(self.d, self.n_layer, int(per_layer_width))
 
     def bind(self, b: Any) -> None:
         self.norm = b.op("norm", b.d.norm, b.d.norm_eps)
-        self.gelu = b.op("activation", "gelu_tanh")
-        self.table = b.matrix("per_layer_token_embd", lazy=True)     # rows [vocab, L*p]
-        self.model_proj = b.matrix("per_layer_model_proj")
-        self.proj_norm = b.vector("per_layer_proj_norm")
+        self.per_layer.bind(b)
         self.up = b.table("altup_proj").reshape(self.n - 1, self.d, self.d)          # [S-1, out, in]
         self.down = b.table("altup_unembd_proj").reshape(self.n - 1, self.d, self.d)
         self.layers = [_Layer(b, i) for i in range(self.n_layer)]
 
-    def per_layer_inputs(self, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """P [n, L, p] (module docstring)."""
-        n, shape = len(x), (len(x), self.n_layer, self.width)
-        proj = (self.model_proj(x) * F32(1.0 / math.sqrt(self.d))).reshape(shape)
-        proj = self.norm(np.ascontiguousarray(proj), self.proj_norm)
-        rows = self.table.rows(np.asarray(ids, dtype=np.int64)).reshape(n, self.n_layer, self.width)
-        return ((proj + rows * F32(math.sqrt(self.width))) * F32(1.0 / math.sqrt(2.0))).astype(F32)
-
     def enter(self, x: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         target = rms(x)
         streams = [x] + [matched(x @ w.T, target) for w in self.up]
-        return np.stack(streams).astype(F32), self.per_layer_inputs(x, ids)
+        return np.stack(streams).astype(F32), self.per_layer.inputs(x, ids)
 
     def _route(self, lw: _Layer, v: np.ndarray) -> np.ndarray:
         return np.tanh((self.norm(v, lw.router_norm) * F32(1.0 / self.d)) @ lw.router.T).astype(F32)
@@ -134,8 +114,7 @@ class Altup:
         out = block(np.ascontiguousarray(pred[a]))
         gains = self._route(lw, out) @ lw.correct.T + F32(1.0)                     # [n, S]
         fixed = (pred + gains.T[:, :, None] * (out - pred[a])[None]).astype(F32)
-        y = self.gelu(lw.gate(np.ascontiguousarray(fixed[a] * lw.correct_scale))) * inputs[:, i]
-        fixed[1:] += self.norm(lw.proj(np.ascontiguousarray(y, dtype=F32)), lw.post_norm)
+        fixed[1:] += self.per_layer.term(i, fixed[a] * lw.correct_scale, inputs)
         return fixed, inputs
 
     def leave(self, state: tuple[np.ndarray, np.ndarray]) -> np.ndarray:

@@ -37,12 +37,8 @@ def sliding_layers(meta: Any, n_layer_hint: int) -> list[bool]:
 
 
 def _refuse_unsupported(meta: Any, tensors: Any, i: int) -> None:
-    """Gemma 4 parts archrun does not run yet, refused at compile time by name: the per-layer input
-    embeddings of E2B/E4B (`embedding_length_per_layer_input` > 0) and the 26B-A4B mixture blocks
+    """Gemma 4 parts archrun does not run yet, refused at compile time by name: the 26B-A4B mixture blocks
     (a dense MLP beside routed experts, `ffn_gate_inp`)."""
-    if meta.get("embedding_length_per_layer_input", int, 0) > 0:
-        raise UnsupportedArchitecture("gemma4 files with per-layer input embeddings (E2B, E4B: "
-                                      f"{meta.key('embedding_length_per_layer_input')} > 0) are not supported yet")
     if f"blk.{i}.ffn_gate_inp.weight" in meta.gguf.tensors:  # by name: the family hides the router role
         raise UnsupportedArchitecture(f"gemma4 mixture-of-experts blocks (26B-A4B; layer {i} has a router) "
                                       "are not supported yet")
@@ -72,7 +68,7 @@ class Gemma4Layout:
     kind = "gemma4"  # the attention op this layout belongs to (messages)
 
     def refuse(self, meta: Any, tensors: Any, i: int) -> None:
-        """Refuse, by name, what the op cannot run yet (Gemma 4's per-layer inputs and mixture blocks)."""
+        """Refuse, by name, what the op cannot run yet (Gemma 4's mixture blocks)."""
         _refuse_unsupported(meta, tensors, i)
 
     def widths(self, meta: Any, sliding: bool) -> tuple[int, int, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from archrun.contracts import OpCapabilities
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Op
-from archrun_gemma4_ops import attention
+from archrun_gemma4_ops import attention, ple_stream
 from archrun_gemma4_ops.layout import Gemma4Layout
 from archrun_gemma4_ops.residual import ScaledSequential
 
@@ -20,3 +20,8 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("residual", "gemma4_scaled", ScaledSequential, None,
                 "sequential block whose output is multiplied by the layer's layer_output_scale",
                 capabilities=OpCapabilities(binds=True)))
+    register(Op("stream", "gemma4_ple", ple_stream.Gemma4Ple, None,
+                "Gemma 4's per-layer inputs (E2B/E4B): a token table and a projection of the embeddings give each "
+                "layer an input that gates a projection added after the block, before the layer scalar; files "
+                "without them run one stream",
+                layout=ple_stream.PleLayout(), capabilities=OpCapabilities(branches=True)))

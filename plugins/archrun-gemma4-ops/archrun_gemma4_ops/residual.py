@@ -16,6 +16,16 @@ F32 = np.float32
 ROLE = "layer_output_scale"
 
 
+def layer_scalar(b, layer: int) -> np.float32:
+    """The layer's `layer_output_scale` (one value), 1 if the file has none."""
+    if b.d.tensor_name(ROLE, layer) not in b.gguf.tensors:
+        return F32(1.0)
+    w = b.vector(ROLE, layer)
+    if w.size != 1:
+        raise ShapeMismatch(f"layer {layer}: {ROLE} must hold one value, it has {w.size}")
+    return F32(w.reshape(-1)[0])
+
+
 class ScaledSequential(reference.Sequential):
     """x -> g = x + s a -> (g + s f) * layer_scalar."""
 
@@ -24,13 +34,7 @@ class ScaledSequential(reference.Sequential):
         self.layer_scalar = F32(1.0)
 
     def bind(self, b, layer: int) -> None:
-        """The layer's `layer_output_scale` (one value), if the file has it."""
-        if b.d.tensor_name(ROLE, layer) not in b.gguf.tensors:
-            return
-        w = b.vector(ROLE, layer)
-        if w.size != 1:
-            raise ShapeMismatch(f"layer {layer}: {ROLE} must hold one value, it has {w.size}")
-        self.layer_scalar = F32(w.reshape(-1)[0])
+        self.layer_scalar = layer_scalar(b, layer)
 
     def combine(self, x: np.ndarray, a: np.ndarray, f: np.ndarray) -> np.ndarray:
         return super().combine(x, a, f) * self.layer_scalar
