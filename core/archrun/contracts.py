@@ -28,6 +28,9 @@ Two kinds of capability:
   any residual topology: the layers without a token mixer),
   `token_ids` (moe: the op is called ``moe(x, weights, token_ids)`` with each row's token id, int64 [n],
   e.g. to route by token; such a layer has no layer kernel, since a fused step knows no token ids),
+  `own_ffn_norm` (moe: the op is called on the FFN branch's input before the block's FFN norm and applies
+  that norm itself, binding it with `binds`, e.g. a router and experts that read the unnormed stream beside
+  a normed dense MLP: Gemma 4's mixture blocks; such a layer has no layer kernel),
   `branches` (stream: the op calls each block's attention and FFN branches apart, ``block.attention`` /
   ``block.ffn``, and carries the residual itself, so the blocks' residual topology is never used) and
   `op_backend` (block_style: the backend the small ops bind on, "reference" or None for the model's).
@@ -48,7 +51,7 @@ KERNEL_MEMBERS = ("fused", "fused_input", "fused_for", "pool_task", "slot_arrays
 #: members both factories' objects carry when declared
 SHARED_MEMBERS = ("kv_types", "binds")
 #: declared values (read from the declaration itself, not from bound objects)
-VALUES = ("causal", "ffn_reads_input", "empty", "token_ids", "branches", "op_backend")
+VALUES = ("causal", "ffn_reads_input", "empty", "token_ids", "own_ffn_norm", "branches", "op_backend")
 
 #: slot -> the capabilities an op of that slot may declare (members and values)
 SLOT_CAPABILITIES: dict[str, frozenset[str]] = {
@@ -60,7 +63,7 @@ SLOT_CAPABILITIES: dict[str, frozenset[str]] = {
     "activation": frozenset({"fused"}),
     "residual": frozenset({"fused", "fused_input", "binds", "ffn_reads_input"}),
     "gating": frozenset({"fused"}),
-    "moe": frozenset({"act_part", "fused_layer", "binds", "token_ids"}),
+    "moe": frozenset({"act_part", "fused_layer", "binds", "token_ids", "own_ffn_norm"}),
     "softcap": frozenset(),
     "stream": frozenset({"branches"}),
     "block_style": frozenset({"op_backend"}),
@@ -88,6 +91,7 @@ class OpCapabilities:
     ffn_reads_input: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     empty: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     token_ids: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
+    own_ffn_norm: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     branches: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     op_backend: str | None = attrs.field(default=None, kw_only=True,
                                          validator=attrs.validators.in_((None, "reference")))
@@ -125,6 +129,10 @@ def check_declaration(slot: str, name: str, fast: object, caps: object, plugin: 
                           f"(it takes: {allowed})")
     if caps.token_ids and caps.fused_layer:
         raise PluginError(f"{label} declares token_ids and fused_layer: a layer kernel is given no token ids")
+    if caps.own_ffn_norm and not caps.binds:
+        raise PluginError(f"{label} declares own_ffn_norm without binds: it must bind the FFN norm it applies")
+    if caps.own_ffn_norm and caps.fused_layer:
+        raise PluginError(f"{label} declares own_ffn_norm and fused_layer: a layer kernel applies the FFN norm itself")
     kernel = sorted(n for n in KERNEL_MEMBERS if getattr(caps, n))
     if kernel and fast is None:
         raise PluginError(f"{label} declares the kernel members {', '.join(kernel)} but has no fast factory "

@@ -253,7 +253,8 @@ class MoeSpec:
     their output is scaled by sigmoid(x . w) first (w: `ffn_gate_inp_shexp`, Qwen2-MoE).
     gate_bias/up_bias/down_bias: each expert's projection adds its row of `ffn_*_exps.bias`
     ({n_ff or d, E}, by presence; gpt-oss); shared_bias: the shared experts' gate, up and down
-    projections add `ffn_{gate,up,down}_shexp.bias`.
+    projections add `ffn_{gate,up,down}_shexp.bias`. packed: the gate and up projections are one
+    tensor (`ffn_gate_up_exps`, by presence; Gemma 4).
     """
 
     kind: str = field(validator=v.instance_of(str))  # vocabulary slot "moe"
@@ -277,6 +278,8 @@ class MoeSpec:
     up_bias: bool = field(default=False, validator=v.instance_of(bool))
     down_bias: bool = field(default=False, validator=v.instance_of(bool))
     shared_bias: bool = field(default=False, validator=v.instance_of(bool))  # ffn_*_shexp.bias
+    # the experts' gate and up projections in one {d, 2 n_ff, E} tensor, `ffn_gate_up_exps` (gate rows first)
+    packed: bool = field(default=False, validator=v.instance_of(bool), kw_only=True)
     # the mixture op's own per-layer parameters, read from the file by its layout (archrun.vocab.MoeLayout)
     params: tuple[tuple[str, float], ...] = field(default=(), converter=_named_values, kw_only=True)
 

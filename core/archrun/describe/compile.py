@@ -790,10 +790,13 @@ class _Geometry:
         meta, t, d = self.meta, self.t, self.n_embd
         n_expert = _bounded(meta.key("expert_count"), meta.get("expert_count", int), 1, MAX_EXPERTS)
         n_used = meta.get("expert_used_count", int)
-        n_ff = meta.get("expert_feed_forward_length", int, 0) or t.dim("ffn_up_exps", i, 1)
+        packed = t.has("ffn_gate_up_exps", i)  # gate and up in one tensor (gate rows first), by presence
+        n_ff = meta.get("expert_feed_forward_length", int, 0) or (
+            t.dim("ffn_gate_up_exps", i, 1) // 2 if packed else t.dim("ffn_up_exps", i, 1))
         t.expect("ffn_gate_inp", i, (d, n_expert))
-        for role, shape in (("ffn_gate_exps", (d, n_ff, n_expert)), ("ffn_up_exps", (d, n_ff, n_expert)),
-                            ("ffn_down_exps", (n_ff, d, n_expert))):
+        shapes = ((("ffn_gate_up_exps", (d, 2 * n_ff, n_expert)),) if packed else
+                  (("ffn_gate_exps", (d, n_ff, n_expert)), ("ffn_up_exps", (d, n_ff, n_expert))))
+        for role, shape in (*shapes, ("ffn_down_exps", (n_ff, d, n_expert))):
             t.expect(role, i, shape)
         bias = t.has("exp_probs_b", i)
         if bias:
@@ -813,6 +816,7 @@ class _Geometry:
             n_shared=n_shared, n_ff_shared=n_ff_shared,
             shared_gate=bool(n_shared) and _vector_if_present(t, "ffn_gate_inp_shexp", i, d),
             shared_bias=bool(n_shared) and self._shared_bias(i, n_ff_shared),
+            packed=packed,
             **self._expert_biases(i, n_ff, n_expert),
         )
 

@@ -25,6 +25,7 @@ from archrun.errors import (
     InvalidRequest,
     MetadataError,
     MissingTensor,
+    ShapeMismatch,
     UnexpectedTensor,
     UnsupportedQuantType,
     shown,
@@ -167,15 +168,28 @@ class _Binder:
         return self._reuse(("experts", info.name, bias_role), (info.name,),
                            lambda: self._experts(info, layer, bias_role))
 
-    def _experts(self, info: TensorInfo, layer: int, bias_role: str | None) -> list[Matrix]:
+    def experts_halves(self, role: str, layer: int) -> tuple[list[Matrix], list[Matrix]]:
+        """Split a stacked expert tensor {n_in, 2 n_out, E} holding each expert's two projections one after the
+        other (llama.cpp's `ffn_gate_up_exps`: gate rows, then up rows) into two lists of E matrices (views)."""
+        info = self._checked(role, layer)
+        if info.shape[1] % 2:
+            raise ShapeMismatch(f"{info.name} has {info.shape[1]} rows an expert: not two halves")
+        halves = self._reuse(("expert_halves", info.name), (info.name,),
+                             lambda: self._experts(info, layer, None, parts=2))
+        return halves[0::2], halves[1::2]
+
+    def _experts(self, info: TensorInfo, layer: int, bias_role: str | None, parts: int = 1) -> list[Matrix]:
+        """E * parts matrices: expert e's part p (its rows split into `parts` equal runs) at e * parts + p."""
         name = info.name
-        n_in, n_out, n_exp = info.shape
-        rows = self.gguf.raw_rows(name)  # [E * n_out, row_bytes]
+        n_in, n_rows, n_exp = info.shape
+        rows = self.gguf.raw_rows(name)  # [E * n_rows, row_bytes]
+        n_out = n_rows // parts
         biases = self.table(bias_role, layer).reshape(n_exp, n_out) if bias_role else [None] * n_exp
         pager = self.pager if self.pager is not None and not self.pager.finished else None
-        mats = [Matrix(rows[e * n_out : (e + 1) * n_out], info.ggml_type, n_in, self.backend, biases[e],
-                       f"{name}[{e}]", lazy=pager is not None)
-                for e in range(n_exp)]
+        mats = [Matrix(rows[e * n_rows + p * n_out : e * n_rows + (p + 1) * n_out], info.ggml_type, n_in,
+                       self.backend, biases[e], f"{name}[{e}]" if parts == 1 else f"{name}[{e}][{p}]",
+                       lazy=pager is not None)
+                for e in range(n_exp) for p in range(parts)]
         if pager is not None:  # experts streamed from disk (archrun.io.experts): each prepared, stored, dropped
             for m in mats:
                 q = m.prepare_copy()
@@ -392,6 +406,8 @@ def bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
     if spec.norm_bias:
         lp.attn_norm_b = b.vector("attn_norm.bias", i)
         lp.ffn_norm_b = b.vector("ffn_norm.bias", i) if spec.ffn_norm else None
+    if isinstance(lp.ffn, MoeFfn) and b.declared(lp.ffn.moe).own_ffn_norm:  # the op applies the FFN norm itself
+        lp.ffn_applies_norm = True
     if a.mixer or b.declared(lp.attention).binds:  # tensors of its own (a mixer's, attention sinks)
         lp.attention.bind(b, i)
     if b.declared(residual).binds:  # the topology reads per-layer tensors of its own (a post-norm block's norms)
@@ -457,11 +473,16 @@ def _bind_moe(b: _Binder, i: int, spec: MoeSpec) -> MoeFfn:
         bias = spec.shared_bias
         shared = tuple(b.matrix(f"ffn_{p}_shexp", i, f"ffn_{p}_shexp.bias" if bias else None)
                        for p in ("gate", "up", "down"))
+    if spec.packed:  # one {d, 2 n_ff, E} tensor: each expert's gate rows, then its up rows
+        gate, up = b.experts_halves("ffn_gate_up_exps", i)
+    else:
+        gate = b.experts("ffn_gate_exps", i, "ffn_gate_exps.bias" if spec.gate_bias else None)
+        up = b.experts("ffn_up_exps", i, "ffn_up_exps.bias" if spec.up_bias else None)
     weights = MoeWeights(
         gate_inp=b.matrix("ffn_gate_inp", i, "ffn_gate_inp.bias" if spec.router_input_bias else None),
         probs_bias=b.vector("exp_probs_b", i) if spec.router_bias else None,
-        gate=b.experts("ffn_gate_exps", i, "ffn_gate_exps.bias" if spec.gate_bias else None),
-        up=b.experts("ffn_up_exps", i, "ffn_up_exps.bias" if spec.up_bias else None),
+        gate=gate,
+        up=up,
         down=b.experts("ffn_down_exps", i, "ffn_down_exps.bias" if spec.down_bias else None),
         shared=shared,
         shared_gate=b.vector("ffn_gate_inp_shexp", i) if spec.shared_gate else None,

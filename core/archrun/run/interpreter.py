@@ -411,7 +411,7 @@ class Interpreter:
         if lp.ffn is None:
             return np.zeros_like(g)
         norm = self.plan.norm
-        if lp.ffn_norm is not None:
+        if lp.ffn_norm is not None and not lp.ffn_applies_norm:
             g = norm(g, lp.ffn_norm, lp.ffn_norm_b)
         f = lp.ffn(g, ids)
         return f if lp.post_ffn_norm is None else norm(f, lp.post_ffn_norm)

@@ -87,6 +87,7 @@ class LayerPlan:
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
+    ffn_applies_norm: bool = False     # the FFN op applies ffn_norm itself (a mixture op's own_ffn_norm)
     attn_sub_norm: np.ndarray | None = None  # a norm of the attention output before its projection
     mixer: Callable | None = None      # a token-mixer op (qkv and o None): mix(h[n, d], slot, start) -> [n, d]
     parallel: Any = None               # a token-mixer op beside the attention (its slot: PairSlot.mixer)

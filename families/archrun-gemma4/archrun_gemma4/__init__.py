@@ -15,9 +15,10 @@ What gemma4 files do not say (llama.cpp src/models/gemma4-iswa.cpp, HF modeling_
 - per-layer inputs (E2B/E4B: `embedding_length_per_layer_input` > 0) through the stream op `gemma4_ple`
   (archrun-gemma4-ops), which adds each layer's term after the block and before the layer scalar; files
   without them decline it and run one stream;
-- not run yet, refused by name (UnsupportedArchitecture, archrun-gemma4-ops' layout): the 26B-A4B
-  mixture blocks, whose router role the family hides from the generic compiler so that the refusal, not a
-  missing standard expert tensor, is what a user sees.
+- the 26B-A4B mixture blocks through the mixture op `gemma4_moe` (archrun-gemma4-ops): a dense MLP beside
+  softmax top-k experts (renormalized, times the per-expert scales `ffn_down_exps.scale`) routed on the
+  unnormed stream (`ffn_gate_inp.scale`), each half with its own norms; the experts' gate and up
+  projections in one `ffn_gate_up_exps` tensor.
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
 HINTS = {
     "gemma4": FamilyHints(
         name="gemma4",
-        **{**TRANSFORMER, "attention": "gemma4", "residual": "gemma4_scaled"},
+        **{**TRANSFORMER, "attention": "gemma4", "residual": "gemma4_scaled", "moe": "gemma4_moe"},
         rope_pairing="neox",
         activation="gelu_tanh",
         embed_scale="sqrt_n_embd",
         swa_rope="plain",
         stream="gemma4_ple",
-        tensor_names={"ffn_gate_inp": None},
+        gating="softmax",
+        moe_weights_norm=True,
+        tensor_roles={"ffn_gate_inp.scale": "blk.{i}.ffn_gate_inp.scale",
+                      "ffn_down_exps.scale": "blk.{i}.ffn_down_exps.scale"},
     ),
 }
 

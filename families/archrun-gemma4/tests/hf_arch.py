@@ -58,4 +58,9 @@ FIXTURES = (
                                             "num_hidden_layers": 7, "num_kv_shared_layers": 3,
                                             "use_double_wide_mlp": True, "sliding_window": 4,
                                             "layer_types": [_S, _S, _S, _F, _S, _S, _F]}),
+    # 26B-A4B: every layer a dense MLP beside routed experts (own norms; the router on the unnormed stream,
+    # softmax top 2 of 4 renormalized, per-expert scales), global layers reusing keys as values
+    TinyFixture("gemma4_moe", "gemma4", 5, {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                                            "moe_intermediate_size": 16, "attention_k_eq_v": True,
+                                            "num_global_key_value_heads": 1}),
 )

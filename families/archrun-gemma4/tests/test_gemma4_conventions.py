@@ -18,7 +18,7 @@ from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.conformance.tiny_hf import assert_far_from_hf
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"
-NAMES = ("gemma4_dense", "gemma4_k_eq_v", "gemma4_kv_shared", "gemma4_ple")
+NAMES = ("gemma4_dense", "gemma4_k_eq_v", "gemma4_kv_shared", "gemma4_ple", "gemma4_moe")
 FLIPS = {
     "attention": {"attention": "causal"},            # standard projections, 1/sqrt(hd), no V norm
     "embed_scale": {"embed_scale": 1.0},
@@ -82,15 +82,29 @@ def test_both_attention_layouts_are_covered():
     assert any(reuse) and not all(reuse)
 
 
-def test_mixture_blocks_are_refused_by_name(tmp_path):
-    """Mixture blocks (26B-A4B) are refused at load, by name."""
-    from archrun.errors import UnsupportedArchitecture
+# (moe_weights_norm, the top-k weights renormalized to sum 1, scales each row's expert sum by one number,
+# which post_ffw_norm_2 then divides out: unrenormalized weights move the logits by 4.2e-4 of max |logit|,
+# through the norm's epsilon only)
+MOE_FLIPS = {
+    "gating": {"gating": "sigmoid"},              # HF's router: softmax over every expert
+    "moe": {"moe": "topk"},                       # the standard mixture: no dense half, normed router input
+}
 
-    router = np.zeros((4, 64), np.float32)  # [n_expert, n_embd] in numpy order
-    path = rewrite_gguf(GOLDENS / "gemma4_dense.gguf", tmp_path / "moe.gguf",
-                        add_tensors={"blk.0.ffn_gate_inp.weight": router})
-    with pytest.raises(UnsupportedArchitecture, match="experts"):
-        archrun.load(path, backend="reference")
+
+@pytest.mark.parametrize("flip", MOE_FLIPS)
+def test_mixture_conventions_move_logits(flip):
+    assert_far_from_hf(GOLDENS / "gemma4_moe.gguf", GOLDENS / "gemma4_moe.npz", f"gemma4_moe: {MOE_FLIPS[flip]}",
+                       MOE_FLIPS[flip])
+
+
+@pytest.mark.parametrize("scale", ["ffn_gate_inp.scale", "ffn_down_exps.scale"])
+def test_each_router_scale_matters(scale, tmp_path):
+    """The router's input scale and the per-expert scales, set to ones, move the logits far from HF."""
+    tensors = hf.gguf_tensors(GOLDENS / "gemma4_moe.gguf")
+    ones = {name: np.ones_like(a) for name, a in tensors.items() if name.endswith(scale)}
+    path = rewrite_gguf(GOLDENS / "gemma4_moe.gguf", tmp_path / "ones.gguf", drop_tensors=list(ones),
+                        add_tensors=ones)
+    assert_far_from_hf(path, GOLDENS / "gemma4_moe.npz", f"gemma4_moe with {scale} ones")
 
 
 def test_per_layer_inputs_run_as_a_stream_only_where_the_file_has_them(tmp_path):

@@ -3,8 +3,8 @@
 llama.cpp src/models/gemma3n-iswa.cpp, HF Gemma3nTextAttention: q/k RMS norms, an unweighted RMS norm on
 V, unscaled scores, and the last `attention.shared_kv_layers` layers reusing the keys and values of the
 last earlier layer of their kind (sliding or full) — as Gemma 4. Both layer kinds have the width
-`attention.key_length` (the file has no `_swa` widths); the per-layer inputs Gemma 4's layout refuses are
-Gemma 3n's stream op's (archrun_gemma3n_ops.altup).
+`attention.key_length` (the file has no `_swa` widths); the per-layer inputs are Gemma 3n's stream op's
+(archrun_gemma3n_ops.altup).
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ class Gemma3nLayout(Gemma4Layout):
     """Gemma4Layout with `attention.key_length` / `value_length` on every layer."""
 
     kind = "gemma3n"
-
-    def refuse(self, meta: Any, tensors: Any, i: int) -> None:
-        """Nothing to refuse: the per-layer inputs are the stream op's."""
 
     def widths(self, meta: Any, sliding: bool) -> tuple[int, int, str]:
         hd = meta.get("attention.key_length", int)

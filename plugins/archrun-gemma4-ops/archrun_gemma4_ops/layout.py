@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from archrun.errors import MetadataError, UnsupportedArchitecture
+from archrun.errors import MetadataError
 
 F32 = np.float32
 
@@ -34,14 +34,6 @@ def sliding_layers(meta: Any, n_layer_hint: int) -> list[bool]:
     if pattern is None or isinstance(pattern, (int, np.integer)) or len(pattern) <= n_layer_hint:
         raise MetadataError(f"{key!r} must hold a flag per layer: attention 'gemma4' reads each layer's kind")
     return [bool(x) for x in pattern]
-
-
-def _refuse_unsupported(meta: Any, tensors: Any, i: int) -> None:
-    """Gemma 4 parts archrun does not run yet, refused at compile time by name: the 26B-A4B mixture blocks
-    (a dense MLP beside routed experts, `ffn_gate_inp`)."""
-    if f"blk.{i}.ffn_gate_inp.weight" in meta.gguf.tensors:  # by name: the family hides the router role
-        raise UnsupportedArchitecture(f"gemma4 mixture-of-experts blocks (26B-A4B; layer {i} has a router) "
-                                      "are not supported yet")
 
 
 def kv_source(meta: Any, sliding: list[bool], i: int) -> int:
@@ -67,10 +59,6 @@ class Gemma4Layout:
 
     kind = "gemma4"  # the attention op this layout belongs to (messages)
 
-    def refuse(self, meta: Any, tensors: Any, i: int) -> None:
-        """Refuse, by name, what the op cannot run yet (Gemma 4's mixture blocks)."""
-        _refuse_unsupported(meta, tensors, i)
-
     def widths(self, meta: Any, sliding: bool) -> tuple[int, int, str]:
         """(key width, value width, the key suffix they were read with) of a layer of this kind."""
         suffix = "_swa" if sliding else ""
@@ -80,7 +68,6 @@ class Gemma4Layout:
     def describe(self, ctx: Any) -> dict[str, Any]:
         """AttentionSpec fields of layer ctx.layer (see archrun.vocab.AttentionLayout)."""
         m, t, i, d, n_head, n_kv = ctx.meta, ctx.tensors, ctx.layer, ctx.n_embd, ctx.n_head, ctx.n_head_kv
-        self.refuse(m, t, i)
         sliding = sliding_layers(m, i)
         hd, vd, suffix = self.widths(m, sliding[i])
         if vd != hd or hd < 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from archrun.contracts import OpCapabilities
 from archrun.hookspecs import hookimpl
 from archrun.vocab import Op
-from archrun_gemma4_ops import attention, ple_stream
+from archrun_gemma4_ops import attention, moe, ple_stream
 from archrun_gemma4_ops.layout import Gemma4Layout
 from archrun_gemma4_ops.residual import ScaledSequential
 
@@ -25,3 +25,7 @@ def archrun_register_vocabulary(register) -> None:
                 "layer an input that gates a projection added after the block, before the layer scalar; files "
                 "without them run one stream",
                 layout=ple_stream.PleLayout(), capabilities=OpCapabilities(branches=True)))
+    register(Op("moe", "gemma4_moe", moe.Gemma4Moe, None,
+                "Gemma 4's mixture block: a normed dense MLP beside softmax top-k experts routed on the unnormed "
+                "stream (per-expert scales), each half with its own norms",
+                capabilities=OpCapabilities(binds=True, own_ffn_norm=True)))
