@@ -148,9 +148,30 @@ def dsa_reference(spec) -> DsaAttention:
     return DsaAttention(spec)
 
 
-def dsa_fast(spec) -> DsaAttention:
-    """The same op on archrun-blocks' attention kernel (numba) and the chunked BLAS scorer (runs op by op,
-    not in the fused layer)."""
-    from archrun_blocks import elementwise  # imported on use: loading the plugin compiles no kernel
+class FastDsaAttention(DsaAttention):
+    """DsaAttention on archrun-blocks' attention kernel and the chunked BLAS scorer, whose layer decodes fused:
+    `fused_layer` (the whole layer's one-token kernel, archrun_mla.fused / kernels.dsa_layer) over the slot's
+    latent rows and indexer keys (`slot_arrays`)."""
 
-    return DsaAttention(spec, elementwise.attention, indexer.index_scores_chunked)
+    def __init__(self, spec):
+        from archrun_blocks import elementwise  # imported on use: loading the plugin compiles no kernel
+
+        super().__init__(spec, elementwise.attention, indexer.index_scores_chunked)
+
+    @staticmethod
+    def slot_arrays(slot: DsaSlot) -> tuple:
+        from archrun_mla import fused
+
+        return fused.dsa_slot_arrays(slot)
+
+    def fused_layer(self, qkv, o, common, moe, group_id=None) -> tuple | None:
+        """(kernel, args, parallel) of this layer's fused decode step, or None (archrun_mla.fused)."""
+        from archrun_mla import fused
+
+        return fused.fused_dsa_layer(self, qkv, o, common, moe, group_id)
+
+
+def dsa_fast(spec) -> DsaAttention:
+    """The same op on archrun-blocks' attention kernel (numba) and the chunked BLAS scorer; its layer decodes
+    fused."""
+    return FastDsaAttention(spec)

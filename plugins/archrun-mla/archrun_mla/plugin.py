@@ -24,4 +24,5 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("attention", "mla_dsa", dsa.dsa_reference, dsa.dsa_fast,
                 "DeepSeek sparse attention (DeepSeek-V3.2): MLA (q_a/kv_a norms at epsilon 1e-6) over the top-k keys "
                 "a lightning indexer picks per query; the indexer's keys are cached beside the latent",
-                layout=dsa.DsaLayout(lora_norm_eps=1e-6), capabilities=OpCapabilities(binds=True)))
+                layout=dsa.DsaLayout(lora_norm_eps=1e-6),
+                capabilities=OpCapabilities(binds=True, fused_layer=True, slot_arrays=True)))

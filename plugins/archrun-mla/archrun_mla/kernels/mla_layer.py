@@ -44,31 +44,32 @@ def product_group(par, gid, ms, x, y, chunks):
 
 @njit(**JIT)
 def _query(ya, mla, chunks, par):
-    """The query heads [H (p + r)] from the stacked down-projection ya (q LoRA: rms(q_a h) then q_b)."""
+    """(the query heads [H (p + r)], r_q) from the stacked down-projection ya: with a q LoRA r_q = rms(q_a h)
+    [q_lora] and the heads q_b r_q; without one the heads are ya's first H (p + r) values and r_q is empty."""
     proj_a, q_b, o_mat, k_b_t, v_b_t, q_a_norm, kv_a_norm, g, s, lnorm, lnp, gemv = mla
     width = g[M_HEADS] * (g[M_NOPE] + g[M_ROPE])
     if not g[M_QLORA]:
-        return ya[:width].copy()
+        return ya[:width].copy(), np.empty(0, _F32)
     r_q = np.empty(g[M_QLORA], _F32)
     lnorm[0](lnp, ya[:g[M_QLORA]].copy(), q_a_norm, np.empty(0, _F32), r_q)
     q = np.empty(width, _F32)
     product_group(par, g[M_GID_QB], q_b, r_q, q, chunks)
-    return q
+    return q, r_q
 
 
 @njit(**JIT)
-def mla_attention(x, mla, vecs, geo, fns, params, kc, row, pos, cos, sin, chunks, par):
-    """The latent attention sub-block of x f32 [d]: (its output [d], the normed input h [d]); the token's
-    [k_pe | latent] row goes to cache row `row` of kc [cap, 1, r + c]."""
+def latent_qk(x, mla, vecs, geo, fns, params, cos, sin, chunks, par):
+    """The absorbed query and key of x f32 [d]'s token, roped: (qf [H (r + c)], kf [r + c], the normed input
+    h [d], the normed query LoRA r_q [q_lora], empty without one) (archrun_mla.layout._MlaQkv.project)."""
     proj_a, q_b, o_mat, k_b_t, v_b_t, q_a_norm, kv_a_norm, g, s, lnorm, lnp, gemv = mla
-    n_head, nope, rope, lora, vd = g[M_HEADS], g[M_NOPE], g[M_ROPE], g[M_LORA], g[M_VD]
+    n_head, nope, rope, lora = g[M_HEADS], g[M_NOPE], g[M_ROPE], g[M_LORA]
     qk, hd = nope + rope, rope + lora
     h = layer.mixer_input(x, vecs, fns, params)
     qa = g[M_QLORA] if g[M_QLORA] else n_head * qk
     ya = np.empty(qa + lora + rope, _F32)
     product_group(par, g[M_GID_A], proj_a, h, ya, chunks)
-    q = _query(ya, mla, chunks, par)
-    # [q_pe | k_b_h^T q_nope_h] per head, [k_pe | rms(latent)] (archrun_mla.layout._MlaQkv.project)
+    q, r_q = _query(ya, mla, chunks, par)
+    # [q_pe | k_b_h^T q_nope_h] per head, [k_pe | rms(latent)]
     qf = np.empty(n_head * hd, _F32)
     for i in range(n_head):
         qf[i * hd:i * hd + rope] = q[i * qk + nope:(i + 1) * qk]
@@ -80,20 +81,45 @@ def mla_attention(x, mla, vecs, geo, fns, params, kc, row, pos, cos, sin, chunks
         rope_fn, pr = fns[layer.F_ROPE], params[layer.P_ROPE]
         rope_fn[0](pr, qf, n_head, hd, cos, sin)
         rope_fn[0](pr, kf, 1, hd, cos, sin)
-    kc[row, 0, :] = kf
-    # every cached row up to pos, the values their latents (archrun_mla.attention.MlaAttention)
-    count = pos + 1
+    return qf, kf, h, r_q
+
+
+@njit(**JIT)
+def latent_out(att, mla, d, chunks, par):
+    """The attention output [d] from the heads' output latents att [H c]: each through its head's v_b, then
+    attn_output (archrun_mla.layout._MlaOutput)."""
+    proj_a, q_b, o_mat, k_b_t, v_b_t, q_a_norm, kv_a_norm, g, s, lnorm, lnp, gemv = mla
+    n_head, lora, vd = g[M_HEADS], g[M_LORA], g[M_VD]
+    out = np.empty(n_head * vd, _F32)
+    for i in range(n_head):
+        vec_mat(gemv, att[i * lora:(i + 1) * lora], v_b_t[i], out[i * vd:(i + 1) * vd])
+    a = np.empty(d, _F32)
+    product_group(par, g[M_GID_O], o_mat, out, a, chunks)
+    return a
+
+
+@njit(**JIT)
+def attend_all(qf, mla, kc, count):
+    """Every head's output latent [H c] over the cached [k_pe | latent] rows 0..count-1, the values their
+    latents (archrun_mla.attention.MlaAttention)."""
+    g, s = mla[7], mla[8]
+    n_head, rope, lora = g[M_HEADS], g[M_ROPE], g[M_LORA]
     keys = kc[:count]
     values = np.empty((count, 1, lora), _F32)
     values[:] = keys[:, :, rope:]
     att = np.empty(n_head * lora, _F32)
     attend_one(qf, keys, values, np.arange(count), count, n_head, s[0], s[1], att)
-    out = np.empty(n_head * vd, _F32)
-    for i in range(n_head):
-        vec_mat(gemv, att[i * lora:(i + 1) * lora], v_b_t[i], out[i * vd:(i + 1) * vd])
-    a = np.empty(x.shape[0], _F32)
-    product_group(par, g[M_GID_O], o_mat, out, a, chunks)
-    return a, h
+    return att
+
+
+@njit(**JIT)
+def mla_attention(x, mla, vecs, geo, fns, params, kc, row, pos, cos, sin, chunks, par):
+    """The latent attention sub-block of x f32 [d]: (its output [d], the normed input h [d]); the token's
+    [k_pe | latent] row goes to cache row `row` of kc [cap, 1, r + c]."""
+    qf, kf, h, r_q = latent_qk(x, mla, vecs, geo, fns, params, cos, sin, chunks, par)
+    kc[row, 0, :] = kf
+    att = attend_all(qf, mla, kc, pos + 1)
+    return latent_out(att, mla, x.shape[0], chunks, par), h
 
 
 @njit(**JIT)
