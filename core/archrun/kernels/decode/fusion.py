@@ -39,7 +39,7 @@ from archrun.errors import ContextOverflow, InvalidRequest
 from archrun.io.weights import Matrix
 from archrun.kernels.decode import block, layer, pool
 from archrun.kernels.decode.lists import typed_list
-from archrun.kernels.decode.parts import NO_ACTIVATION, NO_ROPE, Part, compiled_for, usable
+from archrun.kernels.decode.parts import NO_ACTIVATION, NO_ROPE, Part, activation_part, compiled_for, is_gated, usable
 from archrun.kernels.matmul import qmatrix
 from archrun.run.plan import DenseFfn, LayerPlan, Projections
 
@@ -136,6 +136,13 @@ def fused_part(op: Any, caps: OpCapabilities, slot: str) -> Part | None:
     return usable(op.fused, slot) if caps.fused else None
 
 
+def dense_activation(ffn: DenseFfn, caps: OpCapabilities) -> Part | None:
+    """The activation part of a dense FFN's op: either kind (kernels.decode.parts.activation_part), a gated one
+    only in a gated FFN (it reads up); else None."""
+    act = activation_part(ffn.act.fused) if caps.fused else None
+    return None if act is None or (is_gated(act) and not ffn.gated) else act
+
+
 def attention_part(op: Any, caps: OpCapabilities, kv_type: str = "f32") -> Part | None:
     """The attention op's Part for caches of kv_type: `op.fused` for f32, else `op.fused_for(kv_type)`
     (compiled for SIGNATURES["attention:<kv type>"]), or None when it declares none."""
@@ -151,10 +158,10 @@ def _parts(lp: LayerPlan, norm: Any, rope: Any, kv_type: str,
     """(fns, params) of the layer's parts in kernels.decode.layer's order, or None when an op declares none
     (declared: what a bound op declares, the binder's)."""
     if isinstance(lp.ffn, DenseFfn):
-        act = fused_part(lp.ffn.act, declared(lp.ffn.act), "activation")
+        act = dense_activation(lp.ffn, declared(lp.ffn.act))
     else:
         moe = declared(lp.ffn.moe)
-        act = usable(lp.ffn.moe.act_part, "activation") if moe.act_part else None
+        act = activation_part(lp.ffn.moe.act_part) if moe.act_part else None
     residual, attention = declared(lp.residual), declared(lp.attention)
     found = [fused_part(norm, declared(norm), "norm"),
              NO_ROPE if rope is None else fused_part(rope, declared(rope), "rope"),
@@ -224,7 +231,7 @@ def _own_kernel_common(lp: LayerPlan, norm: Any, rope: Part, declared: Callable[
     if dense and lp.ffn.sub_norm is not None:
         return None  # a norm inside the FFN: op by op
     residual = declared(lp.residual)
-    act = fused_part(lp.ffn.act, declared(lp.ffn.act), "activation") if dense else NO_ACTIVATION
+    act = dense_activation(lp.ffn, declared(lp.ffn.act)) if dense else NO_ACTIVATION
     found = [fused_part(norm, declared(norm), "norm"), rope, NO_ROPE, act,  # (no attention part)
              usable(lp.residual.fused_input, "residual") if residual.fused_input else None,
              fused_part(lp.residual, residual, "residual")]

@@ -21,7 +21,8 @@ list of them, built once at load):
          group ids of qkv, o_mat, gate_up, down (-1: none), q/k norms after rope (0/1), and the
          pool task id of the attention op (-1: none; the attention part gets it with the pool's ctrl)
   fns    parts' functions as first-class values (kernels.decode.parts.Part.value, called f[0](...)): norm, rope,
-         attention, activation, residual ffn_input, residual combine
+         attention, activation, residual ffn_input, residual combine; the activation is either kind of
+         activation part (`activate`: act(gate) * up, or a gated part's act(gate, up), chosen by its type)
   params their float64 parameters in the same order (the residual's serve both of its functions)
 
 Layers whose FFN is not a dense product pair (e.g. a mixture of experts) run their op's own
@@ -40,6 +41,8 @@ FFN kernel runs op by op in a batch (archrun.run.decoders.FusedDecoder.forward_s
 """
 
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 from numba import njit, types
@@ -166,14 +169,40 @@ def join(x, a, f, vecs, fns, params):
     fns[F_RES_OUT][0](params[P_RES], x, a, f)
 
 
+def activate(f, p, gate, up, out, gated):
+    """out [n] = the activation part f's (a first-class value, f[0](...)) of gate [n]: f(gate) * up when
+    `gated`, f(gate) when not (up unused); a gated part (SIGNATURES["gated"]) computes f(gate, up) itself.
+    Which call runs is fixed when the caller compiles, by f's type (the overload below). Plugins' FFN
+    kernels call this for their experts' activations too."""
+    if len(inspect.signature(getattr(f[0], "py_func", f[0])).parameters) == 4:  # pure Python (no JIT)
+        f[0](p, gate, up, out)
+        return
+    f[0](p, gate, out)
+    if gated:
+        for i in range(out.shape[0]):
+            out[i] = out[i] * up[i]
+
+
+@overload(activate, jit_options=JIT)
+def _activate_typed(f, p, gate, up, out, gated):
+    if getattr(f[0], "nargs", 3) == 4:  # a gated part reads up itself
+        def both(f, p, gate, up, out, gated):
+            f[0](p, gate, up, out)
+        return both
+
+    def then_up(f, p, gate, up, out, gated):
+        f[0](p, gate, out)
+        if gated:
+            for i in range(out.shape[0]):
+                out[i] = out[i] * up[i]
+    return then_up
+
+
 @njit(**_STEP)
 def _activate(gu, act, geo, fns, params):
     """act [n_ff] = act(gate) * up from gu = gate|up [2 n_ff], or act(up) from gu [n_ff] for a plain FFN."""
     n_ff = geo[G_FF]
-    fns[F_ACT][0](params[P_ACT], gu[:n_ff], act)
-    if geo[G_GATED]:
-        for i in range(n_ff):
-            act[i] = act[i] * gu[n_ff + i]
+    activate(fns[F_ACT], params[P_ACT], gu[:n_ff], gu[n_ff:], act, geo[G_GATED] != 0)
 
 
 @njit(**_STEP)

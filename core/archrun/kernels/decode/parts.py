@@ -21,7 +21,11 @@ float64 parameter array):
                  slot, "attention:<kv type>", the same call with kc/vc of KV_CACHES[kv type]
                  (f16: uint16 float16 bits; q8_0: uint8 ggml q8_0 blocks, hd / 32 * 34 bytes a row);
                  an op offers those parts through `op.fused_for(kv_type)` (archrun.kernels.decode.fusion)
-  activation  fn(p, x[n], out[n])                          out may be x
+  activation  fn(p, x[n], out[n])                          out may be x; a gated FFN multiplies it by up
+  gated       fn(p, gate[n], up[n], out[n])                a gated activation that reads up itself (e.g. a
+                 clamped SwiGLU): out = act(gate, up), out may be gate. It fills the activation slot (of a
+                 gated FFN only) in place of act(gate) * up; callers run either kind through
+                 kernels.decode.layer.activate
   residual    ffn_input fn(p, x[d], a[d], out[d])          what the FFN sub-block reads (before its norm)
               combine   fn(p, x[d], a[d], f[d])            x <- the residual stream after the block
   gating      fn(p, logits[E], probs[E])                    router probabilities of one token
@@ -34,7 +38,8 @@ Plugin kernels compile with `JIT` (cached, fastmath, nogil), e.g. `@njit(SIGNATU
 a plugin with kernels calls `kernel_cache(__file__)` (archrun.kernels.kernel_cache, also exported here) at
 the top of its kernel package, before its kernel modules are imported: their compiled code is then cached
 under a digest of its sources and the core's.
-`part(fn, *params)` builds a Part; kernels take `part.value` (see Part); `NO_ROPE` is the part of
+`part(fn, *params)` builds a Part; kernels take `part.value` (see Part); `activation_part(p)` accepts an
+activation part of either kind (`is_gated` tells which); `NO_ROPE` is the part of
 layers without rotary embedding; `NO_ACTIVATION` the activation slot of a token mixer's block without
 FFN (never called); `NO_TASK` the last two arguments of an attention part called outside a pooled step.
 
@@ -44,6 +49,7 @@ archrun.kernels.decode.fusion and archrun.kernels.decode.layer's `mixer_input` /
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import attrs
@@ -65,8 +71,8 @@ KV_CACHES = {"f32": CACHE, "f16": types.Array(types.uint16, 3, "C"), "q8_0": typ
 POSITIONS = types.Array(types.int64, 1, "C")
 POOL = types.Array(types.int64, 1, "C")  # the decode pool's ctrl (kernels.decode.pool), empty without a pool
 
-__all__ = ["JIT", "NO_ACTIVATION", "NO_ROPE", "NO_TASK", "SIGNATURES", "Part", "compiled_for", "guard_cache",
-           "kernel_cache", "part", "usable"]
+__all__ = ["JIT", "NO_ACTIVATION", "NO_ROPE", "NO_TASK", "SIGNATURES", "Part", "activation_part", "compiled_for",
+           "guard_cache", "is_gated", "kernel_cache", "part", "usable"]
 
 SIGNATURES = {
     "norm": types.void(PARAMS, VEC, VEC, VEC, VEC),
@@ -76,6 +82,7 @@ SIGNATURES = {
     **{f"attention:{t}": types.void(PARAMS, VEC, VEC, VEC, c, c, POSITIONS, types.boolean, types.int64,
                                     types.int64, VEC, POOL, types.int64) for t, c in KV_CACHES.items() if t != "f32"},
     "activation": types.void(PARAMS, VEC, VEC),
+    "gated": types.void(PARAMS, VEC, VEC, VEC),
     "residual": types.void(PARAMS, VEC, VEC, VEC),
     "gating": types.void(PARAMS, VEC, VEC),
     "task": types.void(POOL, types.int64),
@@ -121,10 +128,18 @@ def part(fn: object, *params: float) -> Part:
 
 def compiled_for(fn: object, slot: str) -> bool:
     """Whether fn is a numba function compiled for `slot`'s signature (what the layer kernel can call)."""
-    if numba.config.DISABLE_JIT:  # pure-Python kernels: any function with the convention runs
-        return callable(fn)
+    if numba.config.DISABLE_JIT:  # pure-Python kernels: any function with the convention's arity runs
+        return callable(fn) and _arity(fn) in (None, len(SIGNATURES[slot].args))
     sigs = getattr(fn, "signatures", None)
     return sigs is not None and SIGNATURES[slot].args in [tuple(s) for s in sigs]
+
+
+def _arity(fn: object) -> int | None:
+    """The number of parameters of a Python function (None when it has no signature to read)."""
+    try:
+        return len(inspect.signature(getattr(fn, "py_func", fn)).parameters)
+    except (TypeError, ValueError):
+        return None
 
 
 def usable(p: object, slot: str) -> Part | None:
@@ -132,6 +147,16 @@ def usable(p: object, slot: str) -> Part | None:
     if not isinstance(p, Part) or not compiled_for(p.fn, slot):
         return None
     return p
+
+
+def activation_part(p: object) -> Part | None:
+    """p when it is a Part for the activation slot: compiled for SIGNATURES["activation"] or ["gated"]."""
+    return usable(p, "activation") or usable(p, "gated")
+
+
+def is_gated(p: Part) -> bool:
+    """Whether the activation part p is a gated one (`fn(p, gate, up, out)`: it reads up itself)."""
+    return usable(p, "gated") is not None
 
 
 @njit(SIGNATURES["rope"], **JIT)
