@@ -51,6 +51,7 @@ KEY_BLOCK = 256
 CHUNK_ROWS = 128
 SPLIT_MIN_ROWS = CHUNK_ROWS
 _IDENT = np.arange(KEY_BLOCK)  # the rows of a decoded block (a constant of the compiled code)
+_NO_SINKS = np.empty(0, np.float64)  # attention without sink logits
 
 
 @njit(**JIT)
@@ -355,6 +356,22 @@ def attend_biased(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, 
     small at any depth and a cache of another kv type is decoded a block at a time. Up to
     KEY_BLOCK rows this is exactly the one-pass softmax.
     """
+    attend_sinks(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, _NO_SINKS, out)
+
+
+@njit(**JIT)
+def _sink_term(mx, sink):
+    """(w, e) for a head whose partials have max mx and whose softmax also counts the sink logit `sink`
+    (float64): with m = max(mx, sink), w = exp(mx - m) rescales the partials, e = exp(sink - m) joins the sum."""
+    m = max(np.float64(mx), sink)
+    return _F32(math.exp(np.float64(mx) - m)), _F32(math.exp(sink - m))
+
+
+@njit(**JIT)
+def attend_sinks(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, sinks, out):
+    """attend_biased where head h's softmax also counts a learned sink logit sinks[h] (float64 [H], empty:
+    none; gpt-oss): it takes probability mass and adds no value. The rows' online softmax as there, then per
+    head w, e = _sink_term(max, sink): out = (w acc) / (w sum + e) (w = 1 when the sink is below the max)."""
     vd = out.shape[0] // n_head
     mx = np.empty(n_head, _F32)
     tot = np.empty(n_head, _F32)
@@ -362,10 +379,16 @@ def attend_biased(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, 
     _partial(q.reshape(n_head, q.shape[0] // n_head), kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot,
              acc)
     for h in range(n_head):
-        inv = _F32(1.0) / tot[h]
         o = out[h * vd:(h + 1) * vd]
-        for e in range(vd):
-            o[e] = acc[h, e] * inv
+        if sinks.shape[0]:
+            w, e = _sink_term(mx[h], sinks[h])
+            inv = _F32(1.0) / (tot[h] * w + e)
+            for j in range(vd):
+                o[j] = (acc[h, j] * w) * inv
+            continue
+        inv = _F32(1.0) / tot[h]
+        for j in range(vd):
+            o[j] = acc[h, j] * inv
 
 
 # -- long contexts: chunks of keys shared with the decode pool --------------------------------------------
@@ -418,15 +441,18 @@ def attend_chunk(args, c):
 
 
 @njit(**JIT)
-def _merge(mx, tot, acc, out):
+def _merge(mx, tot, acc, sinks, out):
     """out[h] = sum_c w_c acc[c, h] / sum_c w_c tot[c, h], w_c = exp(mx[c, h] - max_c mx[c, h]), summed in
-    chunk order (the log-sum-exp rule)."""
+    chunk order (the log-sum-exp rule); with sinks (float64 [H], empty: none) the max also takes sinks[h]
+    and the sum, last, exp(sinks[h] - max) (attend_sinks)."""
     nch, n_head, vd = acc.shape
     a = np.empty(vd, _F32)
     for h in range(n_head):
         m = mx[0, h]
         for c in range(1, nch):
             m = max(m, mx[c, h])
+        if sinks.shape[0]:
+            m = max(m, _F32(sinks[h]))
         total = _F32(0.0)
         a[:] = 0.0
         for c in range(nch):
@@ -434,6 +460,8 @@ def _merge(mx, tot, acc, out):
             total += tot[c, h] * w
             for e in range(vd):
                 a[e] += acc[c, h, e] * w
+        if sinks.shape[0]:
+            total += _F32(math.exp(sinks[h] - np.float64(m)))
         inv = _F32(1.0) / total
         o = out[h * vd:(h + 1) * vd]
         for e in range(vd):
@@ -446,6 +474,13 @@ def attend_split(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, o
     shared with the running decode pool `ctrl` (archrun.kernels.decode.pool; empty: none) as its task `task` (-1:
     none) unless the pool backs off after a stall (pool.share_task), else computed here in order: the same
     bits either way. q, rows, slopes, dist C-contiguous."""
+    split_sinks(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, _NO_SINKS, out, ctrl, task)
+
+
+@njit(**JIT)
+def split_sinks(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, sinks, out, ctrl, task):
+    """attend_split with sink logits sinks (float64 [H], empty: none), counted when the chunks merge
+    (attend_sinks)."""
     hd, vd = q.shape[0] // n_head, out.shape[0] // n_head
     size = chunk_rows(count)
     nch = (count + size - 1) // size
@@ -473,4 +508,4 @@ def attend_split(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, o
     else:
         for c in range(nch):
             _chunk(args, c, kc, vc)
-    _merge(mx, tot, acc, out)
+    _merge(mx, tot, acc, sinks, out)

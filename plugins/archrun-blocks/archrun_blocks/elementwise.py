@@ -2,8 +2,9 @@
 
 Norms, rope and activations run their kernel part (archrun_blocks.parts) over rows, so the
 numba math of an op exists once; attention over a few queries runs the decode part's attention
-(decode_attention.attend_biased) for each query over the keys it sees, in parallel over queries,
-and over TILE_MIN_QUERIES or more queries tiles of queries x keys (prefill_attention).
+(decode_attention.attend_sinks) for each query over the keys it sees, in parallel over queries,
+and over TILE_MIN_QUERIES or more queries tiles of queries x keys (prefill_attention; attention with
+sink logits keeps the per-query path).
 Each public function validates shapes and dtypes in Python (raising ShapeMismatch), then runs one
 jitted kernel that writes into a fresh float32 output.
 They match the numpy reference ops (archrun_blocks.reference) to float32 rounding.
@@ -20,7 +21,7 @@ from archrun.kernels._jit import JIT, JIT_PAR
 from archrun.kernels.decode.addresses import address, array_at
 from archrun.kernels.decode.parts import part
 from archrun_blocks import parts
-from archrun_blocks.decode_attention import attend_biased
+from archrun_blocks.decode_attention import attend_sinks
 from archrun_blocks.prefill_attention import TILE_MIN_QUERIES, attend_tiled
 
 _F32 = np.float32
@@ -36,6 +37,7 @@ def _need(cond: bool, what) -> None:
 
 _F32_DTYPE = np.dtype(np.float32)
 _NONE = np.empty(0, np.float32)
+_NO_SINKS = np.empty(0, np.float64)
 _ROPE = part(parts.rope)  # the rope part (its parameters vary per call)
 
 
@@ -150,13 +152,38 @@ def activation(fn, params: np.ndarray, gate: np.ndarray, up: np.ndarray | None =
     return out
 
 
+@njit(**JIT)
+def _gated_rows(fn, p, gate, up, out):
+    """out[i] = fn(gate[i], up[i]) one row at a time (a gated part, SIGNATURES["gated"]): rows as _act_rows."""
+    n, m = out.shape
+    for i in range(n):
+        fn[0][0](p, array_at(address(gate) + i * gate.strides[0], (m,), np.float32),
+                 array_at(address(up) + i * up.strides[0], (m,), np.float32), out[i])
+
+
+def gated_activation(fn, params: np.ndarray, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """The gated activation part fn (its handle, Part.handle; fn(p, gate, up, out)) of gate and up (float32,
+    one shape)."""
+    _part_handle(fn)
+    _f32(gate, "gate", gate.ndim if isinstance(gate, np.ndarray) else 2)
+    _need(isinstance(up, np.ndarray) and up.dtype == np.float32 and up.shape == gate.shape,
+          lambda: f"up {getattr(up, 'shape', None)} must be float32 shaped like gate {gate.shape}")
+    out = np.empty(gate.shape, np.float32)
+    if out.size == 0:
+        return out
+    rows = _rows(gate)
+    _gated_rows(fn, params, rows, _rows(up), out.reshape(rows.shape))
+    return out
+
+
 # -- attention ---------------------------------------------------------------------------------
 
 
 @njit(**dict(JIT, inline="always"))
-def _attend_query(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, i, out):
-    """Query i: its visible keys listed, then decode_attention.attend_biased (the fused decode part's
-    attention) over them: q [n, H, hd], k [T, KV, hd], v [T, KV, vd] -> out[i] [H, vd]."""
+def _attend_query(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, sinks, i, out):
+    """Query i: its visible keys listed, then decode_attention.attend_sinks (the fused decode part's
+    attention; sinks empty: attend_biased) over them: q [n, H, hd], k [T, KV, hd], v [T, KV, vd] -> out[i]
+    [H, vd]."""
     n_head = q.shape[1]
     rows = np.empty(k.shape[0], np.int64)
     count = 0
@@ -168,20 +195,20 @@ def _attend_query(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, i, out)
     dist = np.empty(count if slopes.shape[0] else 0, _F32)
     for c in range(dist.shape[0]):
         dist[c] = _F32(k_pos[rows[c]] - q_pos[i])
-    attend_biased(q[i].reshape(n_head * q.shape[2]), k, v, rows, count, n_head, scale, softcap, slopes, dist,
-                  out[i].reshape(n_head * v.shape[2]))
+    attend_sinks(q[i].reshape(n_head * q.shape[2]), k, v, rows, count, n_head, scale, softcap, slopes, dist, sinks,
+                 out[i].reshape(n_head * v.shape[2]))
 
 
 @njit(**JIT)
-def _attend(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, out):
+def _attend(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, sinks, out):
     for i in range(q.shape[0]):
-        _attend_query(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, i, out)
+        _attend_query(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, sinks, i, out)
 
 
 @njit(**JIT_PAR)
-def _attend_par(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, out):
+def _attend_par(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, sinks, out):
     for i in prange(q.shape[0]):
-        _attend_query(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, i, out)
+        _attend_query(q, k, v, q_pos, k_pos, scale, window, softcap, slopes, sinks, i, out)
 
 
 def _check_attention(q, k, v, q_pos, k_pos, window) -> None:
@@ -199,14 +226,16 @@ def _check_attention(q, k, v, q_pos, k_pos, window) -> None:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray,
-              scale: float, window: int, softcap: float = 0.0, slopes: np.ndarray | None = None) -> np.ndarray:
+              scale: float, window: int, softcap: float = 0.0, slopes: np.ndarray | None = None,
+              sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal grouped-query attention: q[n, H, hd], k[T, KV, hd], v[T, KV, vd] -> [n, H, vd].
 
     Key j is visible to query i iff k_pos[j] <= q_pos[i] and (window == 0 or
     k_pos[j] > q_pos[i] - window); head h reads kv head h // (H // KV). Softmax in float32
     with max subtraction, scores capped to softcap * tanh(s / softcap) when softcap > 0, then
-    (ALiBi, when slopes float32 [H] are given) biased by slopes[h] * (k_pos[j] - q_pos[i]). Every
-    query must see at least one key.
+    (ALiBi, when slopes float32 [H] are given) biased by slopes[h] * (k_pos[j] - q_pos[i]); with
+    sinks float32 [H], head h's softmax also counts the logit sinks[h] (decode_attention.attend_sinks:
+    every query by the decode step's attention). Every query must see at least one key.
     """
     _check_attention(q, k, v, q_pos, k_pos, window)
     n, n_head, _ = q.shape
@@ -215,14 +244,18 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, k_
     else:
         _f32(slopes, "slopes", 1)
         _need(slopes.shape[0] == n_head, lambda: f"slopes {slopes.shape} must be [{n_head}]")
+    if sinks is not None:
+        _f32(sinks, "sinks", 1)
+        _need(sinks.shape[0] == n_head, lambda: f"sinks {sinks.shape} must be [{n_head}]")
     out = np.empty((n, n_head, v.shape[2]), np.float32)
     if n == 0:
         return out
     args = (np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
-            q_pos, k_pos, float(scale), int(window), float(softcap), np.ascontiguousarray(slopes, np.float64), out)
-    if n >= TILE_MIN_QUERIES:  # long prompts: tiles of queries x keys (prefill_attention)
-        attend_tiled(*args)
+            q_pos, k_pos, float(scale), int(window), float(softcap), np.ascontiguousarray(slopes, np.float64))
+    if n >= TILE_MIN_QUERIES and sinks is None:  # long prompts: tiles of queries x keys (prefill_attention)
+        attend_tiled(*args, out)
         return out
     work = n * n_head * k.shape[0] * q.shape[2]
-    (_attend_par if work >= _ATTN_PARALLEL_WORK else _attend)(*args)
+    (_attend_par if work >= _ATTN_PARALLEL_WORK else _attend)(
+        *args, _NO_SINKS if sinks is None else np.ascontiguousarray(sinks, np.float64), out)
     return out

@@ -18,7 +18,7 @@ import numpy as np
 from archrun.descriptor import AttentionSpec, MoeSpec, RopeSpec
 from archrun.errors import ShapeMismatch
 from archrun.kernels.decode import pool
-from archrun.kernels.decode.parts import Part, part, usable
+from archrun.kernels.decode.parts import Part, activation_part, part, usable
 from archrun.kernels.matmul import qmatrix
 from archrun_blocks import decode_attention, elementwise, kv_codec, parts, reference
 from archrun_blocks import moe_kernels as mk
@@ -86,10 +86,11 @@ def rope_norm(spec: RopeSpec, freq_factors: np.ndarray | None = None, *factors: 
 
 
 def _attend(q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float = 0.0,
-            slopes: np.ndarray | None = None) -> np.ndarray:
+            slopes: np.ndarray | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
     return elementwise.attention(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
                                  np.ascontiguousarray(q_pos, dtype=np.int64),
-                                 np.ascontiguousarray(k_pos, dtype=np.int64), scale, window, softcap, slopes)
+                                 np.ascontiguousarray(k_pos, dtype=np.int64), scale, window, softcap, slopes,
+                                 None if sinks is None else np.ascontiguousarray(sinks, dtype=F32))
 
 
 def _slot_arrays(slot) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
@@ -144,12 +145,26 @@ def _with_kernels(op, name: str, params: tuple):
     return op
 
 
+class _SinkAttention(reference.CausalAttention):
+    """Causal attention with learned per-head sink logits (gpt-oss): its kernel part's parameters hold the
+    layer's sinks after the fixed fields (parts.causal_attention), so its parts exist once they are bound."""
+
+    def bind(self, binder, layer: int) -> None:
+        super().bind(binder, layer)
+        s = self.spec
+        if self.sinks is None or np.shape(self.sinks) != (s.n_head,):
+            raise ShapeMismatch(f"attn_sinks of layer {layer}: shape {np.shape(self.sinks)}, expected ({s.n_head},)")
+        _with_kernels(self, "causal_attention", (s.scale, s.window, s.softcap, *np.asarray(self.sinks, np.float64)))
+
+
 def causal_attention(spec: AttentionSpec) -> reference.CausalAttention:
-    op = reference.CausalAttention(spec)
-    if spec.sinks:  # the kernel has no sinks: the reference attention, op by op (no kernel members)
-        op.fused = op.fused_for = op.pool_task = op.slot_arrays = None
+    if spec.sinks:  # parts once its sinks are bound (_SinkAttention.bind); the kernel attention op by op
+        op = _SinkAttention(spec)
+        op.attend, op.codec = _attend, KernelKvCodec
+        op.fused = op.fused_for = None
+        op.pool_task, op.slot_arrays = decode_attention.attend_chunk, _slot_arrays
         return op
-    return _with_kernels(op, "causal_attention", (spec.scale, spec.window, spec.softcap))
+    return _with_kernels(reference.CausalAttention(spec), "causal_attention", (spec.scale, spec.window, spec.softcap))
 
 
 def alibi_attention(spec: AttentionSpec) -> reference.AlibiAttention:
@@ -187,6 +202,19 @@ def gelu():
 
 def relu2():
     return _activation(parts.relu2)
+
+
+def swiglu_oai(alpha: float = 1.702, limit: float = 7.0):
+    """reference.swiglu_oai by its gated kernel part (parts.swiglu_oai: it reads up itself)."""
+    p = part(parts.swiglu_oai, alpha, limit)
+
+    def act(x: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
+        if up is None:
+            raise ValueError("swiglu_oai is a gated activation: it needs the up projection")
+        return elementwise.gated_activation(p.handle, p.params, np.asarray(x, dtype=F32), np.asarray(up, dtype=F32))
+
+    act.fused = p
+    return act
 
 
 # -- residual topologies -------------------------------------------------------------------------
@@ -232,12 +260,15 @@ def _moe_arrays(w) -> tuple | None:
     prepared for the fast kernels."""
     shared = tuple(w.shared) if w.shared is not None else ()
     mats = [w.gate_inp, *w.gate, *w.up, *w.down, *shared]
-    if any(m.prepared is None for m in mats) or any(m.bias is not None for m in mats[1:]):
-        return None  # the kernels read no expert biases: the reference mixture (fast products) runs
+    if any(m.prepared is None for m in mats):
+        return None
+    experts = [m for e in range(len(w.gate)) for m in (w.gate[e], w.up[e], w.down[e])]
+    biased = any(m.bias is not None for m in mats[1:])  # expert biases (gpt-oss): each product adds its own
     return mk.moe_arrays(w.gate_inp.prepared, w.gate_inp.bias, w.probs_bias,
                          [m.prepared for m in w.gate], [m.prepared for m in w.up], [m.prepared for m in w.down],
                          tuple(m.prepared for m in shared) if shared else None, w.shared_gate,
-                         [m.pages for e in range(len(w.gate)) for m in (w.gate[e], w.up[e], w.down[e])])
+                         [m.pages for m in experts], [m.bias for m in experts] if biased else (),
+                         [m.bias for m in shared] if biased else ())
 
 
 def _big(w) -> bool:
@@ -258,7 +289,7 @@ class _FastMoe:
         self.spec = spec
         # the model's gating and activation on the fast backend carry their parts (archrun_blocks' ops)
         self.gate_part = usable(getattr(gating, "fused", None), "gating")
-        self.act_part = usable(getattr(act, "fused", None), "activation")
+        self.act_part = activation_part(getattr(act, "fused", None))  # either kind (a gated one reads up)
         self.rp = (spec.n_expert_used, spec.n_group, spec.n_group_used, int(spec.weights_norm))
         self.scale = float(spec.weights_scale)
         self._bound: list = [None, None]  # (weights, their kernel arrays) of the last weights seen

@@ -10,9 +10,10 @@ Python loop over experts:
    argsort of -select: lower expert index first); weights = probs of the selected experts,
    optionally renormalised (sum floored at 6.103515625e-5) and scaled;
 3. the tokens routed to each expert, in ascending expert order (the reference's order of
-   accumulation), go through that expert's gate/up product, the activation and its down
-   product as one batch (each expert's weights are read once per call), and are added to
-   the output with their routing weights;
+   accumulation), go through that expert's gate/up product, the activation (either kind of
+   activation part: kernels.decode.layer.activate) and its down product as one batch (each
+   expert's weights are read once per call; each product adds the expert's bias when it has
+   one), and are added to the output with their routing weights;
 4. shared experts, if any, run on every token and are added last.
 
 Experts streamed from disk (archrun.io.experts): once the router has chosen, and before the first
@@ -86,10 +87,21 @@ def _check(what: str, q: QMatrix, n_out: int, n_in: int) -> None:
         raise ShapeMismatch(f"{what}: shape ({q.n_out}, {q.n_in}), expected ({n_out}, {n_in})")
 
 
+def _bias(what: str, b: np.ndarray | None, n: int) -> np.ndarray | None:
+    """b as float32 [n] (None: no bias); ShapeMismatch when it is not [n]."""
+    if b is None:
+        return None
+    if np.shape(b) != (n,):
+        raise ShapeMismatch(f"{what} bias of shape {np.shape(b)}, expected ({n},)")
+    return np.ascontiguousarray(b, dtype=_F32)
+
+
 def moe_arrays(router: QMatrix, router_bias: np.ndarray | None, probs_bias: np.ndarray | None,
                gate: Sequence[QMatrix], up: Sequence[QMatrix], down: Sequence[QMatrix],
                shared: tuple[QMatrix, QMatrix, QMatrix] | None, shared_gate: np.ndarray | None = None,
-               expert_pages: Sequence[tuple[np.ndarray, int] | None] = ()) -> tuple:
+               expert_pages: Sequence[tuple[np.ndarray, int] | None] = (),
+               biases: Sequence[np.ndarray | None] = (),
+               shared_biases: Sequence[np.ndarray | None] = ()) -> tuple:
     """Kernel arrays of one MoE FFN: (router, experts, shared_gate_up, shared_down, probs_bias, shared_gate,
     page_table, page_rows).
 
@@ -98,8 +110,10 @@ def moe_arrays(router: QMatrix, router_bias: np.ndarray | None, probs_bias: np.n
     (the shared experts' output times sigmoid(h . shared_gate)) or None (empty array); expert_pages:
     for the 3 E matrices in the experts' order (e's gate, up, down), (page table, row) of each mapped
     from an expert store (archrun.io.experts, Matrix.pages), or empty / any None: nothing to read ahead.
-    Raises ShapeMismatch on inconsistent shapes. The product groups are 3-tuples of uniform
-    matrices (absent ones padding); the experts a typed list (see the module docstring).
+    biases: the experts' biases in that order (e's gate [f], up [f], down [d]; None: none; empty: no
+    expert has one), shared_biases the shared experts' (gate, up, down): each product adds its bias, as
+    a biased Matrix does. Raises ShapeMismatch on inconsistent shapes. The product groups are 3-tuples of
+    uniform matrices (absent ones padding); the experts a typed list (see the module docstring).
     """
     n_exp, d = router.n_out, router.n_in
     if not (len(gate) == len(up) == len(down) == n_exp):
@@ -113,16 +127,24 @@ def moe_arrays(router: QMatrix, router_bias: np.ndarray | None, probs_bias: np.n
         raise ShapeMismatch(f"router bias of shape {np.shape(router_bias)}, expected ({n_exp},)")
     if probs_bias is not None and np.shape(probs_bias) != (n_exp,):
         raise ShapeMismatch(f"expert selection bias of shape {np.shape(probs_bias)}, expected ({n_exp},)")
+    if len(biases) not in (0, 3 * n_exp):
+        raise ShapeMismatch(f"{len(biases)} expert biases for {n_exp} experts (3 a expert, or none)")
+    roles = (("gate", f), ("up", f), ("down", d))
+    bs = [_bias(f"expert {i // 3} {roles[i % 3][0]}", b, roles[i % 3][1]) for i, b in enumerate(biases)]
+    bs = bs or [None] * (3 * n_exp)
     absent = block.absent_matrix()
-    experts = expert_list([block.uniform(m) for e in range(n_exp) for m in (gate[e], up[e], down[e])])
+    experts = expert_list([block.uniform(m, bs[3 * e + j]) for e in range(n_exp)
+                           for j, m in enumerate((gate[e], up[e], down[e]))])
     shared_gu, shared_down = (absent, absent, absent), (absent, absent, absent)
     if shared is not None:
         fs = shared[0].n_out
         _check("shared gate", shared[0], fs, d)
         _check("shared up", shared[1], fs, d)
         _check("shared down", shared[2], d, fs)
-        shared_gu = (block.uniform(shared[0]), block.uniform(shared[1]), absent)
-        shared_down = (block.uniform(shared[2]), absent, absent)
+        sb = [_bias(f"shared {w}", b, n) for w, b, n in zip(("gate", "up", "down"), shared_biases or (None,) * 3,
+                                                            (fs, fs, d), strict=True)]
+        shared_gu = (block.uniform(shared[0], sb[0]), block.uniform(shared[1], sb[1]), absent)
+        shared_down = (block.uniform(shared[2], sb[2]), absent, absent)
     if shared_gate is not None and (shared is None or np.shape(shared_gate) != (d,)):
         raise ShapeMismatch(f"shared expert gate of shape {np.shape(shared_gate)}, expected ({d},) with shared experts")
     pb = (np.empty(0, _F32) if probs_bias is None
@@ -253,10 +275,8 @@ def _gated_ffn(gate_up, down, x, act_fn, act_p, chunks, par, gid_gu, gid_down):
     gu = np.empty((m, 2 * f), _F32)
     block.pooled_product(par, gid_gu, gate_up, x, gu, chunks)
     a = np.empty((m, f), _F32)
-    for i in range(m):
-        act_fn[0][0](act_p, gu[i][:f], a[i])
-        for c in range(f):
-            a[i, c] = a[i, c] * gu[i, f + c]
+    for i in range(m):  # act(gate) * up, or a gated part's act(gate, up)
+        layer.activate(act_fn[0], act_p, gu[i][:f], gu[i][f:], a[i], True)
     y = np.empty((m, down[0][block._NOUT]), _F32)
     block.pooled_product(par, gid_down, down, a, y, chunks)
     return y

@@ -15,7 +15,15 @@ from numba import njit
 
 from archrun.kernels._jit import JIT
 from archrun.kernels.decode.parts import SIGNATURES
-from archrun_blocks.decode_attention import SPLIT_MIN_ROWS, attend_biased, attend_one, attend_split, visible_rows
+from archrun_blocks.decode_attention import (
+    SPLIT_MIN_ROWS,
+    attend_biased,
+    attend_one,
+    attend_sinks,
+    attend_split,
+    split_sinks,
+    visible_rows,
+)
 from archrun_blocks.kv_codec import store_row, values_per_row
 from archrun_blocks.rotate import rotate_pairs
 
@@ -27,6 +35,7 @@ _LN2_HI = _F32(0.693359375)        # ln 2 split so that n * _LN2_HI is exact for
 _LN2_LO = _F32(-2.12194440e-4)
 # Routing compares scores exactly (no fastmath: ties and infinities behave as in numpy).
 _EXACT = dict(cache=True, nogil=True)
+_NO_SLOPES, _NO_DIST = np.empty(0, np.float64), np.empty(0, _F32)  # attention without ALiBi biases
 
 
 # -- norms: p = (eps, weight offset) ---------------------------------------------------------------------------
@@ -100,7 +109,7 @@ def rope(p, v, n_head, hd, cos, sin):
         rotate_pairs(xi, xi, n_rot, neox, cos, sin)
 
 
-# -- attention: p = (scale, window, softcap) ----------------------------------------------------------
+# -- attention: p = (scale, window, softcap[, sink_0 .. sink_{H-1}]) -----------------------------------------
 
 
 @njit(**dict(JIT, inline="always"))
@@ -122,10 +131,17 @@ def _store_and_select(k, v, kc, vc, kpos, ring, row, pos, window):
 def causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     """causal_attention over a cache of any kv type (archrun_blocks.kv_codec; compiled per cache dtype)."""
     rows, count = _store_and_select(k, v, kc, vc, kpos, ring, row, pos, int(p[1]))
-    if count <= SPLIT_MIN_ROWS:
-        attend_one(q, kc, vc, rows, count, q.shape[0] // values_per_row(kc), p[0], p[2], out)
+    n_head = q.shape[0] // values_per_row(kc)
+    if p.shape[0] > 3:  # learned sink logits (gpt-oss): p[3:3 + n_head]
+        if count <= SPLIT_MIN_ROWS:
+            attend_sinks(q, kc, vc, rows, count, n_head, p[0], p[2], _NO_SLOPES, _NO_DIST, p[3:3 + n_head], out)
+        else:
+            split_sinks(q, kc, vc, rows, count, n_head, p[0], p[2], _NO_SLOPES, _NO_DIST, p[3:3 + n_head], out, ctrl,
+                        task)
+    elif count <= SPLIT_MIN_ROWS:
+        attend_one(q, kc, vc, rows, count, n_head, p[0], p[2], out)
     else:  # a long context: chunks of keys, shared with the decode pool when one runs
-        attend_split(q, kc, vc, rows, count, q.shape[0] // values_per_row(kc), p[0], p[2], np.empty(0, np.float64),
+        attend_split(q, kc, vc, rows, count, n_head, p[0], p[2], np.empty(0, np.float64),
                      np.empty(0, _F32), out, ctrl, task)
 
 
@@ -146,7 +162,9 @@ def alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
 @njit(SIGNATURES["attention"], **JIT)
 def causal_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     """Store k/v at cache row `row` (ring slots record its position), then causal GQA of q over the
-    rows visible from `pos` (window p[1], 0: global), scores scaled by p[0] and capped by p[2] (0: none).
+    rows visible from `pos` (window p[1], 0: global), scores scaled by p[0] and capped by p[2] (0: none);
+    with p[3:] (one per query head) each head's softmax also counts that sink logit
+    (decode_attention.attend_sinks).
     Over more than SPLIT_MIN_ROWS rows the keys go in chunks, shared with the decode pool ctrl as its
     task `task` (archrun_blocks.decode_attention.attend_split). The parts of other kv types are in
     archrun_blocks.kv_parts."""
@@ -164,7 +182,7 @@ def alibi_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task)
 
 
-# -- activations: p unused -------------------------------------------------------------------------
+# -- activations: p unused (but by swiglu_oai) -----------------------------------------------------------
 
 
 @njit(**dict(JIT, inline="always"))
@@ -229,6 +247,26 @@ def relu2(p, x, out):
     for i in range(x.shape[0]):
         g = max(x[i], _F32(0.0))
         out[i] = g * g
+
+
+@njit(SIGNATURES["gated"], **JIT)
+def swiglu_oai(p, gate, up, out):
+    """gpt-oss's clamped SwiGLU, p = (alpha, limit): g = min(gate, limit), u = clip(up, -limit, limit),
+    out = g / (1 + exp(-alpha g)) * (u + 1) (exp by the vectorised polynomial, _exp_pieces); out may be gate.
+    Gates below -120 count as -120: g sigmoid(alpha g) is below 1e-35 in magnitude there (0 in float32 from
+    about -60 on), where exp's clamp at 87 would otherwise leave g / (1 + e^87), up to 5 for g = -3e38."""
+    alpha, limit = _F32(p[0]), _F32(p[1])
+    n = gate.shape[0]
+    g = np.empty(n, _F32)
+    e = np.empty(n, _F32)
+    bits = np.empty(n, np.int32)
+    for i in range(n):
+        g[i] = limit if gate[i] > limit else max(gate[i], _F32(-120.0))
+        e[i], bits[i] = _exp_pieces(-(alpha * g[i]))
+    two_n = bits.view(np.float32)
+    for i in range(n):
+        u = -limit if up[i] < -limit else (limit if up[i] > limit else up[i])
+        out[i] = g[i] / (_F32(1.0) + e[i] * two_n[i]) * (u + _F32(1.0))
 
 
 # -- residual topologies: p = (residual scale,) --------------------------------------------------------

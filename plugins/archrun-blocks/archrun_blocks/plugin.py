@@ -54,8 +54,9 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("activation", "xielu", xielu.xielu, Lazy("archrun_blocks.xielu_part:xielu_fast"),
                 "xIELU with the file's learned per-layer alpha_n, alpha_p, beta, eps (Apertus)",
                 layout=xielu.XieluLayout(), capabilities=PART))
-    register(Op("activation", "swiglu_oai", reference.swiglu_oai, None,
-                "gpt-oss's clamped SwiGLU: min(x, 7) sigmoid(1.702 min(x, 7)) (clip(up, -7, 7) + 1)"))
+    register(Op("activation", "swiglu_oai", reference.swiglu_oai, _fast("swiglu_oai"),
+                "gpt-oss's clamped SwiGLU: min(x, 7) sigmoid(1.702 min(x, 7)) (clip(up, -7, 7) + 1)",
+                capabilities=PART))
     register(Op("residual", "sequential", reference.Sequential, _fast("sequential"),
                 "x + attn(norm x), then + ffn(norm of that), optional residual scale",
                 capabilities=OpCapabilities(fused=True, fused_input=True)))

@@ -303,7 +303,7 @@ class CausalAttention:
     def _attend(self, q, k, v, q_pos, k_pos) -> np.ndarray:
         s = self.spec
         if self.sinks is not None:
-            return attend(q, k, v, q_pos, k_pos, s.scale, s.window, s.softcap, sinks=self.sinks)
+            return self.attend(q, k, v, q_pos, k_pos, s.scale, s.window, s.softcap, sinks=self.sinks)
         return self.attend(q, k, v, q_pos, k_pos, s.scale, s.window, s.softcap)
 
     codec = NumpyKvCodec  # how slots convert rows of other kv types (fast twins swap in kernels)
