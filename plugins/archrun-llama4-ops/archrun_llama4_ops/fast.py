@@ -2,8 +2,9 @@
 a model first binds one, so loading the plugin compiles no kernel.
 
 Each carries what the fused decode path runs (archrun.kernels.decode.fusion, docs/plugins.md): the attention
-its kernel part (`fused`), its cache arrays (`slot_arrays`) and the pool task of its long-context chunks
-(`pool_task`); the mixture its layer kernel (`fused_layer`) and the activation part it runs (`act_part`).
+its kernel parts (`fused`; `fused_for` caches of other kv types), its cache arrays (`slot_arrays`) and the pool
+task of its long-context chunks (`pool_task`); the mixture its layer kernel (`fused_layer`) and the activation
+part it runs (`act_part`).
 The op-by-op paths run the same kernels (the query/key preparation over rows, the mixture over rows), so
 a token's result has the same bits either way.
 """
@@ -18,6 +19,7 @@ from archrun.kernels.decode import pool
 from archrun.kernels.decode.parts import Part, part, usable
 from archrun.kernels.matmul import qmatrix
 from archrun_blocks import decode_attention, elementwise, reference
+from archrun_blocks import fast as blocks_fast
 from archrun_blocks import moe_kernels as mk
 from archrun_llama4_ops import ops
 from archrun_llama4_ops.kernels import attention as ak
@@ -41,6 +43,7 @@ class Llama4Attention(ops.Llama4Attention):
 
     def __init__(self, spec: AttentionSpec):
         super().__init__(spec, elementwise.attention)
+        self.codec = blocks_fast.KernelKvCodec  # stored rows of other kv types converted by kernels (same bits)
         self.pool_task = decode_attention.attend_chunk  # the part's chunks of a long context (decode pool task)
         self.slot_arrays = slot_arrays  # the fused block reads and writes the cache through these
 
@@ -54,6 +57,15 @@ class Llama4Attention(ops.Llama4Attention):
     def fused(self) -> Part:
         """The one-token part (kernels.attention.llama4_attention) with this layer's parameters."""
         return part(ak.llama4_attention, *self.params)
+
+    def fused_for(self, kv_type: str) -> Part | None:
+        """The part over caches of kv_type (f32, f16, q8_0: kernels.kv_attention), or None for another."""
+        if kv_type == "f32":
+            return self.fused
+        from archrun_llama4_ops.kernels import kv_attention
+
+        fn = getattr(kv_attention, f"llama4_attention_{kv_type}", None)
+        return None if fn is None else part(fn, *self.params)
 
     def __call__(self, q, k, v, slot, start: int) -> np.ndarray:
         n, n_kv, hd = k.shape

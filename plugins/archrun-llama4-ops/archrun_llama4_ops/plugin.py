@@ -13,7 +13,8 @@ def archrun_register_vocabulary(register) -> None:
     register(Op("attention", "llama4", ops.llama4_reference, Lazy("archrun_llama4_ops.fast:llama4_attention"),
                 "Llama 4: chunked attention (chunk = the layer's window) on L2-normalised q/k; "
                 "global layers scale q by the temperature tuning",
-                capabilities=OpCapabilities(fused=True, pool_task=True, slot_arrays=True, kv_types=True, binds=True)))
+                capabilities=OpCapabilities(fused=True, fused_for=True, pool_task=True, slot_arrays=True, kv_types=True,
+                                            binds=True)))
     register(Op("moe", "topk_input_weighted", ops.topk_input_weighted,
                 Lazy("archrun_llama4_ops.fast:topk_input_weighted"),
                 "top-k routing whose weights scale each selected expert's input (llama.cpp weight_before_ffn)",

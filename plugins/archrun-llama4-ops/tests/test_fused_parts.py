@@ -168,3 +168,34 @@ def test_fast_mixture_weights_the_expert_inputs(k):
             want[t] += swiglu(mats["gate"][e], mats["up"][e], mats["down"][e], xin)
         want[t] += swiglu(*shared, x[t].astype(np.float64))
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("chunk", [8, 0], ids=["chunked", "global"])
+def test_parts_of_other_kv_types_have_the_op_paths_results(kv_type, chunk):
+    """Caches of float16 and q8_0 rows: the part of that kv type (fused_for) stores the rows the op-by-op call
+    stores and attends as it does (float16: the same bits; q8_0: its rows decoded a block at a time, float32
+    rounding)."""
+    from archrun_llama4_ops.kernels import kv_attention
+
+    heads, kv, hd, n = 4, 2, 32, 20
+    spec = AttentionSpec(kind="llama4", n_head=heads, n_head_kv=kv, head_dim=hd, v_head_dim=hd,
+                         scale=1 / math.sqrt(hd), window=chunk)
+    fused_op, op = fast.llama4_attention(spec), fast.llama4_attention(spec)
+    p = fused_op.fused_for(kv_type)
+    assert p.fn is getattr(kv_attention, f"llama4_attention_{kv_type}")
+    fused_slot, slot = fused_op.new_slot(32, kv_type=kv_type), op.new_slot(32, kv_type=kv_type)
+    rng = np.random.default_rng(8)
+    for pos in range(n):
+        q, k, v = rnd(rng, 1, heads, hd, scale=2.0), rnd(rng, 1, kv, hd, scale=2.0), rnd(rng, 1, kv, hd)
+        kc, vc, kpos, ring = fused_op.slot_arrays(fused_slot)
+        got = np.full(heads * hd, np.nan, F32)
+        p.fn(p.params, q.reshape(-1).copy(), k.reshape(-1).copy(), v.reshape(-1).copy(), kc, vc, kpos, bool(ring),
+             pos, pos, got, *NO_TASK)
+        want = op(q, k, v, slot, pos)[0].reshape(-1)
+        if kv_type == "f16":
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max(), pos
+    np.testing.assert_array_equal(fused_slot.k, slot.k)
+    np.testing.assert_array_equal(fused_slot.v, slot.v)

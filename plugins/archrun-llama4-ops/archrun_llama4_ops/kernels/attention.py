@@ -12,7 +12,8 @@ Parameters p (float64): scale, chunk (0: a global layer), softcap, eps, qk_norm 
 Then the token's K/V go to the cache row (a ring also records the row's position) and archrun-blocks'
 one-token attention runs over the visible rows: `attend_one` up to SPLIT_MIN_ROWS rows, else
 `attend_split` (chunks of keys shared with the decode pool as its task decode_attention.attend_chunk),
-exactly as archrun-blocks' causal part does.
+exactly as archrun-blocks' causal part does. The parts over float16 and q8_0 caches (the same code compiled
+for their cache dtypes) are in kernels.kv_attention, imported on the first such cache.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def _prepare(p, q, k, n_head, n_kv, hd, pos):
 
 @njit(**JIT)
 def prepare_rows(p, q, k, start):
-    """_prepare on every row: q [n, H * hd], k [n, KV * hd] (C-contiguous, in place), row i at start + i;
-    n_kv and hd from p's caller: q.shape[1] // hd heads with hd = k's width / n_kv (passed as k [n, KV, hd])."""
+    """_prepare on every row, in place: q f32 [n, H * hd], k f32 [n, KV, hd] (C-contiguous), row i the token at
+    position start + i (the op-by-op path's q/k preparation: the part's own code)."""
     n, n_kv, hd = k.shape
     n_head = q.shape[1] // hd
     for i in range(n):
