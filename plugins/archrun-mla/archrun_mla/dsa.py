@@ -6,7 +6,8 @@ the indexer's projections, which its qkv gives as side inputs after q, k, v (arc
 the indexer query [n, Hi Di], key [n, Di] (layer-normed) and head weights [n, Hi] (/ sqrt(Hi)), all before
 rope. The op ropes them (NEOX on the first r dims, the model's rope table: `bind`), caches the indexer
 key beside the latent row (a slot row is r + c + Di floats), scores and attends: a query at position p
-reads every key while p < top_k, else its top_k keys.
+reads every key while p < top_k, else its top_k keys. On the fast backend a layer decodes fused (one kernel
+call per token: archrun_mla.fused, kernels.dsa_layer) with the op-by-op path's bits.
 """
 
 from __future__ import annotations
