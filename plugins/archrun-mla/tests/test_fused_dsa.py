@@ -130,6 +130,30 @@ def test_the_selection_matters_on_these_copies(model):
     assert np.abs(got[0][-1] - got[1][-1]).max() > 1e-3
 
 
+def test_one_indexer_head_decodes_op_by_op(tmp_path):
+    """With one indexer head numpy scores through other routines (a vector times a matrix, then no BLAS at
+    all), which the kernel does not copy: such layers decode op by op, and correctly."""
+    import gguf
+
+    src = GOLDENS / "deepseek32_top16.gguf"
+    r = gguf.GGUFReader(str(src))
+    rng = np.random.default_rng(2)
+    shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in r.tensors}
+    tensors = {}
+    for name, shape in shapes.items():
+        if _role(name) == "indexer.proj":
+            tensors[name] = rng.normal(0, 0.15, (1, shape[1])).astype(np.float32)
+        elif _role(name) == "indexer.attn_q_b":
+            tensors[name] = rng.normal(0, 0.15, (shape[0] // 16, shape[1])).astype(np.float32)
+    path = rewrite_gguf(src, tmp_path / "one_head.gguf", drop_tensors=tuple(tensors), add_tensors=tensors,
+                        add_keys={"deepseek32.attention.indexer.head_count": 1})
+    fast, ref = archrun.load(path), archrun.load(path, backend="reference")
+    assert fast.plan.layers[0].attention.heads == 1 and fast.fused_blocks is None
+    ids = np.random.default_rng(4).integers(0, fast.descriptor.n_vocab, 20)
+    got, want = fast.logits(ids), ref.logits(ids)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
 @pytest.mark.parametrize("heads,width,count", [(16, 64, 17), (2, 8, 5), (16, 64, 300), (5, 24, 41)])
 def test_kernel_scores_are_the_scorers_bits(heads, width, count):
     """The kernel's indexer scores of one query against archrun_mla.indexer.index_scores_chunked's (the op's)."""
