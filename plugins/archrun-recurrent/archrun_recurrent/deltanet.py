@@ -214,11 +214,6 @@ class FastGatedDeltaNet(FusedMixer, GatedDeltaNet):
         ba = (self.beta_proj, self.alpha_proj) if self.split else self.ba
         return deltanet_layer, ((self.qkv, self.gate), ba, self.out_proj), self._token_args()
 
-    def _fused_moe_kernel(self):
-        from archrun_recurrent.kernels.delta_step import deltanet_moe_layer
-
-        return deltanet_moe_layer
-
 
 def deltanet_fast(spec: Any, tiled: bool = False) -> GatedDeltaNet:
     """The same mixer token by token in numba kernels; its layer decodes fused."""

@@ -33,27 +33,27 @@ def product_groups(mats: Sequence[Any], group_id: Callable | None) -> tuple[list
     return groups, gids, max(m.prepared.nbytes for m in flat) >= PARALLEL_MIN_BYTES
 
 
-def moe_arguments(moe: Any, group_id: Callable | None) -> tuple[tuple, bool] | None:
-    """(archrun-blocks' moe_rows arguments of the layer's mixture of experts (moe: its bound MoeFfn), whether its
-    experts are big enough to split over threads), or None when its op has none (`ffn_args`). group_id as for
-    product_groups: the router's and experts' products then go to the decode pool."""
+def moe_arguments(moe: Any, group_id: Callable | None) -> tuple[tuple | None, bool] | None:
+    """(the layer kernel's `moe` argument, whether the mixture's experts are big enough to split over threads):
+    (None, False) for a dense FFN or none (moe None), else (archrun-blocks' moe_rows arguments of the layer's
+    mixture of experts (moe: its bound MoeFfn) as one tuple, ...), or None when its op has none (`ffn_args`).
+    group_id as for product_groups: the router's and experts' products then go to the decode pool."""
+    if moe is None:
+        return None, False
     ffn_args = getattr(moe.moe, "ffn_args", None)
-    return None if ffn_args is None else ffn_args(moe.weights, group_id)
+    made = None if ffn_args is None else ffn_args(moe.weights, group_id)
+    return None if made is None else (tuple(made[0]), made[1])
 
 
 class FusedMixer:
     """The fused-decode members of a recurrent mixer (a mixin before the mixer's class): the subclass says what
     its layer kernel takes in `_fused_parts() -> (kernel, matrices, weights)`; the kernel is called as
-    kernel(x, common, *product groups of the matrices, *weights, pool ids, state, chunks, par). A mixer whose
-    kernel also runs a mixture of experts names that kernel in `_fused_moe_kernel()`, called as
-    kernel(x, common, *product groups, *weights, pool ids, *the MoE's ffn_args, state, chunks, par)."""
+    kernel(x, common, *product groups of the matrices, *weights, pool ids, moe, state, chunks, par), moe None
+    with a dense FFN (or none), else the layer's mixture of experts as moe_arguments gives it
+    (archrun_recurrent.kernels.block_tail runs either)."""
 
     def _fused_parts(self) -> tuple[Any, Sequence[Any], tuple]:
         raise NotImplementedError
-
-    def _fused_moe_kernel(self) -> Any:
-        """The layer kernel of a block whose FFN is a mixture of experts, or None (such layers run op by op)."""
-        return None
 
     def slot_arrays(self, slot: Any, start: int) -> tuple:
         """The state a one-token step at `start` updates: (state array, its ring row) per state array
@@ -65,18 +65,12 @@ class FusedMixer:
         fast kernels or the layer's mixture of experts (moe: its bound MoeFfn, None for a dense FFN or none) has
         no kernel arguments. group_id(ms, n_in) -> id, when given, registers the products with the decode pool."""
         kernel, mats, weights = self._fused_parts()
-        if moe is not None:
-            kernel = self._fused_moe_kernel()
-            if kernel is None or getattr(moe.moe, "ffn_args", None) is None:
-                return None
         made = product_groups(mats, group_id)
         if made is None:
             return None
         groups, gids, big = made
-        if moe is None:
-            return kernel, (common, *groups, *weights, gids), big
         ffn = moe_arguments(moe, group_id)
         if ffn is None:
             return None
         moe_args, moe_big = ffn
-        return kernel, (common, *groups, *weights, gids, *moe_args), big or moe_big
+        return kernel, (common, *groups, *weights, gids, moe_args), big or moe_big

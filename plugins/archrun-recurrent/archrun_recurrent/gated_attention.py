@@ -121,14 +121,11 @@ def fused_layer(op: Any, qkv: Any, o: Any, common: Any, moe: Any, group_id: Any 
     if made is None:
         return None
     groups, gids, big = made
-    args = (common, *groups, part.handle, part.params, gids)
-    if moe is None:
-        return k.gated_attention_layer, args, big
     ffn = moe_arguments(moe, group_id)
     if ffn is None:
         return None
     moe_args, moe_big = ffn
-    return k.gated_attention_moe_layer, (*args, *moe_args), big or moe_big
+    return k.gated_attention_layer, (common, *groups, part.handle, part.params, gids, moe_args), big or moe_big
 
 
 def gated_fast(spec: Any) -> Any:

@@ -176,11 +176,6 @@ class FastKda(FusedMixer, KimiDeltaAttention):
         mats = ((self.q, self.k, self.v), low, (self.decay.b,), g_b, self.out_proj)
         return kda_layer, mats, (conv_w, conv_b, dt_bias, a, norm_w, np.int64(self.full_gate), scale, eps)
 
-    def _fused_moe_kernel(self):
-        from archrun_recurrent.kernels.delta_step import kda_moe_layer
-
-        return kda_moe_layer
-
 
 def kda_fast(spec: Any) -> KimiDeltaAttention:
     """The same mixer token by token in numba kernels; its layer decodes fused."""

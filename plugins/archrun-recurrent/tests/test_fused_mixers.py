@@ -1,5 +1,5 @@
 """Token mixers decode fused (their ops' layer kernels: `shortconv`, `mamba2`, `mamba`, `gated_deltanet` and
-`gated_deltanet_tiled`, `kda`; with a dense FFN or a mixture of experts) with the bits of the op-by-op path: on
+`gated_deltanet_tiled`, `kda`; each with a dense FFN or a mixture of experts) with the bits of the op-by-op path: on
 copies of the families' tiny fixtures whose block matrices are Q8_0 (the fused and the op-by-op product kernels
 of a quantized type compute one token alike; float32 products differ in rounding, numpy's BLAS against the
 decode kernel), a mixer layer's fused step gives the op-by-op block's output and state bit for bit."""
@@ -18,24 +18,28 @@ from archrun.conformance.gguf_edit import rewrite_gguf
 from archrun.kernels.decode.fusion import MixerBlock
 
 FAMILIES = Path(__file__).resolve().parents[3] / "families"
-# fixture -> its family package: LFM2 (short convolutions and attention), Mamba2 (mixers only, no FFN), a
-# Granite-4.0-style hybrid (Mamba2 and attention, dense FFN), Mamba (no FFN; Falcon-Mamba's weightless dt/B/C
-# norms), Qwen3-Next (gated DeltaNet with ssm_ba and gated attention, a mixture of experts in every layer), Qwen3.5
-# (tiled value heads, split beta/alpha; a dense FFN, or a mixture of experts), Kimi Linear (KDA and latent attention,
-# dense FFNs then a mixture of experts)
-FIXTURES = {"lfm2_ccac": "lfm2", "lfm2_accc_l2": "lfm2", "lfm2_acca_l4": "lfm2", "mamba2_g2_k3_tied": "mamba2",
-            "mamba2_g4_hd32": "mamba2", "granitehybrid_mmam_dense": "granitehybrid", "mamba_k3_n24": "mamba",
-            "falcon_mamba_k4": "mamba", "qwen3next_dddA": "qwen3next", "qwen3next_dAdA_k3": "qwen3next",
-            "qwen35_dddA": "qwen35", "qwen35moe_ddAd": "qwen35", "kimi_linear_mkkm_k3": "kimi-linear",
-            "kimi_linear_dk32": "kimi-linear"}
+# fixture -> its family package: LFM2 (short convolutions and attention; LFM2-MoE: a mixture of experts after the
+# first layer), Mamba2 (mixers only, no FFN), Granite-4.0-style hybrids (Mamba2 and attention, a dense FFN or a
+# mixture of experts with a shared expert), Mamba (no FFN; Falcon-Mamba's weightless dt/B/C norms), Jamba (Mamba
+# and attention, dense FFNs and mixtures of experts), Qwen3-Next (gated DeltaNet with ssm_ba and gated attention, a
+# mixture of experts in every layer), Qwen3.5 (tiled value heads, split beta/alpha; a dense FFN, or a mixture of
+# experts), Kimi Linear (KDA and latent attention, dense FFNs then a mixture of experts)
+FIXTURES = {"lfm2_ccac": "lfm2", "lfm2_accc_l2": "lfm2", "lfm2_acca_l4": "lfm2", "lfm2moe_ccac": "lfm2",
+            "mamba2_g2_k3_tied": "mamba2", "mamba2_g4_hd32": "mamba2", "granitehybrid_mmam_dense": "granitehybrid",
+            "granitehybrid_amm_moe": "granitehybrid", "mamba_k3_n24": "mamba", "falcon_mamba_k4": "mamba",
+            "jamba_mmam_moe2": "jamba", "jamba_ammm_k3": "jamba", "jamba_mmam_dt32": "jamba",
+            "qwen3next_dddA": "qwen3next", "qwen3next_dAdA_k3": "qwen3next", "qwen35_dddA": "qwen35",
+            "qwen35moe_ddAd": "qwen35", "kimi_linear_mkkm_k3": "kimi-linear", "kimi_linear_dk32": "kimi-linear"}
 # built here from the family's HF arch (hf_arch.py; llama.cpp's converter): fixture -> (arch name, seed, config).
-# Kimi Linear with KDA heads 32 wide: its rank-dk decay and gate projections (ssm_f_b, ssm_g_b) take Q8_0 blocks
-BUILT = {"kimi_linear_dk32": ("KIMI_LINEAR", 3, {"linear_head_dim": 32})}
+# Kimi Linear with KDA heads 32 wide: its rank-dk decay and gate projections (ssm_f_b, ssm_g_b) take Q8_0 blocks;
+# Jamba with dt rank 32 (ssm_dt in Q8_0) and a mixture of experts in every layer
+BUILT = {"kimi_linear_dk32": ("KIMI_LINEAR", 3, {"linear_head_dim": 32}),
+         "jamba_mmam_dt32": ("JAMBA", 3, {"mamba_dt_rank": 32, "expert_layer_period": 1, "expert_layer_offset": 0})}
 # Mamba's dt projection takes R < 32 inputs in these fixtures: it stays F16, whose one-row product differs in
 # its last bits between the op path's matmul and the decode kernel's product group; there the fused layer agrees
 # with the op path to float rounding (every other float step is shared)
 # (and Kimi Linear's KDA decay and gate projections take dk < 32 inputs in its family's fixtures: F16 too)
-ROUNDED = {"falcon_mamba_k4", "mamba_k3_n24", "kimi_linear_mkkm_k3"}
+ROUNDED = {"falcon_mamba_k4", "mamba_k3_n24", "jamba_mmam_moe2", "jamba_ammm_k3", "kimi_linear_mkkm_k3"}
 # a batch of these runs every layer op by op on its rows, the latent attention layers' op path rounding apart from
 # their fused kernel (the mixer layers keep their bits)
 BATCH_ROUNDED = ROUNDED | {"kimi_linear_dk32"}

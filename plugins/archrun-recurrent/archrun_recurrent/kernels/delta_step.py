@@ -1,7 +1,7 @@
 """Gated DeltaNet's and KDA's mixers token by token as numba kernels: the fast ops' steps
 (archrun_recurrent.deltanet.FastGatedDeltaNet.mix, archrun_recurrent.kda.FastKda.mix) and their fused decode layers
-(`deltanet_layer`, `kda_layer`, and `*_moe_layer` for a block whose FFN is a mixture of experts: the ops'
-`fused_layer`) run the same inlined token steps, so a token's result has the same bits on either path.
+(`deltanet_layer`, `kda_layer`, with a dense FFN or a mixture of experts: the ops' `fused_layer`) run the same
+inlined token steps, so a token's result has the same bits on either path.
 
 One token (archrun_recurrent.deltanet and .kda state the math): the conv window takes the q|k|v projection,
 silu(conv) (mamba2_step's convolution, with a zero bias); q and k are l2-normed per key head (sums of squares in
@@ -22,7 +22,7 @@ from numba import njit
 from archrun.kernels._jit import JIT
 from archrun.kernels.decode import layer
 from archrun.kernels.decode.block import product_group
-from archrun_blocks.moe_kernels import moe_rows
+from archrun_recurrent.kernels.block_tail import block_tail
 from archrun_recurrent.kernels.mamba2_step import _conv, _silu, _softplus
 from archrun_recurrent.kernels.mamba_step import _rms
 
@@ -200,78 +200,35 @@ def _kda_mix(h, g_qkv, g_low, g_f, g_g, g_out, conv_w, conv_b, dt_bias, a, norm_
     return out
 
 
-@njit(**_STEP)
-def _moe_output(x, a, h, vecs, fns, params, router, experts, shared_gu, shared_down, probs_bias, shared_gate,
-                page_table, page_rows, rp, moe_scale, gate_fn, gate_p, act_fn, act_p, moe_gids, chunks,
-                par):  # pragma: no cover - compiled
-    """The rest of the block after the mixer's output a [d] when its FFN is a mixture of experts (archrun-blocks'
-    moe_rows, its arguments `ffn_args`): the post-norm, the FFN's input, the experts, the residual joins."""
-    if vecs[layer.V_POST_ATTN].shape[0]:
-        fns[layer.F_NORM][0](params[layer.P_NORM], a, vecs[layer.V_POST_ATTN], np.empty(0, _F32), a)
-    g = layer.ffn_input(x, a, h, vecs, fns, params)
-    f = np.empty((1, x.shape[0]), _F32)
-    moe_rows(g.reshape(1, x.shape[0]), f, router, experts, shared_gu, shared_down, probs_bias, shared_gate,
-             page_table, page_rows, rp, moe_scale, gate_fn, gate_p, act_fn, act_p, moe_gids, chunks, par)
-    layer.join(x, a, f[0], vecs, fns, params)
-
-
 @njit(**JIT)
 def deltanet_layer(x, common, g_in, g_ba, g_out, conv_w, conv_b, dt_bias, a, norm_w, hk, tiled, split, scale, eps,
-                   gids, state, chunks, par):  # pragma: no cover - compiled
-    """One gated DeltaNet block with a dense FFN (or none) on one token; x f32 [d] is updated in place.
+                   gids, moe, state, chunks, par):  # pragma: no cover - compiled
+    """One gated DeltaNet block on one token; x f32 [d] is updated in place.
 
     common[0]: the block's (gate_up, down, vecs, geo, fns, params) (archrun.kernels.decode.layer); g_in: the
     product group attn_qkv | attn_gate, g_ba: ssm_ba (or ssm_beta | ssm_alpha), g_out: ssm_out; gids: their
-    decode pool groups (-1: none); state: ((conv window, its ring row), (delta state, its ring row)) from
+    decode pool groups (-1: none); moe: None (a dense FFN or none) or the mixture of experts' moe_rows arguments
+    (block_tail); state: ((conv window, its ring row), (delta state, its ring row)) from
     archrun_recurrent.state.StateSlot.step_arrays.
     """
-    gate_up, down, vecs, geo, fns, params = common[0]
+    _, _, vecs, _, fns, params = common[0]
     h = layer.mixer_input(x, vecs, fns, params)
     out = _deltanet_mix(h, g_in, g_ba, g_out, conv_w, conv_b, dt_bias, a, norm_w, hk, tiled, split, scale, eps, gids,
                         state, chunks, par)
-    layer.mixer_output(x, out, h, gate_up, down, vecs, geo, fns, params, chunks, par)
-
-
-@njit(**JIT)
-def deltanet_moe_layer(x, common, g_in, g_ba, g_out, conv_w, conv_b, dt_bias, a, norm_w, hk, tiled, split, scale,
-                       eps, gids, router, experts, shared_gu, shared_down, probs_bias, shared_gate, page_table,
-                       page_rows, rp, moe_scale, gate_fn, gate_p, act_fn, act_p, moe_gids, state, chunks,
-                       par):  # pragma: no cover - compiled
-    """deltanet_layer's block whose FFN is a mixture of experts (archrun-blocks' moe_rows and its arguments, top
-    level: see archrun_blocks.moe_kernels.decode_moe_layer)."""
-    gate_up, down, vecs, geo, fns, params = common[0]
-    h = layer.mixer_input(x, vecs, fns, params)
-    out = _deltanet_mix(h, g_in, g_ba, g_out, conv_w, conv_b, dt_bias, a, norm_w, hk, tiled, split, scale, eps, gids,
-                        state, chunks, par)
-    _moe_output(x, out, h, vecs, fns, params, router, experts, shared_gu, shared_down, probs_bias, shared_gate,
-                page_table, page_rows, rp, moe_scale, gate_fn, gate_p, act_fn, act_p, moe_gids, chunks, par)
+    block_tail(x, out, h, common, moe, chunks, par)
 
 
 @njit(**JIT)
 def kda_layer(x, common, g_qkv, g_low, g_f, g_g, g_out, conv_w, conv_b, dt_bias, a, norm_w, full_gate, scale, eps,
-              gids, state, chunks, par):  # pragma: no cover - compiled
-    """One KDA block with a dense FFN (or none) on one token; x f32 [d] is updated in place.
+              gids, moe, state, chunks, par):  # pragma: no cover - compiled
+    """One KDA block on one token; x f32 [d] is updated in place.
 
     common[0]: as deltanet_layer's; g_qkv: the product group attn_q | attn_k | attn_v, g_low: ssm_f_a | ssm_beta |
     (ssm_g_a, or attn_gate: full_gate), g_f: ssm_f_b, g_g: ssm_g_b (absent matrices with a full-rank gate), g_out:
-    attn_output; gids, state: as deltanet_layer's.
+    attn_output; gids, moe, state: as deltanet_layer's.
     """
-    gate_up, down, vecs, geo, fns, params = common[0]
+    _, _, vecs, _, fns, params = common[0]
     h = layer.mixer_input(x, vecs, fns, params)
     out = _kda_mix(h, g_qkv, g_low, g_f, g_g, g_out, conv_w, conv_b, dt_bias, a, norm_w, full_gate, scale, eps, gids,
                    state, chunks, par)
-    layer.mixer_output(x, out, h, gate_up, down, vecs, geo, fns, params, chunks, par)
-
-
-@njit(**JIT)
-def kda_moe_layer(x, common, g_qkv, g_low, g_f, g_g, g_out, conv_w, conv_b, dt_bias, a, norm_w, full_gate, scale,
-                  eps, gids, router, experts, shared_gu, shared_down, probs_bias, shared_gate, page_table, page_rows,
-                  rp, moe_scale, gate_fn, gate_p, act_fn, act_p, moe_gids, state, chunks,
-                  par):  # pragma: no cover - compiled
-    """kda_layer's block whose FFN is a mixture of experts (as deltanet_moe_layer's)."""
-    gate_up, down, vecs, geo, fns, params = common[0]
-    h = layer.mixer_input(x, vecs, fns, params)
-    out = _kda_mix(h, g_qkv, g_low, g_f, g_g, g_out, conv_w, conv_b, dt_bias, a, norm_w, full_gate, scale, eps, gids,
-                   state, chunks, par)
-    _moe_output(x, out, h, vecs, fns, params, router, experts, shared_gu, shared_down, probs_bias, shared_gate,
-                page_table, page_rows, rp, moe_scale, gate_fn, gate_p, act_fn, act_p, moe_gids, chunks, par)
+    block_tail(x, out, h, common, moe, chunks, par)

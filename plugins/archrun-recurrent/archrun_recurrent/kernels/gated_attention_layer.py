@@ -1,8 +1,8 @@
 """A gated attention layer's decode step as one kernel (archrun_recurrent.gated_attention's `fused_layer`: Qwen3-Next's
 and Qwen3.5's full-attention layers, whose query projection also yields a sigmoid gate on the output).
 
-The block around the attention (pre-norm, post-norm, dense FFN or mixture of experts, residual joins) is the
-core's (archrun.kernels.decode.layer `mixer_input` / `mixer_output`, and delta_step's `_moe_output`); the attention
+The block around the attention (pre-norm; post-norm, dense FFN or mixture of experts, residual joins) is the
+core's (archrun.kernels.decode.layer `mixer_input`) and the shared tail's (block_tail); the attention
 itself is the op's attention part (archrun-blocks' causal attention, called as the fused decode path calls it), its
 Q/K norms and rope the block's parts. The step: q | gate (per head) = attn_q h, k | v = attn_k h | attn_v h; q and
 k through their norms (per head when the norm's width is a head's), then rope; att = attention(q, k, v) (its k/v
@@ -19,7 +19,8 @@ from numba import njit
 from archrun.kernels._jit import JIT
 from archrun.kernels.decode import layer
 from archrun.kernels.decode.block import product_group
-from archrun_recurrent.kernels.delta_step import _moe_output, _sigmoid
+from archrun_recurrent.kernels.block_tail import block_tail
+from archrun_recurrent.kernels.delta_step import _sigmoid
 
 _F32 = np.float32
 _STEP = dict(JIT, inline="always")
@@ -74,32 +75,18 @@ def _gated_attention(h, q_mat, kv_mat, o_mat, attn, attn_p, gids, vecs, geo, fns
 
 
 @njit(**JIT)
-def gated_attention_layer(x, common, q_mat, kv_mat, o_mat, attn, attn_p, gids, kc, vc, kpos, ring, row, pos, cos, sin,
-                          chunks, par):  # pragma: no cover - compiled
-    """One gated attention block with a dense FFN (or none) on one token; x f32 [d] is updated in place.
+def gated_attention_layer(x, common, q_mat, kv_mat, o_mat, attn, attn_p, gids, moe, kc, vc, kpos, ring, row, pos, cos,
+                          sin, chunks, par):  # pragma: no cover - compiled
+    """One gated attention block on one token; x f32 [d] is updated in place.
 
     common[0]: the block's (gate_up, down, vecs, geo, fns, params) (archrun.kernels.decode.layer; fns' rope the
     layer's); q_mat: the product group of attn_q, kv_mat: attn_k | attn_v, o_mat: attn_output; attn, attn_p: the
-    attention part's handle and parameters; gids: their decode pool groups (-1: none); the cache arguments as
+    attention part's handle and parameters; gids: their decode pool groups (-1: none); moe: None (a dense FFN) or
+    the mixture of experts' moe_rows arguments (block_tail); the cache arguments as
     archrun.kernels.decode.fusion.FusedBlock passes them.
     """
-    gate_up, down, vecs, geo, fns, params = common[0]
+    _, _, vecs, geo, fns, params = common[0]
     h = layer.mixer_input(x, vecs, fns, params)
     a = _gated_attention(h, q_mat, kv_mat, o_mat, attn, attn_p, gids, vecs, geo, fns, params, kc, vc, kpos, ring, row,
                          pos, cos, sin, chunks, par)
-    layer.mixer_output(x, a, h, gate_up, down, vecs, geo, fns, params, chunks, par)
-
-
-@njit(**JIT)
-def gated_attention_moe_layer(x, common, q_mat, kv_mat, o_mat, attn, attn_p, gids, router, experts, shared_gu,
-                              shared_down, probs_bias, shared_gate, page_table, page_rows, rp, moe_scale, gate_fn,
-                              gate_p, act_fn, act_p, moe_gids, kc, vc, kpos, ring, row, pos, cos, sin, chunks,
-                              par):  # pragma: no cover - compiled
-    """gated_attention_layer's block whose FFN is a mixture of experts (archrun-blocks' moe_rows and its
-    arguments, top level: see archrun_blocks.moe_kernels.decode_moe_layer)."""
-    gate_up, down, vecs, geo, fns, params = common[0]
-    h = layer.mixer_input(x, vecs, fns, params)
-    a = _gated_attention(h, q_mat, kv_mat, o_mat, attn, attn_p, gids, vecs, geo, fns, params, kc, vc, kpos, ring, row,
-                         pos, cos, sin, chunks, par)
-    _moe_output(x, a, h, vecs, fns, params, router, experts, shared_gu, shared_down, probs_bias, shared_gate,
-                page_table, page_rows, rp, moe_scale, gate_fn, gate_p, act_fn, act_p, moe_gids, chunks, par)
+    block_tail(x, a, h, common, moe, chunks, par)

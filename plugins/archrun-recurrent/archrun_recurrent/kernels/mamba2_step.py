@@ -1,6 +1,6 @@
 """Mamba2's mixer token by token as numba kernels: the fast op's steps (archrun_recurrent.mamba2.FastMamba2.mix)
-and its fused decode layer (`mamba2_layer`, the op's `fused_layer`) run the same inlined `mamba2_token`, so a
-token's result has the same bits on either path.
+and its fused decode layer (`mamba2_layer`, the op's `fused_layer`, with a dense FFN or a mixture of experts) run
+the same inlined `mamba2_token`, so a token's result has the same bits on either path.
 
 One token, with d_inner = H * P, conv_dim = d_inner + 2 G N (archrun_recurrent.mamba2 states the math):
 the conv window takes xBC, silu(conv + bias); dt = softplus(dt + dt_bias); per head h (group h // (H / G)):
@@ -16,6 +16,7 @@ from numba import njit
 from archrun.kernels._jit import JIT
 from archrun.kernels.decode import layer
 from archrun.kernels.decode.block import product_group
+from archrun_recurrent.kernels.block_tail import block_tail
 
 _F32 = np.float32
 _STEP = dict(JIT, inline="always")
@@ -100,15 +101,16 @@ def mamba2_tokens(zxbcdt, conv, ssm, conv_w, conv_b, dt_bias, a, dd, norm_w, gro
 
 
 @njit(**JIT)
-def mamba2_layer(x, common, in_proj, out_proj, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, gids, state,
-                 chunks, par):  # pragma: no cover - compiled
+def mamba2_layer(x, common, in_proj, out_proj, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, gids, moe,
+                 state, chunks, par):  # pragma: no cover - compiled
     """One Mamba2 block on one token; x f32 [d] is updated in place.
 
     common[0]: the block's (gate_up, down, vecs, geo, fns, params) (archrun.kernels.decode.layer); in_proj,
-    out_proj: product groups of ssm_in and ssm_out; gids: their decode pool groups (-1: none); state:
-    ((conv window, its ring row), (ssm state, its ring row)) from archrun_recurrent.state.StateSlot.step_arrays.
+    out_proj: product groups of ssm_in and ssm_out; gids: their decode pool groups (-1: none); moe: None (a dense
+    FFN or none) or the mixture of experts' moe_rows arguments (block_tail); state: ((conv window, its ring row),
+    (ssm state, its ring row)) from archrun_recurrent.state.StateSlot.step_arrays.
     """
-    gate_up, down, vecs, geo, fns, params = common[0]
+    _, _, vecs, _, fns, params = common[0]
     h = layer.mixer_input(x, vecs, fns, params)
     conv, conv_kept = state[0]
     ssm, ssm_kept = state[1]
@@ -121,4 +123,4 @@ def mamba2_layer(x, common, in_proj, out_proj, conv_w, conv_b, dt_bias, a, dd, n
     ssm_kept[:] = ssm
     out = np.empty(x.shape[0], _F32)
     product_group(par, gids[1], out_proj, y, out, chunks)
-    layer.mixer_output(x, out, h, gate_up, down, vecs, geo, fns, params, chunks, par)
+    block_tail(x, out, h, common, moe, chunks, par)

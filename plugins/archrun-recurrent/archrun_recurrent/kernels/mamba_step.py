@@ -1,6 +1,6 @@
 """Mamba's (the first selective scan's) mixer as numba kernels: the fast op's steps (archrun_recurrent.mamba.FastMamba)
-and its fused decode layer (`mamba_layer`, the op's `fused_layer`) run the same inlined steps, so a token's
-result has the same bits on either path.
+and its fused decode layer (`mamba_layer`, the op's `fused_layer`, with a dense FFN or a mixture of experts) run
+the same inlined steps, so a token's result has the same bits on either path.
 
 One token, with D = d_inner channels, N state dims, R = dt_rank (archrun_recurrent.mamba states the math): the
 conv window takes x, silu(conv + bias) (mamba2_step's convolution); dt | B | C = ssm_x x, each RMS-normed
@@ -16,6 +16,7 @@ from numba import njit
 from archrun.kernels._jit import JIT
 from archrun.kernels.decode import layer
 from archrun.kernels.decode.block import product_group
+from archrun_recurrent.kernels.block_tail import block_tail
 from archrun_recurrent.kernels.mamba2_step import _conv, _silu, _softplus
 
 _F32 = np.float32
@@ -90,15 +91,16 @@ def scan_tokens(ssm, x, dt, dbc, rank, a, dd, z, y):  # pragma: no cover - compi
 
 @njit(**JIT)
 def mamba_layer(x, common, in_proj, x_proj, dt_proj, out_proj, conv_w, conv_b, a, dd, rank, w_dt, w_b, w_c, eps,
-                gids, state, chunks, par):  # pragma: no cover - compiled
+                gids, moe, state, chunks, par):  # pragma: no cover - compiled
     """One Mamba block on one token; x f32 [d] is updated in place.
 
     common[0]: the block's (gate_up, down, vecs, geo, fns, params) (archrun.kernels.decode.layer); in_proj,
     x_proj, dt_proj (with its bias), out_proj: product groups; rank: dt's width R; w_dt, w_b, w_c: the dt/B/C
-    norms' weights (empty: none), eps their epsilon; gids: their decode pool groups (-1: none);
-    state: ((conv window, its ring row), (ssm state, its ring row)) from StateSlot.step_arrays.
+    norms' weights (empty: none), eps their epsilon; gids: their decode pool groups (-1: none); moe: None (a
+    dense FFN or none) or the mixture of experts' moe_rows arguments (block_tail); state: ((conv window, its
+    ring row), (ssm state, its ring row)) from StateSlot.step_arrays.
     """
-    gate_up, down, vecs, geo, fns, params = common[0]
+    _, _, vecs, _, fns, params = common[0]
     h = layer.mixer_input(x, vecs, fns, params)
     conv, conv_kept = state[0]
     ssm, ssm_kept = state[1]
@@ -120,4 +122,4 @@ def mamba_layer(x, common, in_proj, x_proj, dt_proj, out_proj, conv_w, conv_b, a
     ssm_kept[:] = ssm
     out = np.empty(x.shape[0], _F32)
     product_group(par, gids[3], out_proj, y, out, chunks)
-    layer.mixer_output(x, out, h, gate_up, down, vecs, geo, fns, params, chunks, par)
+    block_tail(x, out, h, common, moe, chunks, par)
