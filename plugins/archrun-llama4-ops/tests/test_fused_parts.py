@@ -97,6 +97,7 @@ def test_part_has_the_op_paths_bits(chunk):
     spec = AttentionSpec(kind="llama4", n_head=heads, n_head_kv=kv, head_dim=hd, v_head_dim=hd,
                          scale=1 / math.sqrt(hd), window=chunk)
     fused_op, op = fast.llama4_attention(spec), fast.llama4_attention(spec)
+    assert fused_op.fused.fn is attention.llama4_attention
     fused_slot, slot = fused_op.new_slot(64), op.new_slot(64)
     rng = np.random.default_rng(5)
     for pos in range(n):
@@ -106,9 +107,9 @@ def test_part_has_the_op_paths_bits(chunk):
     np.testing.assert_array_equal(fused_slot.v, slot.v)
 
 
-def test_part_parameters_follow_the_bound_model():
-    """The part reads the model's RMS epsilon and skips the q/k norm where the op was bound without it (the
-    128-expert model): chunked attention on raw q/k then."""
+def test_part_parameters_follow_the_ops_epsilon_and_qk_norm():
+    """The part reads the op's epsilon and q/k norm choice as binding sets them (the model's RMS epsilon; no
+    q/k norm in the 128-expert model): chunked attention on raw q/k then."""
     spec = AttentionSpec(kind="llama4", n_head=2, n_head_kv=1, head_dim=8, v_head_dim=8, scale=0.35, window=8)
     op = fast.llama4_attention(spec)
     op.eps, op.qk_norm = 1e-6, False
@@ -129,7 +130,8 @@ def test_prepare_rows_refuses_mismatched_shapes_before_any_kernel():
     op = fast.llama4_attention(spec)
     with pytest.raises(ShapeMismatch):
         op(np.zeros((2, 2, 8), F32), np.zeros((3, 1, 8), F32), np.zeros((3, 1, 8), F32), op.new_slot(8), 0)
-    assert attention.P_QK_NORM == 4
+    with pytest.raises(ShapeMismatch):
+        op(np.zeros((3, 2, 8), F32), np.zeros((3, 1, 16), F32), np.zeros((3, 1, 8), F32), op.new_slot(8), 0)
 
 
 def _f32(w):
