@@ -139,3 +139,53 @@ def test_fused_decode_is_the_op_by_op_decode(widened, threads):
             np.testing.assert_array_equal(a, b)
     finally:
         qmatrix.set_threads(before)
+
+
+def test_fused_decode_crosses_chunks_on_a_ring(tmp_path):
+    """The interleaved fixture with 4-token chunks (attention.sliding_window 4): its chunked layers keep ring
+    slots of 4 + 2 rows, which wrap, and every token attends only inside its chunk; the fused decode follows
+    the reference backend (archrun-llama4-ops' numpy ops) through 20 tokens, at every cache kv type."""
+    from archrun_blocks.reference import RingKvSlot
+
+    path = rewrite_gguf(GOLDENS / "llama4_interleaved.gguf", tmp_path / "chunk4.gguf",
+                        add_keys={"llama4.attention.sliding_window": 4})
+    ids = np.random.default_rng(7).integers(0, 288, 20)
+    ref = archrun.load(path, backend="reference")
+    cache = ref.init_cache(32, max_rewind=2)
+    want = np.stack([ref.forward_step([t], cache) for t in ids])
+    m = archrun.load(path)
+    assert m.fused_blocks is not None
+    for kv_type in ("f32", "f16"):
+        cache = m.init_cache(32, max_rewind=2, kv_type=kv_type)
+        assert [isinstance(s, RingKvSlot) for s in cache.slots] == [True, True, True, False]
+        assert m._decode.blocks_for(kv_type) is not None
+        got = np.stack([m.forward_step([t], cache) for t in ids])
+        # f16 rows round the cached keys and values (the reference stores f32)
+        assert rel_err(got, want) <= (1e-4 if kv_type == "f32" else 3e-3), kv_type
+
+
+@pytest.mark.skipif(not pool.enabled(), reason="the pool needs the JIT (its atomics are intrinsics)")
+def test_a_long_context_splits_the_attention_with_the_same_bits_on_two_threads(tmp_path):
+    """Past 128 visible rows the attention part splits its keys into chunks (the decode pool's task
+    decode_attention.attend_chunk on two threads): the same logits bits on one thread and on two, and the op
+    path's logits to float32 rounding (it attends in one pass)."""
+    from archrun_blocks import decode_attention
+
+    _threads(2)
+    path = widened_q8_0("llama4_interleaved", tmp_path / "wide.gguf")
+    m, ops = archrun.load(path), archrun.load(path, fused=False)
+    assert decode_attention.attend_chunk in m._decode._tasks
+    rng = np.random.default_rng(8)
+    prompt, ids = rng.integers(0, m.descriptor.n_vocab, 150), rng.integers(0, m.descriptor.n_vocab, 6)
+    before = qmatrix.current_threads()
+    runs = []
+    try:
+        for model, threads in ((m, 1), (m, 2), (ops, 1)):
+            qmatrix.set_threads(threads)
+            cache = model.init_cache(160)
+            model.forward_step(prompt, cache)
+            runs.append(np.stack([model.forward_step([t], cache) for t in ids]))
+    finally:
+        qmatrix.set_threads(before)
+    np.testing.assert_array_equal(runs[1], runs[0])
+    assert rel_err(runs[0], runs[2]) <= 1e-5
