@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from archrun.contracts import OpCapabilities
 from archrun.hookspecs import hookimpl
-from archrun.vocab import Op
+from archrun.vocab import Lazy, Op
 from archrun_gemma4_ops import attention, moe, ple_stream
 from archrun_gemma4_ops.layout import Gemma4Layout
 from archrun_gemma4_ops.residual import ScaledSequential
@@ -16,10 +16,11 @@ def archrun_register_vocabulary(register) -> None:
                 "Gemma 4: causal attention on its own projections (per-kind head widths, q/k norms, keys "
                 "reused as values without attn_v, RMS-normed values, unscaled scores); the last "
                 "shared_kv_layers layers reuse an earlier layer's keys and values",
-                layout=Gemma4Layout(), capabilities=OpCapabilities(kv_types=True, binds=True)))
-    register(Op("residual", "gemma4_scaled", ScaledSequential, None,
+                layout=Gemma4Layout(),  # the fast op's layer decodes fused: its own layer kernel
+                capabilities=OpCapabilities(kv_types=True, binds=True, fused_layer=True, slot_arrays=True)))
+    register(Op("residual", "gemma4_scaled", ScaledSequential, Lazy("archrun_gemma4_ops.residual:scaled_fast"),
                 "sequential block whose output is multiplied by the layer's layer_output_scale",
-                capabilities=OpCapabilities(binds=True)))
+                capabilities=OpCapabilities(binds=True, fused=True, fused_input=True)))
     register(Op("stream", "gemma4_ple", ple_stream.Gemma4Ple, None,
                 "Gemma 4's per-layer inputs (E2B/E4B): a token table and a projection of the embeddings give each "
                 "layer an input that gates a projection added after the block, before the layer scalar; files "
