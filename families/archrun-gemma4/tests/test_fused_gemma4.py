@@ -80,6 +80,15 @@ def test_per_layer_inputs_and_mixtures_decode_op_by_op(name):
     assert archrun.load(GOLDENS / f"{name}.gguf").fused_blocks is None
 
 
+def test_a_mixture_of_experts_is_declined(q8):
+    """The layer kernel runs a dense FFN only: given a mixture of experts (gemma4_moe applies its own FFN norms),
+    fused_layer answers None (op by op) for projections it fuses otherwise."""
+    model, _ = q8
+    lp = model.plan.layers[0]
+    assert lp.attention.fused_layer(lp.qkv, lp.o, None, None) is not None
+    assert lp.attention.fused_layer(lp.qkv, lp.o, None, object()) is None
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_fused_layer_has_the_op_paths_bits(q8, threads):
     """Each layer that computes its own keys: its fused step against the op-by-op block on the same input and
