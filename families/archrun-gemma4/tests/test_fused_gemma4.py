@@ -176,3 +176,24 @@ def test_fused_decode_is_the_op_by_op_decode(q8, threads):
             np.testing.assert_array_equal(a, b)
     finally:
         qmatrix.set_threads(before)
+
+
+def test_f16_caches_decode_op_by_op(q8):
+    """The layer kernel reads float32 caches: on f16 caches (q8_0 ones need head widths of multiples of 32, the
+    sliding layers' are 16) a fused model's steps run op by op, with the op-by-op model's bits."""
+    model, path = q8
+    ops = archrun.load(path, fused=False)
+    ids = np.random.default_rng(9).integers(0, model.descriptor.n_vocab, 8)
+    caches = [m.init_cache(16, kv_type="f16") for m in (model, ops)]
+    for t in ids:
+        a, b = (m.forward_step([t], cache) for m, cache in zip((model, ops), caches, strict=True))
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_batch_is_each_sequence_alone(q8):
+    """Batches of rows run op by op (a layer reusing keys reads its source's rows of each sequence): a batch
+    of two sequences' next tokens gives each the logits of its fused step alone."""
+    from archrun.conformance.kit import check_batch
+
+    model, _ = q8
+    check_batch(model, np.random.default_rng(10).integers(0, model.descriptor.n_vocab, 9), "gemma4 Q8_0 copy")
