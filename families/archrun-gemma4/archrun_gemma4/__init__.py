@@ -19,11 +19,19 @@ What gemma4 files do not say (llama.cpp src/models/gemma4-iswa.cpp, HF modeling_
   softmax top-k experts (renormalized, times the per-expert scales `ffn_down_exps.scale`) routed on the
   unnormed stream (`ffn_gate_inp.scale`), each half with its own norms; the experts' gate and up
   projections in one `ffn_gate_up_exps` tensor.
+
+The plugin registers the speculative-decoding drafter `gemma4-assistant:PATH`: a Gemma 4 assistant file
+(llama.cpp's `gemma4-assistant`) drafting from the target's hidden states and keys/values
+(archrun_gemma4.assistant; its math is archrun-gemma4-ops').
 """
 
 from __future__ import annotations
 
 from archrun.family import TRANSFORMER, FamilyHints, FamilyPlugin
+from archrun.hookspecs import hookimpl
+from archrun_gemma4.assistant import AssistantDrafter, assistant_drafter
+
+__all__ = ["HINTS", "AssistantDrafter", "plugin"]
 
 HINTS = {
     "gemma4": FamilyHints(
@@ -42,4 +50,14 @@ HINTS = {
 }
 
 
-plugin = FamilyPlugin(HINTS)
+class Gemma4Plugin(FamilyPlugin):
+    """The family hooks, plus Gemma 4's assistant as the speculative-decoding drafter "gemma4-assistant"."""
+
+    @hookimpl
+    def archrun_register_drafters(self, register) -> None:
+        register("gemma4-assistant", assistant_drafter,
+                 "a Gemma 4 assistant file drafting from the gemma4 target's hidden states and keys/values: "
+                 "gemma4-assistant:PATH")
+
+
+plugin = Gemma4Plugin(HINTS)
