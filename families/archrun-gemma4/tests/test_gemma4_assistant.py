@@ -1,0 +1,196 @@
+"""The `gemma4-assistant` drafter against HF's Gemma 4 assistant (tests/assistant: the tiny assistant paired
+with the gemma4_dense fixture and HF's drafts on it), speculative decoding with it, and its refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import archrun
+from archrun.conformance import hf
+from archrun.conformance.gguf_edit import rewrite_gguf
+from archrun.errors import (
+    ArchrunError,
+    InvalidRequest,
+    ModelLoadError,
+    ModelMismatch,
+    UnsupportedArchitecture,
+    VocabularyMismatch,
+)
+from archrun.generation import speculative
+from archrun_gemma4 import assistant as family
+from archrun_gemma4_ops import assistant as ops
+
+HERE = Path(__file__).resolve().parent
+FIXTURE = hf.load_module(HERE / "assistant" / "assistant_fixture.py")
+ASSISTANT = FIXTURE.GOLDENS / f"{FIXTURE.NAME}.gguf"
+TARGET = HERE / "goldens" / f"{FIXTURE.TARGET}.gguf"
+GOLDEN = hf.load_golden(ASSISTANT.with_suffix(".npz"))
+BACKENDS = ("reference", "fast")
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def target(request):
+    return archrun.load(TARGET, backend=request.param)
+
+
+def _drafts_after_prefill(model, drafter, n_prefix: int, cache=None):
+    """The drafter's round right after the target's prefill of the golden ids' first n_prefix tokens:
+    (the target's greedy token, its hidden state, draft logits [k, vocab], draft tokens [k])."""
+    cache = model.init_cache(48) if cache is None else cache
+    drafter.start(model, cache.capacity)
+    logits = drafter.step(model, cache, GOLDEN["ids"][:n_prefix].astype(np.int64), all_logits=False)
+    token = int(np.argmax(logits[-1]))
+    hidden = drafter._hist[(drafter._n - 1) % len(drafter._hist)].copy()
+    draft_logits, tokens = drafter.draft(token, FIXTURE.N_DRAFT)
+    return token, hidden, draft_logits, tokens
+
+
+def _rel(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def test_golden_files_are_the_recorded_ones():
+    meta = GOLDEN["fixture"]
+    assert hf._sha256(ASSISTANT) == meta["gguf_sha256"]
+    assert hf._sha256(TARGET) == meta["target_gguf_sha256"]  # the drafts were made on this target file
+    n, k, vocab = len(FIXTURE.PREFIXES), FIXTURE.N_DRAFT, hf.N_VOCAB
+    assert GOLDEN["prefixes"].tolist() == list(FIXTURE.PREFIXES) == meta["prefixes"]
+    assert GOLDEN["draft_logits"].shape == (n, k, vocab) and GOLDEN["draft_logits"].dtype == np.float32
+    assert GOLDEN["draft_tokens"].shape == (n, k)
+    assert (GOLDEN["draft_tokens"] == GOLDEN["draft_logits"].argmax(-1)).all()  # HF's argmax chain
+    assert GOLDEN["draft_logits"].std() > 0.5
+    assert (GOLDEN["ids"] == hf.load_golden(TARGET.with_suffix(".npz"))["ids"]).all()
+    assert ASSISTANT.stat().st_size < hf.MAX_GGUF_BYTES
+    assert {"torch", "transformers", "gguf"} <= set(GOLDEN["versions"])
+
+
+@pytest.mark.parametrize("row", range(len(FIXTURE.PREFIXES)))
+def test_draft_logits_match_hf(target, row):
+    """Every draft step's logits within 1e-4 of max |logit| of HF's, the chains equal, at prefixes on both
+    sides of the target's sliding window (6); the hidden state the first step reads is HF's hidden_states[-1]."""
+    drafter = family.AssistantDrafter(target, ASSISTANT)
+    token, hidden, logits, tokens = _drafts_after_prefill(target, drafter, FIXTURE.PREFIXES[row])
+    assert token == GOLDEN["first_tokens"][row]
+    assert _rel(hidden, GOLDEN["hidden"][row]) < hf.TOLERANCE
+    assert _rel(logits, GOLDEN["draft_logits"][row]) < hf.TOLERANCE
+    assert tokens == GOLDEN["draft_tokens"][row].tolist()
+
+
+def test_draft_reads_a_sliding_ring(target):
+    """A cache whose sliding layers keep a ring of window + 2 rows (the positions wrap) drafts HF's logits."""
+    cache = target.init_cache(48, max_rewind=2)
+    row = FIXTURE.PREFIXES.index(24)
+    drafter = family.AssistantDrafter(target, ASSISTANT)
+    assert hasattr(cache.slots[drafter.sources[True]], "gather")  # a ring indeed
+    _, _, logits, _ = _drafts_after_prefill(target, drafter, 24, cache)
+    assert _rel(logits, GOLDEN["draft_logits"][row]) < hf.TOLERANCE
+
+
+def test_sliding_layers_attend_window_plus_one_rows(monkeypatch):
+    """HF's assistant reads window + 1 of the target's sliding rows: with the target's own window (one row
+    fewer) the logits leave the tolerance where the prefix is longer than the window."""
+    model = archrun.load(TARGET, backend="reference")
+    row = FIXTURE.PREFIXES.index(13)
+    monkeypatch.setattr(ops, "sliding_rows", lambda n, window: max(0, n - window))
+    _, _, logits, _ = _drafts_after_prefill(model, family.AssistantDrafter(model, ASSISTANT), 13)
+    assert _rel(logits, GOLDEN["draft_logits"][row]) > 10 * hf.TOLERANCE
+
+
+@pytest.mark.parametrize("draft_max", [2, 5])
+def test_speculative_greedy_is_plain_greedy(target, draft_max):
+    """Greedy speculative decoding with the assistant gives plain greedy decoding's tokens; the generation
+    crosses the sliding rings' reach (capacity > window + max_rewind), so rings are read and rewound."""
+    prompt = GOLDEN["ids"][:30].tolist()
+    plain = archrun.generate(target, prompt, max_tokens=60, temperature=0).complete()
+    spec = speculative.generate(target, prompt, f"gemma4-assistant:{ASSISTANT}", draft_max=draft_max,
+                                max_tokens=60, temperature=0).complete()
+    assert spec.token_ids == plain.token_ids
+    assert spec.timings["spec_drafted"] > 0
+
+
+def test_drafts_follow_the_target_through_rewinds():
+    """Each round's drafts equal those of a fresh drafter after a prefill of the same history: the drafter's
+    hidden states and the cache rows it reads follow the target's verify steps and rewinds."""
+    model = archrun.load(TARGET, backend="reference")
+    seen = []
+
+    class Recording(family.AssistantDrafter):
+        def propose(self, history, k, sampler):
+            draft = super().propose(history, k, sampler)
+            if draft.tokens:
+                seen.append((list(history), list(draft.tokens)))
+            return draft
+
+    drafter = Recording(model, ASSISTANT)
+    speculative.generate(model, GOLDEN["ids"][:12].tolist(), drafter, max_tokens=24, temperature=0).complete()
+    assert len(seen) >= 3
+    for history, tokens in seen:
+        fresh = family.AssistantDrafter(model, ASSISTANT)
+        cache = model.init_cache(64)
+        fresh.start(model, 64)
+        fresh.step(model, cache, np.asarray(history[:-1], np.int64), all_logits=False)
+        assert fresh.draft(history[-1], len(tokens))[1] == tokens
+
+
+def test_drafter_is_registered():
+    assert "gemma4-assistant" in speculative.drafters()
+
+
+# -- refusals: typed errors at construction ------------------------------------------------------
+
+
+def test_refuses_a_target_that_is_not_gemma4():
+    other = next((HERE.parent.parent / "archrun-gemma3" / "tests" / "goldens").glob("*.gguf"))
+    with pytest.raises(ModelMismatch, match="gemma4"):
+        family.AssistantDrafter(archrun.load(other), ASSISTANT)
+
+
+def test_refuses_a_target_of_another_width(tmp_path):
+    """An assistant made for a 48-wide target (consistent projections) on the 64-wide gemma4_dense."""
+    rng = np.random.default_rng(0)
+    path = rewrite_gguf(ASSISTANT, tmp_path / "wide.gguf", drop_tensors=["nextn."],
+                        add_keys={"gemma4-assistant.embedding_length_out": 48},
+                        add_tensors={"nextn.pre_projection.weight": rng.standard_normal((32, 96), np.float32),
+                                     "nextn.post_projection.weight": rng.standard_normal((48, 32), np.float32)})
+    with pytest.raises(ModelMismatch, match="width 48"):
+        family.AssistantDrafter(archrun.load(TARGET), path)
+
+
+def test_refuses_another_vocabulary(tmp_path):
+    embd = family.GGUFFile(ASSISTANT).dequantize("token_embd.weight")
+    path = rewrite_gguf(ASSISTANT, tmp_path / "vocab.gguf", drop_tensors=["token_embd"],
+                        add_tensors={"token_embd.weight": np.ascontiguousarray(embd[:-1])})
+    with pytest.raises(VocabularyMismatch, match="287"):
+        family.AssistantDrafter(archrun.load(TARGET), path)
+
+
+def test_refuses_a_file_that_is_not_an_assistant():
+    with pytest.raises(UnsupportedArchitecture):
+        family.AssistantDrafter(archrun.load(TARGET), TARGET)
+
+
+def test_refuses_an_incomplete_assistant(tmp_path):
+    path = rewrite_gguf(ASSISTANT, tmp_path / "cut.gguf", drop_tensors=["blk.1.attn_q_norm"])
+    with pytest.raises(ModelLoadError, match="attn_q_norm"):
+        family.AssistantDrafter(archrun.load(TARGET), path)
+
+
+@pytest.mark.parametrize("spec", ["gemma4-assistant", "gemma4-assistant:/no/such/file.gguf"])
+def test_refuses_a_missing_file(spec):
+    with pytest.raises((InvalidRequest, ModelLoadError)):
+        speculative.generate(archrun.load(TARGET), [1, 2, 3], spec, max_tokens=4, temperature=0).complete()
+
+
+def test_refuses_bad_tokens():
+    model = archrun.load(TARGET)
+    drafter = family.AssistantDrafter(model, ASSISTANT)
+    with pytest.raises(InvalidRequest):
+        drafter.draft(1, 2)  # before any target step
+    drafter.start(model, 16)
+    drafter.step(model, model.init_cache(16), np.array([1, 2, 3]), all_logits=False)
+    for bad in (-1, hf.N_VOCAB, True, 1.5):
+        with pytest.raises(ArchrunError):
+            drafter.draft(bad, 2)
