@@ -3,8 +3,10 @@ with the bits of the op-by-op path. On copies of the tiny HF fixtures whose FFN 
 (new random FFN weights where it changes) and whose block matrices are Q8_0 (the fused and the op-by-op
 product kernels of a quantized type compute one token alike; float32 products differ in rounding, numpy's BLAS
 against the decode kernel), each layer's fused step gives the op-by-op block's output and cached rows bit for
-bit, on one thread and on two, and whole models decode the same logits token by token, across a rewind. Files
-with per-layer inputs or mixture blocks decode op by op."""
+bit, on one thread and on two, and whole models decode the same logits token by token, across a rewind. Past 128
+visible rows, and on a sliding layer's ring once it wraps around, archrun-blocks' attention part sums in another
+order than its op-by-op attention (as in every model's fused layers): there the results stay within float32
+rounding. Files with per-layer inputs or mixture blocks decode op by op."""
 
 from __future__ import annotations
 
@@ -197,3 +199,22 @@ def test_a_batch_is_each_sequence_alone(q8):
 
     model, _ = q8
     check_batch(model, np.random.default_rng(10).integers(0, model.descriptor.n_vocab, 9), "gemma4 Q8_0 copy")
+
+
+def test_long_contexts_split_the_attention(q8):
+    """Past 128 visible rows archrun-blocks' attention part splits the keys into chunks merged by the
+    log-sum-exp rule (its op-by-op attention sums them in one pass): up to 128 rows the fused steps have the
+    op-by-op bits, past them the logits stay within float32 rounding (a layer reusing keys included)."""
+    model, path = q8
+    ops = archrun.load(path, fused=False)
+    n = 140
+    ids = np.random.default_rng(4).integers(0, model.descriptor.n_vocab, n)
+    caches = [m.init_cache(n, max_rewind=n) for m in (model, ops)]  # plain slots: no ring wraps
+    for m, cache in zip((model, ops), caches, strict=True):
+        m.forward_step(ids[:124], cache)
+    for pos in range(124, n):
+        a, b = (m.forward_step([ids[pos]], cache) for m, cache in zip((model, ops), caches, strict=True))
+        if pos < 128:  # pos + 1 visible rows
+            np.testing.assert_array_equal(a, b, err_msg=f"position {pos}")
+        else:
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max(), err_msg=f"position {pos}")
