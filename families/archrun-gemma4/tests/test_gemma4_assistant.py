@@ -99,14 +99,15 @@ def test_sliding_layers_attend_window_plus_one_rows(monkeypatch):
     assert _rel(logits, GOLDEN["draft_logits"][row]) > 10 * hf.TOLERANCE
 
 
-@pytest.mark.parametrize("draft_max", [2, 5])
-def test_speculative_greedy_is_plain_greedy(target, draft_max):
+@pytest.mark.parametrize(("draft_max", "kv_type"), [(2, "f32"), (5, "f32"), (3, "f16")])
+def test_speculative_greedy_is_plain_greedy(target, draft_max, kv_type):
     """Greedy speculative decoding with the assistant gives plain greedy decoding's tokens; the generation
-    crosses the sliding rings' reach (capacity > window + max_rewind), so rings are read and rewound."""
+    crosses the sliding rings' reach (capacity > window + max_rewind), so rings are read and rewound; an f16
+    cache hands the drafter its decoded rows."""
     prompt = GOLDEN["ids"][:30].tolist()
-    plain = archrun.generate(target, prompt, max_tokens=60, temperature=0).complete()
+    plain = archrun.generate(target, prompt, max_tokens=60, temperature=0, kv_type=kv_type).complete()
     spec = speculative.generate(target, prompt, f"gemma4-assistant:{ASSISTANT}", draft_max=draft_max,
-                                max_tokens=60, temperature=0).complete()
+                                max_tokens=60, temperature=0, kv_type=kv_type).complete()
     assert spec.token_ids == plain.token_ids
     assert spec.timings["spec_drafted"] > 0
 
@@ -194,3 +195,15 @@ def test_refuses_bad_tokens():
     for bad in (-1, hf.N_VOCAB, True, 1.5):
         with pytest.raises(ArchrunError):
             drafter.draft(bad, 2)
+
+
+@pytest.mark.live
+def test_live_rerecord(tmp_path):
+    """Rebuilding the HF assistant and target (torch) reproduces the GGUF byte for byte and HF's drafts."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    FIXTURE.record(tmp_path)
+    again = hf.load_golden(tmp_path / f"{FIXTURE.NAME}.npz")
+    assert hf._sha256(tmp_path / ASSISTANT.name) == GOLDEN["fixture"]["gguf_sha256"]
+    assert (again["draft_tokens"] == GOLDEN["draft_tokens"]).all()
+    assert _rel(again["draft_logits"], GOLDEN["draft_logits"]) < 1e-6

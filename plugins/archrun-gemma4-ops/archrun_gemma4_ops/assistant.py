@@ -22,6 +22,11 @@ T-1-window..T-1: window + 1 rows, as HF's assistant masks them (a bidirectional 
 over the target's rows, read from the last), one more than the target's own query at T-1 sees. Rope is the
 assistant file's (NEOX; the full layers' proportional rope through the ``rope_freqs`` divisors).
 
+These are HF's drafts after the target's prefill and after rounds whose drafts were all kept. After a
+round that rejected drafts, HF's candidate generator also hands the assistant the rejected drafts' rows (the
+full layers' row at T, the sliding layers' latest rows); archrun's target cache has rewound them, so the
+assistant reads the rows of the tokens kept, as after a prefill of the same history.
+
 HF's assistant applies no logit softcap (the file may state the target's); ``use_ordered_embeddings``
 checkpoints mask the head to the tokens of the best centroids in HF, but llama.cpp's converter drops those
 tensors and llama.cpp drafts with the full head, as this module does.
