@@ -117,13 +117,16 @@ def gemma4_reference(spec) -> Gemma4Attention:
 def gemma4_fast(spec) -> Gemma4Attention:
     """The same on archrun-blocks' attention kernel op by op; its layer decodes fused (`fused_layer`: one
     kernel call per layer, archrun_gemma4_ops.fused) over the slot's rows (`slot_arrays`: a layer reusing
-    keys reads its source's slot)."""
+    keys reads its source's slot), calling archrun-blocks' causal attention part (`fused`: the one-token
+    attention of a layer computing its own keys, unscaled scores; float32 caches)."""
     from functools import partial
 
-    from archrun_blocks import elementwise  # imported on use: loading the plugin compiles no kernel
+    from archrun.kernels.decode.parts import part
+    from archrun_blocks import elementwise, parts  # imported on use: loading the plugin compiles no kernel
     from archrun_gemma4_ops import fused
 
     op = Gemma4Attention(spec, elementwise.attention)
+    op.fused = part(parts.causal_attention, spec.scale, spec.window, spec.softcap)
     op.fused_layer = partial(fused.fused_layer, op)
     op.slot_arrays = fused.slot_arrays
     return op

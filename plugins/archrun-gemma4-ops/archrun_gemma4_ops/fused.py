@@ -1,8 +1,8 @@
 """What Gemma 4's fused decode layer (the fast op's `fused_layer`, archrun.kernels.decode.fusion) takes of a
 layer's bound projections (archrun_gemma4_ops.layout): the product groups of its matrices (registered with the
-decode pool when asked), its q/k norm weights, the norm's part and archrun-blocks' causal attention part
-(kernels.gemma4_layer). The cache reaches the kernel through `slot_arrays`: a layer that reuses an earlier
-layer's keys reads that layer's slot."""
+decode pool when asked), its q/k norm weights, the norm's part and the op's attention part (`op.fused`:
+archrun-blocks' causal attention part) (kernels.gemma4_layer). The cache reaches the kernel through
+`slot_arrays`: a layer that reuses an earlier layer's keys reads that layer's slot."""
 
 from __future__ import annotations
 
@@ -39,12 +39,11 @@ def _prepared(*mats: Any) -> bool:
 def fused_layer(op: Any, qkv: Any, o: Any, common: Any, moe: Any, group_id: Callable | None = None) -> tuple | None:
     """(kernel, args, parallel) of the layer's decode step (kernels.gemma4_layer), or None when it must run op by
     op: a mixture of experts (Gemma 4's `gemma4_moe` applies its own FFN norms), projections the layout did not
-    bind, a matrix not prepared for the fast kernels, a norm without a part, attention sinks."""
+    bind, a matrix not prepared for the fast kernels, a norm or the attention without a part, attention sinks."""
     from archrun.kernels.decode.block import absent_matrix, uniform
     from archrun.kernels.decode.lists import typed_list
-    from archrun.kernels.decode.parts import part, usable
+    from archrun.kernels.decode.parts import usable
     from archrun.kernels.matmul.qmatrix import PARALLEL_MIN_BYTES
-    from archrun_blocks import parts
     from archrun_gemma4_ops.kernels import gemma4_layer
 
     s = op.spec
@@ -64,7 +63,9 @@ def fused_layer(op: Any, qkv: Any, o: Any, common: Any, moe: Any, group_id: Call
     gids = [-1, -1]
     if group_id is not None:
         gids = [group_id(group, qkv.q[0].n_in), group_id(o_mat, o.n_in)]
-    attn = part(parts.causal_attention, s.scale, s.window, s.softcap)
+    attn = usable(op.fused, "attention")
+    if attn is None:
+        return None
     geo = np.array([s.n_head, s.n_head_kv, s.head_dim, int(own_kv), int(own_kv and qkv.v is None), *gids], np.int64)
     # writable copies: every layer's tuple then has one numba type (one compile of the kernel)
     k_norm = np.array(qkv.k[1], np.float32) if own_kv else _NO_VEC

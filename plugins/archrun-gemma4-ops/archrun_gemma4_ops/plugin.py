@@ -17,7 +17,8 @@ def archrun_register_vocabulary(register) -> None:
                 "reused as values without attn_v, RMS-normed values, unscaled scores); the last "
                 "shared_kv_layers layers reuse an earlier layer's keys and values",
                 layout=Gemma4Layout(),  # the fast op's layer decodes fused: its own layer kernel
-                capabilities=OpCapabilities(kv_types=True, binds=True, fused_layer=True, slot_arrays=True)))
+                capabilities=OpCapabilities(kv_types=True, binds=True, fused=True, fused_layer=True,
+                                            slot_arrays=True)))
     register(Op("residual", "gemma4_scaled", ScaledSequential, Lazy("archrun_gemma4_ops.residual:scaled_fast"),
                 "sequential block whose output is multiplied by the layer's layer_output_scale",
                 capabilities=OpCapabilities(binds=True, fused=True, fused_input=True)))
