@@ -1,8 +1,9 @@
 """The `gemma4-assistant` drafter against HF's Gemma 4 assistant (tests/assistant: the tiny assistant paired
-with the gemma4_dense fixture and HF's drafts on it), speculative decoding with it, and its refusals."""
+with three target fixtures and HF's drafts on each), speculative decoding with it, and its refusals."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -26,22 +27,29 @@ from archrun_gemma4_ops import assistant as ops
 HERE = Path(__file__).resolve().parent
 FIXTURE = hf.load_module(HERE / "assistant" / "assistant_fixture.py")
 ASSISTANT = FIXTURE.GOLDENS / f"{FIXTURE.NAME}.gguf"
-TARGET = HERE / "goldens" / f"{FIXTURE.TARGET}.gguf"
-GOLDEN = hf.load_golden(ASSISTANT.with_suffix(".npz"))
+GOLDENS = {name: hf.load_golden(FIXTURE.golden_path(name)) for name in FIXTURE.TARGETS}
+DENSE = "gemma4_dense"
+TARGET = HERE / "goldens" / f"{DENSE}.gguf"
+GOLDEN = GOLDENS[DENSE]
 BACKENDS = ("reference", "fast")
+
+
+@functools.cache
+def _load(name: str, backend: str):
+    return archrun.load(HERE / "goldens" / f"{name}.gguf", backend=backend)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def target(request):
-    return archrun.load(TARGET, backend=request.param)
+    return _load(DENSE, request.param)
 
 
-def _drafts_after_prefill(model, drafter, n_prefix: int, cache=None):
+def _drafts_after_prefill(model, drafter, n_prefix: int, cache=None, golden=GOLDEN):
     """The drafter's round right after the target's prefill of the golden ids' first n_prefix tokens:
     (the target's greedy token, its hidden state, draft logits [k, vocab], draft tokens [k])."""
     cache = model.init_cache(48) if cache is None else cache
     drafter.start(model, cache.capacity)
-    logits = drafter.step(model, cache, GOLDEN["ids"][:n_prefix].astype(np.int64), all_logits=False)
+    logits = drafter.step(model, cache, golden["ids"][:n_prefix].astype(np.int64), all_logits=False)
     token = int(np.argmax(logits[-1]))
     hidden = drafter._hist[(drafter._n - 1) % len(drafter._hist)].copy()
     draft_logits, tokens = drafter.draft(token, FIXTURE.N_DRAFT)
@@ -53,30 +61,44 @@ def _rel(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def test_golden_files_are_the_recorded_ones():
-    meta = GOLDEN["fixture"]
-    assert hf._sha256(ASSISTANT) == meta["gguf_sha256"]
-    assert hf._sha256(TARGET) == meta["target_gguf_sha256"]  # the drafts were made on this target file
-    n, k, vocab = len(FIXTURE.PREFIXES), FIXTURE.N_DRAFT, hf.N_VOCAB
-    assert GOLDEN["prefixes"].tolist() == list(FIXTURE.PREFIXES) == meta["prefixes"]
-    assert GOLDEN["draft_logits"].shape == (n, k, vocab) and GOLDEN["draft_logits"].dtype == np.float32
-    assert GOLDEN["draft_tokens"].shape == (n, k)
-    assert (GOLDEN["draft_tokens"] == GOLDEN["draft_logits"].argmax(-1)).all()  # HF's argmax chain
-    assert GOLDEN["draft_logits"].std() > 0.5
-    assert (GOLDEN["ids"] == hf.load_golden(TARGET.with_suffix(".npz"))["ids"]).all()
+    assert sorted(p.name for p in FIXTURE.GOLDENS.iterdir()) == sorted(
+        [ASSISTANT.name, *(FIXTURE.golden_path(t).name for t in FIXTURE.TARGETS)])
     assert ASSISTANT.stat().st_size < hf.MAX_GGUF_BYTES
-    assert {"torch", "transformers", "gguf"} <= set(GOLDEN["versions"])
+    n, k, vocab = len(FIXTURE.PREFIXES), FIXTURE.N_DRAFT, hf.N_VOCAB
+    for name, golden in GOLDENS.items():
+        meta, target = golden["fixture"], HERE / "goldens" / f"{name}.gguf"
+        assert meta["target"] == name and hf._sha256(ASSISTANT) == meta["gguf_sha256"]
+        assert hf._sha256(target) == meta["target_gguf_sha256"]  # the drafts were made on this target file
+        assert golden["prefixes"].tolist() == list(FIXTURE.PREFIXES) == meta["prefixes"]
+        assert golden["draft_logits"].shape == (n, k, vocab) and golden["draft_logits"].dtype == np.float32
+        assert golden["draft_tokens"].shape == (n, k)
+        assert (golden["draft_tokens"] == golden["draft_logits"].argmax(-1)).all()  # HF's argmax chain
+        assert golden["draft_logits"].std() > 0.5
+        assert (golden["ids"] == hf.load_golden(target.with_suffix(".npz"))["ids"]).all()
+        assert {"torch", "transformers", "gguf"} <= set(golden["versions"])
 
 
+def test_the_assistant_reads_each_targets_last_layers_computing_keys():
+    """HF's "store" layers: the last sliding and last full layer computing their own keys and values."""
+    want = {"gemma4_dense": {True: 4, False: 5}, "gemma4_kv_shared": {True: 3, False: 4},
+            "gemma4_ple": {True: 2, False: 3}}
+    for name in FIXTURE.TARGETS:
+        assert family.AssistantDrafter(_load(name, "reference"), ASSISTANT).sources == want[name], name
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", FIXTURE.TARGETS)
 @pytest.mark.parametrize("row", range(len(FIXTURE.PREFIXES)))
-def test_draft_logits_match_hf(target, row):
+def test_draft_logits_match_hf(name, backend, row):
     """Every draft step's logits within 1e-4 of max |logit| of HF's, the chains equal, at prefixes on both
-    sides of the target's sliding window (6); the hidden state the first step reads is HF's hidden_states[-1]."""
-    drafter = family.AssistantDrafter(target, ASSISTANT)
-    token, hidden, logits, tokens = _drafts_after_prefill(target, drafter, FIXTURE.PREFIXES[row])
-    assert token == GOLDEN["first_tokens"][row]
-    assert _rel(hidden, GOLDEN["hidden"][row]) < hf.TOLERANCE
-    assert _rel(logits, GOLDEN["draft_logits"][row]) < hf.TOLERANCE
-    assert tokens == GOLDEN["draft_tokens"][row].tolist()
+    sides of the sliding windows; the hidden state the first step reads is HF's hidden_states[-1]."""
+    model, golden = _load(name, backend), GOLDENS[name]
+    drafter = family.AssistantDrafter(model, ASSISTANT)
+    token, hidden, logits, tokens = _drafts_after_prefill(model, drafter, FIXTURE.PREFIXES[row], golden=golden)
+    assert token == golden["first_tokens"][row]
+    assert _rel(hidden, golden["hidden"][row]) < hf.TOLERANCE
+    assert _rel(logits, golden["draft_logits"][row]) < hf.TOLERANCE
+    assert tokens == golden["draft_tokens"][row].tolist()
 
 
 def test_draft_reads_a_sliding_ring(target):
@@ -87,6 +109,15 @@ def test_draft_reads_a_sliding_ring(target):
     assert hasattr(cache.slots[drafter.sources[True]], "gather")  # a ring indeed
     _, _, logits, _ = _drafts_after_prefill(target, drafter, 24, cache)
     assert _rel(logits, GOLDEN["draft_logits"][row]) < hf.TOLERANCE
+
+
+def test_refuses_a_ring_that_lost_the_rows():
+    """gemma4_kv_shared's window is 4: a ring of 4 + 2 rows cannot hold the 7 rows the assistant's window (6)
+    reads, which is said (InvalidRequest) rather than drafted from fewer rows."""
+    model = _load("gemma4_kv_shared", "reference")
+    with pytest.raises(InvalidRequest, match="no longer holds"):
+        _drafts_after_prefill(model, family.AssistantDrafter(model, ASSISTANT), 24, model.init_cache(48, max_rewind=2),
+                              golden=GOLDENS["gemma4_kv_shared"])
 
 
 def test_sliding_layers_attend_window_plus_one_rows(monkeypatch):
@@ -203,7 +234,8 @@ def test_live_rerecord(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     FIXTURE.record(tmp_path)
-    again = hf.load_golden(tmp_path / f"{FIXTURE.NAME}.npz")
     assert hf._sha256(tmp_path / ASSISTANT.name) == GOLDEN["fixture"]["gguf_sha256"]
-    assert (again["draft_tokens"] == GOLDEN["draft_tokens"]).all()
-    assert _rel(again["draft_logits"], GOLDEN["draft_logits"]) < 1e-6
+    for name, golden in GOLDENS.items():
+        again = hf.load_golden(FIXTURE.golden_path(name, tmp_path))
+        assert (again["draft_tokens"] == golden["draft_tokens"]).all()
+        assert _rel(again["draft_logits"], golden["draft_logits"]) < 1e-6

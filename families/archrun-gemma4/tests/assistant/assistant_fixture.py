@@ -1,5 +1,8 @@
-"""A tiny Gemma 4 assistant (HF ``Gemma4AssistantForCausalLM``, GGUF ``gemma4-assistant``) paired with the
-``gemma4_dense`` target fixture, and HF's drafts on it: the goldens of the ``gemma4-assistant`` drafter.
+"""A tiny Gemma 4 assistant (HF ``Gemma4AssistantForCausalLM``, GGUF ``gemma4-assistant``) paired with three
+target fixtures of ../hf_arch.py, and HF's drafts on each: the goldens of the ``gemma4-assistant`` drafter.
+``gemma4_dense`` (its last two layers hold the keys and values the assistant reads), ``gemma4_kv_shared``
+(KV-sharing layers after them, a sliding window of 4: the assistant's window 6 reads 7 rows of its ring)
+and ``gemma4_ple`` (per-layer inputs, as the E2B / E4B models an assistant ships for).
 
 The assistant reuses the target's keys and values in every layer (the last sliding and the last full
 target layer: HF ``shared_kv_states``), so its query widths, KV head count and layer kinds follow the
@@ -29,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 GOLDENS = HERE / "goldens"
 FAMILY_TESTS = HERE.parent
 NAME = "gemma4_assistant"
-TARGET = "gemma4_dense"  # a fixture of ../hf_arch.py (its GGUF and goldens in ../goldens)
+TARGETS = ("gemma4_dense", "gemma4_kv_shared", "gemma4_ple")  # fixtures of ../hf_arch.py (GGUFs in ../goldens)
 SEED = 11
 #: target prefix lengths the drafts start from (the target fixture's sliding window is 6: both sides of it)
 PREFIXES = (1, 5, 6, 7, 13, 24)
@@ -50,20 +53,19 @@ TEXT_CONFIG = {
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
     },
 }
-BACKBONE_HIDDEN_SIZE = 64  # the target fixture's hidden_size
+BACKBONE_HIDDEN_SIZE = 64  # the target fixtures' hidden_size
 
 
-def target_spec():
-    """(HfArch, TinyFixture) of the target fixture."""
-    spec = hf.load_module(FAMILY_TESTS / "hf_arch.py")
-    fixture = next(f for f in spec.FIXTURES if f.name == TARGET)
-    return hf.arch_of(spec.ARCHES, fixture), fixture
+def golden_path(target: str, out_dir: Path = GOLDENS) -> Path:
+    """The .npz of HF's drafts on target fixture ``target``."""
+    return out_dir / f"{NAME}_on_{target}.npz"
 
 
-def build_target():
+def build_target(target: str):
     """The target's HF model (eval mode), as ``hf.build_tiny`` builds the fixture."""
-    arch, fixture = target_spec()
-    model, _ = hf.build_tiny(arch, fixture.seed, **fixture.overrides)
+    spec = hf.load_module(FAMILY_TESTS / "hf_arch.py")
+    fixture = next(f for f in spec.FIXTURES if f.name == target)
+    model, _ = hf.build_tiny(hf.arch_of(spec.ARCHES, fixture), fixture.seed, **fixture.overrides)
     return model
 
 
@@ -123,8 +125,9 @@ def hf_drafts(target, assistant, ids: np.ndarray, n_prefix: int, n_draft: int = 
     return x_t, hidden[0, 0].float().numpy(), np.stack(logits), np.asarray(tokens, np.int32)
 
 
-def record(out_dir: Path = GOLDENS) -> Path:
-    """Write ``<NAME>.gguf`` (llama.cpp's converter) and ``<NAME>.npz`` (HF's drafts) into ``out_dir``."""
+def record(out_dir: Path = GOLDENS) -> list[Path]:
+    """Write ``<NAME>.gguf`` (llama.cpp's converter) and, per target, ``golden_path(target)`` (HF's drafts)
+    into ``out_dir``; return the written paths."""
     import torch
 
     from archrun.conformance import llamacpp
@@ -132,28 +135,32 @@ def record(out_dir: Path = GOLDENS) -> Path:
 
     torch.set_num_threads(2)
     out_dir.mkdir(parents=True, exist_ok=True)
-    target, assistant = build_target(), build_assistant()
-    target_golden = hf.load_golden(FAMILY_TESTS / "goldens" / f"{TARGET}.npz")
-    ids = target_golden["ids"]
-    logits, _ = hf.hf_logits(target, ids)
-    err = float(np.abs(logits - target_golden["logits"]).max())
-    if err > 1e-4:  # the kit's bound for a rebuilt fixture (record_chains)
-        raise SystemExit(f"the rebuilt target is {err:.2e} off its recorded logits: not recording")
-    rounds = [hf_drafts(target, assistant, ids, t) for t in PREFIXES]
+    assistant = build_assistant()
     cfg = config_json(assistant.config)
     tokens, merges, types = hf.vocabulary(hf.N_VOCAB)
     vocab = {"tokens": tokens, "merges": merges, "types": types, "pre": "qwen2",
              "bos": hf.N_VOCAB - 2, "eos": hf.N_VOCAB - 1}
     gguf_path = llamacpp.convert(assistant, out_dir / f"{NAME}.gguf", vocab, name=f"tiny-{NAME}")
-    meta = {"name": NAME, "seed": SEED, "target": TARGET, "target_gguf_sha256": target_golden["fixture"]["gguf_sha256"],
-            "gguf": gguf_path.name, "gguf_sha256": hf._sha256(gguf_path), "prefixes": list(PREFIXES),
-            "n_draft": N_DRAFT}
-    out = out_dir / f"{NAME}.npz"
-    np.savez_compressed(
-        out, ids=ids, prefixes=np.asarray(PREFIXES, np.int32),
-        first_tokens=np.asarray([r[0] for r in rounds], np.int32),
-        hidden=np.stack([r[1] for r in rounds]), draft_logits=np.stack([r[2] for r in rounds]),
-        draft_tokens=np.stack([r[3] for r in rounds]), config_json=np.array(cfg),
-        fixture_json=np.array(json.dumps(meta, sort_keys=True)),
-        versions_json=np.array(json.dumps(hf.versions(), sort_keys=True)))
-    return out
+    written = [gguf_path]
+    for name in TARGETS:
+        target = build_target(name)
+        target_golden = hf.load_golden(FAMILY_TESTS / "goldens" / f"{name}.npz")
+        ids = target_golden["ids"]
+        logits, _ = hf.hf_logits(target, ids)
+        err = float(np.abs(logits - target_golden["logits"]).max())
+        if err > 1e-4:  # the kit's bound for a rebuilt fixture (record_chains)
+            raise SystemExit(f"the rebuilt {name} is {err:.2e} off its recorded logits: not recording")
+        rounds = [hf_drafts(target, assistant, ids, t) for t in PREFIXES]
+        meta = {"name": NAME, "seed": SEED, "target": name,
+                "target_gguf_sha256": target_golden["fixture"]["gguf_sha256"], "gguf": gguf_path.name,
+                "gguf_sha256": hf._sha256(gguf_path), "prefixes": list(PREFIXES), "n_draft": N_DRAFT}
+        out = golden_path(name, out_dir)
+        np.savez_compressed(
+            out, ids=ids, prefixes=np.asarray(PREFIXES, np.int32),
+            first_tokens=np.asarray([r[0] for r in rounds], np.int32),
+            hidden=np.stack([r[1] for r in rounds]), draft_logits=np.stack([r[2] for r in rounds]),
+            draft_tokens=np.stack([r[3] for r in rounds]), config_json=np.array(cfg),
+            fixture_json=np.array(json.dumps(meta, sort_keys=True)),
+            versions_json=np.array(json.dumps(hf.versions(), sort_keys=True)))
+        written.append(out)
+    return written
