@@ -69,7 +69,8 @@ def load_weights(path: str | Path, backend: str = "reference") -> tuple[math.Ass
     def matrix(name: str, n_in: int, n_out: int) -> Matrix:
         if info(name).np_shape != (n_out, n_in):
             raise ShapeMismatch(f"tensor {name!r} has shape {info(name).np_shape}, the assistant needs {(n_out, n_in)}")
-        return Matrix(g.raw_rows(name), info(name).ggml_type, n_in, backend, name=name)
+        # lazy: the fast kernels prepare it on its first product, after the target was checked
+        return Matrix(g.raw_rows(name), info(name).ggml_type, n_in, backend, name=name, lazy=True)
 
     def vector(name: str, n: int) -> np.ndarray:
         v = g.dequantize(info(name).name).astype(F32).reshape(-1)

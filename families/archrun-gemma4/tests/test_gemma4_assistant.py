@@ -239,3 +239,11 @@ def test_live_rerecord(tmp_path):
         again = hf.load_golden(FIXTURE.golden_path(name, tmp_path))
         assert (again["draft_tokens"] == golden["draft_tokens"]).all()
         assert _rel(again["draft_logits"], golden["draft_logits"]) < 1e-6
+
+
+def test_no_kernel_prepares_before_the_target_is_checked():
+    """The fast backend's matrices are prepared on their first product, after the refusals had their say."""
+    w = family.AssistantDrafter(_load(DENSE, "fast"), ASSISTANT).weights
+    matrices = [w.pre, w.post, w.head, *(m for layer in w.layers for m in (layer.q, layer.o, layer.gate, layer.up,
+                                                                             layer.down))]
+    assert all(m.prepared is None for m in matrices)
