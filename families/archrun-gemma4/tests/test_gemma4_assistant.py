@@ -143,6 +143,16 @@ def test_speculative_greedy_is_plain_greedy(target, draft_max, kv_type):
     assert spec.timings["spec_drafted"] > 0
 
 
+def test_seeded_sampling_is_plain_seeded_sampling():
+    """Argmax chains are deterministic drafts: a seeded sampled run decides plain seeded sampling's tokens."""
+    model, prompt = _load(DENSE, "reference"), GOLDEN["ids"][:16].tolist()
+    options = {"max_tokens": 40, "temperature": 0.9, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 7}
+    plain = archrun.generate(model, prompt, **options).complete()
+    spec = speculative.generate(model, prompt, f"gemma4-assistant:{ASSISTANT}", draft_max=3, **options).complete()
+    assert spec.token_ids == plain.token_ids
+    assert spec.timings["spec_drafted"] > 0
+
+
 def test_drafts_follow_the_target_through_rewinds():
     """Each round's drafts equal those of a fresh drafter after a prefill of the same history: the drafter's
     hidden states and the cache rows it reads follow the target's verify steps and rewinds."""
