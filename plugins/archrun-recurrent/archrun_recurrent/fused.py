@@ -33,23 +33,28 @@ def product_groups(mats: Sequence[Any], group_id: Callable | None) -> tuple[list
     return groups, gids, max(m.prepared.nbytes for m in flat) >= PARALLEL_MIN_BYTES
 
 
-def moe_arguments(moe: Any, group_id: Callable | None) -> tuple[tuple | None, bool] | None:
+def moe_arguments(moe: Any, group_id: Callable | None) -> tuple[Any, bool] | None:
     """(the layer kernel's `moe` argument, whether the mixture's experts are big enough to split over threads):
-    (None, False) for a dense FFN or none (moe None), else (archrun-blocks' moe_rows arguments of the layer's
-    mixture of experts (moe: its bound MoeFfn) as one tuple, ...), or None when its op has none (`ffn_args`).
-    group_id as for product_groups: the router's and experts' products then go to the decode pool."""
+    (None, False) for a dense FFN or none (moe None), else (a one-item numba typed list of the tuple of
+    archrun-blocks' moe_rows arguments of the layer's mixture of experts (moe: its bound MoeFfn), ...), or None
+    when its op has none (`ffn_args`). A typed list, not the tuple: numba types a typed list argument at once,
+    but a tuple holding typed lists (the experts' products, the parts' handles) anew on every call, which costs
+    more than the layer's step. group_id as for product_groups: the router's and experts' products then go to
+    the decode pool."""
+    from archrun.kernels.decode.lists import typed_list
+
     if moe is None:
         return None, False
     ffn_args = getattr(moe.moe, "ffn_args", None)
     made = None if ffn_args is None else ffn_args(moe.weights, group_id)
-    return None if made is None else (tuple(made[0]), made[1])
+    return None if made is None else (typed_list([tuple(made[0])]), made[1])
 
 
 class FusedMixer:
     """The fused-decode members of a recurrent mixer (a mixin before the mixer's class): the subclass says what
     its layer kernel takes in `_fused_parts() -> (kernel, matrices, weights)`; the kernel is called as
     kernel(x, common, *product groups of the matrices, *weights, pool ids, moe, state, chunks, par), moe None
-    with a dense FFN (or none), else the layer's mixture of experts as moe_arguments gives it
+    with a dense FFN (or none), else the layer's mixture of experts as moe_arguments gives it (a typed list)
     (archrun_recurrent.kernels.block_tail runs either)."""
 
     def _fused_parts(self) -> tuple[Any, Sequence[Any], tuple]:

@@ -24,9 +24,10 @@ def block_tail(x, a, h, common, moe, chunks, par):  # pragma: no cover - compile
     """x f32 [d] <- the block's residual stream after its mixer's output a [d] (h: the mixer's normed input).
 
     common[0]: the block's (gate_up, down, vecs, geo, fns, params) (archrun.kernels.decode.layer); moe: None
-    for a dense FFN (or none: geo's n_ff 0), else the tuple of moe_rows' arguments between (h, out) and
-    (chunks, par) (the MoE op's `ffn_args`). numba compiles one branch per type of moe (its `is None` test
-    is pruned at compile time), so the dense layers' code has no mixture in it.
+    for a dense FFN (or none: geo's n_ff 0), else a typed list whose item 0 is the tuple of moe_rows' arguments
+    between (h, out) and (chunks, par) (the MoE op's `ffn_args`: archrun_recurrent.fused.moe_arguments). numba
+    compiles one branch per type of moe (its `is None` test is pruned at compile time), so the dense layers'
+    code has no mixture in it.
     """
     gate_up, down, vecs, geo, fns, params = common[0]
     if moe is None:
@@ -36,5 +37,5 @@ def block_tail(x, a, h, common, moe, chunks, par):  # pragma: no cover - compile
         fns[layer.F_NORM][0](params[layer.P_NORM], a, vecs[layer.V_POST_ATTN], np.empty(0, _F32), a)
     g = layer.ffn_input(x, a, h, vecs, fns, params)
     f = np.empty((1, x.shape[0]), _F32)
-    moe_rows(g.reshape(1, x.shape[0]), f, *moe, chunks, par)
+    moe_rows(g.reshape(1, x.shape[0]), f, *moe[0], chunks, par)
     layer.join(x, a, f[0], vecs, fns, params)
