@@ -271,21 +271,31 @@ def _moe_arrays(w) -> tuple | None:
                          [m.bias for m in shared] if biased else ())
 
 
-def _big(w) -> bool:
+def big_experts(w) -> bool:
     """Whether an expert matrix is big enough to split its products over the threads."""
     return max(w.gate[0].prepared.nbytes, w.down[0].prepared.nbytes) >= qmatrix.PARALLEL_MIN_BYTES
 
 
-class _FastMoe:
+class FastMoe:
     """reference.moe_topk computed by moe_kernels (routing and experts in one call).
 
     Needs kernel parts of the gating and of the activation; otherwise, or with weights not
     prepared for the fast kernels, the reference mixture runs. The kernel arrays of a layer's
     MoeWeights are built on first use and kept (the op is bound to one layer).
+
+    A mixture op of another package whose numba kernels take the same arguments (moe_kernels'
+    arrays, routing parameters and parts) subclasses it, naming its own `kernels` (rows kernel,
+    decode layer kernel) and `reference_mixture`, and `weight_arrays` when it refuses some weights.
     """
 
+    #: (rows kernel, decode layer kernel): moe_rows(h, out, *ffn_args, chunks, par) and
+    #: decode_moe_layer(x, common, *ffn_args, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par)
+    kernels = (mk.moe_rows, mk.decode_moe_layer)
+    #: the numpy mixture (same arguments as this op's factory), run when the kernels cannot
+    reference_mixture = staticmethod(reference.moe_topk)
+
     def __init__(self, spec: MoeSpec, gating, act):
-        self.ref = reference.moe_topk(spec, gating, act)
+        self.ref = self.reference_mixture(spec, gating, act)
         self.spec = spec
         # the model's gating and activation on the fast backend carry their parts (archrun_blocks' ops)
         self.gate_part = usable(getattr(gating, "fused", None), "gating")
@@ -301,8 +311,12 @@ class _FastMoe:
             if w.gate_inp.n_out != self.spec.n_expert:
                 raise ShapeMismatch(f"moe: {w.gate_inp.n_out} router rows, the descriptor says "
                                     f"{self.spec.n_expert} experts")
-            self._bound[:] = [w, _moe_arrays(w)]
+            self._bound[:] = [w, self.weight_arrays(w)]
         return self._bound[1]
+
+    def weight_arrays(self, w) -> tuple | None:
+        """moe_kernels.moe_arrays of MoeWeights w, or None when the kernels cannot run them."""
+        return _moe_arrays(w)
 
     def __call__(self, x: np.ndarray, w) -> np.ndarray:
         a = self.arrays(w)
@@ -313,9 +327,9 @@ class _FastMoe:
             raise ShapeMismatch(f"moe: input {getattr(x, 'shape', None)} does not match [n, {d}]")
         x = np.ascontiguousarray(x, dtype=F32)
         out = np.empty_like(x)
-        chunks = qmatrix.current_threads() if _big(w) else 1
-        mk.moe_rows(x, out, *a, self.rp, self.scale, self.gate_part.handle, self.gate_part.params,
-                    self.act_part.handle, self.act_part.params, mk.NO_GIDS, chunks, pool.NO_POOL)
+        chunks = qmatrix.current_threads() if big_experts(w) else 1
+        self.kernels[0](x, out, *a, self.rp, self.scale, self.gate_part.handle, self.gate_part.params,
+                        self.act_part.handle, self.act_part.params, mk.NO_GIDS, chunks, pool.NO_POOL)
         return out
 
     def fused_layer(self, w, common: tuple, group_id=None):
@@ -327,24 +341,28 @@ class _FastMoe:
         registers product groups with the decode pool: the router's and every expert's products
         then go to the running pool (moe_kernels.pool_group_ids).
         """
-        made = self.ffn_args(w, group_id)
+        made = self.kernel_args(w, group_id)
         if made is None:
             return None
         args, big = made
-        return mk.decode_moe_layer, (common, *args), big
+        return self.kernels[1], (common, *args), big
 
     def ffn_args(self, w, group_id=None) -> tuple[tuple, bool] | None:
-        """(moe_kernels.moe_rows' arguments after (h, out) and before (chunks, parallel), whether the experts are
-        big enough to split over the threads), or None: what another op's layer kernel passes to moe_rows for
-        this FFN (e.g. a latent attention's). group_id as for fused_layer."""
+        """kernel_args: what another op's layer kernel passes to moe_kernels.moe_rows for this FFN (e.g. a latent
+        attention's). A subclass whose kernels compute another mixture sets it to None."""
+        return self.kernel_args(w, group_id)
+
+    def kernel_args(self, w, group_id=None) -> tuple[tuple, bool] | None:
+        """(the rows kernel's arguments after (h, out) and before (chunks, parallel), whether the experts are
+        big enough to split over the threads), or None. group_id as for fused_layer."""
         a = self.arrays(w)
         if a is None:
             return None
         gids = mk.NO_GIDS if group_id is None else mk.pool_group_ids(
             a, [m.prepared for m in w.gate], [m.prepared for m in w.up], [m.prepared for m in w.down], group_id)
         return (*a, self.rp, self.scale, self.gate_part.handle, self.gate_part.params, self.act_part.handle,
-                self.act_part.params, gids), _big(w)
+                self.act_part.params, gids), big_experts(w)
 
 
-def moe_topk(spec: MoeSpec, gating, act) -> _FastMoe:
-    return _FastMoe(spec, gating, act)
+def moe_topk(spec: MoeSpec, gating, act) -> FastMoe:
+    return FastMoe(spec, gating, act)

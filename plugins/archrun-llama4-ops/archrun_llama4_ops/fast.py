@@ -15,12 +15,9 @@ import numpy as np
 
 from archrun.descriptor import AttentionSpec, MoeSpec
 from archrun.errors import ShapeMismatch
-from archrun.kernels.decode import pool
-from archrun.kernels.decode.parts import Part, part, usable
-from archrun.kernels.matmul import qmatrix
+from archrun.kernels.decode.parts import Part, part
 from archrun_blocks import decode_attention, elementwise, reference
 from archrun_blocks import fast as blocks_fast
-from archrun_blocks import moe_kernels as mk
 from archrun_llama4_ops import ops
 from archrun_llama4_ops.kernels import attention as ak
 from archrun_llama4_ops.kernels import moe as moe_kernels
@@ -81,78 +78,24 @@ def llama4_attention(spec: AttentionSpec) -> Llama4Attention:
     return Llama4Attention(spec)
 
 
-class InputWeightedMoe:
-    """ops.topk_input_weighted computed by kernels.moe (routing and experts in one call).
+class InputWeightedMoe(blocks_fast.FastMoe):
+    """ops.topk_input_weighted computed by kernels.moe (routing and experts in one call): archrun-blocks' fast
+    mixture with this package's kernels, which take the same arguments.
 
     Needs kernel parts of the gating and of the activation, and weights prepared for the fast kernels
     without expert biases; otherwise the numpy mixture (ops.topk_input_weighted, fast products) runs. The
     kernel arrays of a layer's MoeWeights are built on first use and kept (the op is bound to one layer).
+    It offers no `ffn_args`: another op's layer kernel runs archrun-blocks' output-weighted mixture, not this.
     """
 
-    def __init__(self, spec: MoeSpec, gating, act):
-        self.ref = ops.topk_input_weighted(spec, gating, act)
-        self.spec = spec
-        self.gate_part = usable(getattr(gating, "fused", None), "gating")
-        self.act_part = usable(getattr(act, "fused", None), "activation")
-        self.rp = (spec.n_expert_used, spec.n_group, spec.n_group_used, int(spec.weights_norm))
-        self.scale = float(spec.weights_scale)
-        self._bound: list = [None, None]  # (weights, their kernel arrays) of the last weights seen
+    kernels = (moe_kernels.moe_rows, moe_kernels.decode_moe_layer)
+    reference_mixture = staticmethod(ops.topk_input_weighted)
+    ffn_args = None
 
-    def arrays(self, w) -> tuple | None:
-        """moe_kernels.moe_arrays of w, or None when the kernel cannot run it."""
-        if self.gate_part is None or self.act_part is None:
-            return None
-        if self._bound[0] is not w:
-            if w.gate_inp.n_out != self.spec.n_expert:
-                raise ShapeMismatch(f"moe: {w.gate_inp.n_out} router rows, the descriptor says "
-                                    f"{self.spec.n_expert} experts")
-            self._bound[:] = [w, _arrays(w)]
-        return self._bound[1]
-
-    def __call__(self, x: np.ndarray, w) -> np.ndarray:
-        a = self.arrays(w)
-        if a is None:
-            return self.ref(x, w)
-        d = w.gate_inp.n_in
-        if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != d:
-            raise ShapeMismatch(f"moe: input {getattr(x, 'shape', None)} does not match [n, {d}]")
-        x = np.ascontiguousarray(x, dtype=F32)
-        out = np.empty_like(x)
-        chunks = qmatrix.current_threads() if _big(w) else 1
-        moe_kernels.moe_rows(x, out, *a, self.rp, self.scale, self.gate_part.handle, self.gate_part.params,
-                             self.act_part.handle, self.act_part.params, mk.NO_GIDS, chunks, pool.NO_POOL)
-        return out
-
-    def fused_layer(self, w, common, group_id=None) -> tuple | None:
-        """(kernels.moe.decode_moe_layer, its arguments before the cache ones, whether the experts split over
-        the threads), or None; group_id(ms, n_in) -> id registers the router's and experts' product groups
-        with the decode pool (archrun.kernels.decode.fusion)."""
-        a = self.arrays(w)
-        if a is None:
-            return None
-        gids = mk.NO_GIDS if group_id is None else mk.pool_group_ids(
-            a, [m.prepared for m in w.gate], [m.prepared for m in w.up], [m.prepared for m in w.down], group_id)
-        return moe_kernels.decode_moe_layer, (common, *a, self.rp, self.scale, self.gate_part.handle,
-                                              self.gate_part.params, self.act_part.handle, self.act_part.params,
-                                              gids), _big(w)
-
-
-def _arrays(w) -> tuple | None:
-    """Kernel arrays of MoeWeights w (moe_kernels.moe_arrays), or None when a matrix is not prepared for the
-    fast kernels or an expert has a bias (the kernels read none)."""
-    shared = tuple(w.shared) if w.shared is not None else ()
-    mats = [w.gate_inp, *w.gate, *w.up, *w.down, *shared]
-    if any(m.prepared is None for m in mats) or any(m.bias is not None for m in mats[1:]):
-        return None
-    return mk.moe_arrays(w.gate_inp.prepared, w.gate_inp.bias, w.probs_bias,
-                         [m.prepared for m in w.gate], [m.prepared for m in w.up], [m.prepared for m in w.down],
-                         tuple(m.prepared for m in shared) if shared else None, w.shared_gate,
-                         [m.pages for e in range(len(w.gate)) for m in (w.gate[e], w.up[e], w.down[e])])
-
-
-def _big(w) -> bool:
-    """Whether an expert matrix is big enough to split its products over the threads."""
-    return max(w.gate[0].prepared.nbytes, w.down[0].prepared.nbytes) >= qmatrix.PARALLEL_MIN_BYTES
+    def weight_arrays(self, w) -> tuple | None:
+        """archrun-blocks' arrays, or None when an expert has a bias (an input-weighted mixture has none)."""
+        mats = [*w.gate, *w.up, *w.down, *(w.shared or ())]
+        return None if any(m.bias is not None for m in mats) else super().weight_arrays(w)
 
 
 def topk_input_weighted(spec: MoeSpec, gating, act) -> InputWeightedMoe:

@@ -27,48 +27,19 @@ from numba import njit
 from archrun.kernels import pages
 from archrun.kernels._jit import JIT
 from archrun.kernels.decode import block, layer
-from archrun_blocks.moe_kernels import GID_EXPERTS, GID_ROUTER, GID_SHARED_DOWN, GID_SHARED_GU, RP_K, route_rows
+from archrun_blocks.moe_kernels import (
+    GID_EXPERTS,
+    GID_ROUTER,
+    GID_SHARED_DOWN,
+    GID_SHARED_GU,
+    RP_K,
+    _by_expert,
+    _gated_ffn,
+    route_rows,
+)
 
 _F32 = np.float32
 _STEP = dict(JIT, inline="always")
-
-
-@njit(**_STEP)
-def _gated_ffn(gate_up, down, x, act_fn, act_p, chunks, par, gid_gu, gid_down):
-    """down(act(gate x) * up x) for x f32 [m, d] (pool groups gid_gu, gid_down of par; -1: none)."""
-    m = x.shape[0]
-    f = gate_up[0][block._NOUT]
-    gu = np.empty((m, 2 * f), _F32)
-    block.pooled_product(par, gid_gu, gate_up, x, gu, chunks)
-    a = np.empty((m, f), _F32)
-    for i in range(m):
-        act_fn[0][0](act_p, gu[i][:f], a[i])
-        for c in range(f):
-            a[i, c] = a[i, c] * gu[i, f + c]
-    y = np.empty((m, down[0][block._NOUT]), _F32)
-    block.pooled_product(par, gid_down, down, a, y, chunks)
-    return y
-
-
-@njit(**_STEP)
-def _by_expert(ids, n_exp):
-    """The (token, slot) pairs sorted by expert: offsets start [E + 1] into order [n * k] (pair t * k + j),
-    tokens ascending within an expert."""
-    n, k = ids.shape
-    start = np.zeros(n_exp + 1, np.int64)
-    for t in range(n):
-        for j in range(k):
-            start[ids[t, j] + 1] += 1
-    for e in range(n_exp):
-        start[e + 1] += start[e]
-    fill = start[:-1].copy()
-    order = np.empty(n * k, np.int64)
-    for t in range(n):
-        for j in range(k):
-            e = ids[t, j]
-            order[fill[e]] = t * k + j
-            fill[e] += 1
-    return start, order
 
 
 @njit(**JIT)
