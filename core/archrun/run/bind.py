@@ -431,8 +431,13 @@ def bind_layer(b: _Binder, i: int, spec: LayerSpec) -> LayerPlan:
 
 
 def _normed(norm: Callable[..., np.ndarray], w: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """x -> norm(x, w): a norm with its weight bound."""
-    return lambda x: norm(x, w)
+    """x -> norm(x, w): a norm with its weight bound; its op and weight stay readable as `.op` and `.weight`
+    (what the fused layer kernel takes: archrun.kernels.decode.fusion)."""
+    def normed(x: np.ndarray) -> np.ndarray:
+        return norm(x, w)
+
+    normed.op, normed.weight = norm, w
+    return normed
 
 
 def _bind_qkv(b: _Binder, i: int, spec: LayerSpec) -> Projections:

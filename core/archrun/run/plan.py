@@ -42,7 +42,9 @@ class DenseFfn:
     def __init__(self, act: Callable[..., np.ndarray], gate_up: Projections, down: Matrix, gated: bool,
                  sub_norm: Callable[[np.ndarray], np.ndarray] | None = None):
         self.act, self.gate_up, self.down, self.gated = act, gate_up, down, gated
-        self.sub_norm = sub_norm  # a norm of the hidden before the down projection (BitNet), or None
+        # a norm of the hidden before the down projection (BitNet), or None; the binder's keeps its norm op and
+        # weight as sub_norm.op and sub_norm.weight (the fused layer kernel computes it with them)
+        self.sub_norm = sub_norm
 
     def __call__(self, x: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
         """ids: the rows' token ids, which a dense FFN does not read (the call is the same as a mixture's)."""

@@ -181,14 +181,31 @@ def _geo(lp: LayerPlan, rope_on: bool, ids: list[int], task: int) -> tuple:
     n_ff = lp.ffn.down.n_in if dense else 0
     gated = int(dense and lp.ffn.gated)
     return tuple(int(g) for g in (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim, n_ff, gated, rope_on, *ids,
-                                  a.qk_norm_after_rope, task))
+                                  a.qk_norm_after_rope, task, a.qk_norm_per_head))
 
 
 def _vecs(lp: LayerPlan) -> tuple:
+    """The layer kernel's vecs (kernels.decode.layer), flat: per-head q/k norm rows [H, hd] as [H * hd]."""
     c = lp.spec.attention.clamp_kqv
     clamp = np.array([c], np.float32) if c else None
-    return tuple(_vec(v) for v in (lp.attn_norm, lp.attn_norm_b, lp.q_norm, lp.k_norm, lp.post_attn_norm,
-                                   lp.ffn_norm, lp.ffn_norm_b, lp.post_ffn_norm, clamp))
+    sub = lp.ffn.sub_norm if isinstance(lp.ffn, DenseFfn) else None
+    return tuple(_vec(v).reshape(-1) for v in (lp.attn_norm, lp.attn_norm_b, lp.q_norm, lp.k_norm, lp.post_attn_norm,
+                                               lp.ffn_norm, lp.ffn_norm_b, lp.post_ffn_norm, clamp, lp.attn_sub_norm,
+                                               None if sub is None else sub.weight))
+
+
+def _sub_norms_fuse(lp: LayerPlan, norm_part: Part, declared: Callable[[Any], OpCapabilities]) -> bool:
+    """Whether the layer kernel computes the block's sub-layer norms (an attention output's, `attn_sub_norm`,
+    normed by the block's norm op; a dense FFN's hidden's, `DenseFfn.sub_norm`): the FFN's sub-norm must be
+    a norm op bound with its weight (`.op`, `.weight`) whose part is the block norm's (the same function and
+    parameters), so the block's norm part computes it."""
+    sub = lp.ffn.sub_norm if isinstance(lp.ffn, DenseFfn) else None
+    if sub is None:
+        return True
+    op, w = getattr(sub, "op", None), getattr(sub, "weight", None)
+    p = None if op is None else fused_part(op, declared(op), "norm")
+    return (p is not None and isinstance(w, np.ndarray) and w.shape == (lp.ffn.down.n_in,)
+            and p.fn is norm_part.fn and np.array_equal(p.params, norm_part.params))
 
 
 def _task_id(tasks: list | None, op: Any, caps: OpCapabilities) -> int:
@@ -314,17 +331,19 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], 
         return fuse_mixer(lp, norm, declared, groups) if lp.parallel is None else None
     if lp.parallel is not None or lp.ffn is None:
         return None  # a token mixer beside the attention, or a block without FFN: op by op
-    if lp.attn_sub_norm is not None or (isinstance(lp.ffn, DenseFfn) and lp.ffn.sub_norm is not None):
-        return None  # norms inside the branches (the layer kernel has no step for them): op by op
+    sub_norms = lp.attn_sub_norm is not None or (isinstance(lp.ffn, DenseFfn) and lp.ffn.sub_norm is not None)
     if declared(lp.attention).fused_layer:  # an attention op with its own layout and layer kernel
+        if sub_norms:
+            return None  # norms inside the branches an op's own kernel does not take: op by op
         return fuse_attention_layer(lp, norm, ropes, declared, groups) if kv_type == "f32" else None
     a = lp.spec.attention
     rope = ropes[a.rope]
     found = _parts(lp, norm, rope, kv_type, declared)
     if found is None or not isinstance(lp.qkv, Projections) or not isinstance(lp.o, Matrix):
         return None  # an op without a kernel part, or an attention op's own projection layout
-    if a.qk_norm_per_head:
-        return None  # the layer kernel's q/k norms share one weight vector across heads
+    if sub_norms and not (isinstance(lp.ffn, DenseFfn) and _sub_norms_fuse(lp, fused_part(norm, declared(norm),
+                                                                                          "norm"), declared)):
+        return None  # sub-layer norms in a mixture's layer (its op's kernel), or not the block's norm: op by op
     qkv, o = _uniforms(lp.qkv.matrices, 3), _uniforms([lp.o], 3)
     if qkv is None or o is None:
         return None

@@ -15,11 +15,15 @@ list of them, built once at load):
                               (gate, up, -), (gate|up, -, -) or (up, -, -) for a plain FFN; (down, -, -)
   vecs   float32 vectors, empty when absent: attn_norm, attn_norm bias, q_norm, k_norm,
          post_attn_norm, ffn_norm, ffn_norm bias, post_ffn_norm, [c] clamping Q/K/V to [-c, c]
-         (OLMo, MPT clip_qkv; empty: none) (no attn_norm: a block without
-         pre-norms; q/k norms of a head's width apply per head, of all heads' width to the whole)
+         (OLMo, MPT clip_qkv; empty: none), attn_sub_norm (a norm of the attention's output
+         [H * vd] before its projection), ffn_sub_norm (a norm of the FFN's hidden [n_ff] before
+         the down projection) (no attn_norm: a block without pre-norms; q/k norms of a head's
+         width apply per head, of all heads' width to the whole, or, when geo says so, a weight
+         row per head: q_norm [H * hd], k_norm [KV * hd], head h normed with its row h)
   geo    int64: n_head, n_kv, head_dim, v_head_dim, n_ff, gated, rope (0/1), the pool
-         group ids of qkv, o_mat, gate_up, down (-1: none), q/k norms after rope (0/1), and the
-         pool task id of the attention op (-1: none; the attention part gets it with the pool's ctrl)
+         group ids of qkv, o_mat, gate_up, down (-1: none), q/k norms after rope (0/1), the
+         pool task id of the attention op (-1: none; the attention part gets it with the pool's ctrl),
+         and q/k norms with a weight row per head (0/1)
   fns    parts' functions as first-class values (kernels.decode.parts.Part.value, called f[0](...)): norm, rope,
          attention, activation, residual ffn_input, residual combine; the activation is either kind of
          activation part (`activate`: act(gate) * up, or a gated part's act(gate, up), chosen by its type)
@@ -58,30 +62,40 @@ _F32 = np.float32
 _STEP = dict(JIT, inline="always")
 
 # vecs and geo fields
-V_ATTN_NORM, V_ATTN_NORM_B, V_Q_NORM, V_K_NORM, V_POST_ATTN, V_FFN_NORM, V_FFN_NORM_B, V_POST_FFN, V_CLAMP = range(9)
-G_HEADS, G_KV, G_HD, G_VD, G_FF, G_GATED, G_ROPE, G_QKV, G_O, G_GU, G_DOWN, G_QK_LATE, G_TASK = range(13)
+(V_ATTN_NORM, V_ATTN_NORM_B, V_Q_NORM, V_K_NORM, V_POST_ATTN, V_FFN_NORM, V_FFN_NORM_B, V_POST_FFN, V_CLAMP,
+ V_ATTN_SUB, V_FFN_SUB) = range(11)
+G_HEADS, G_KV, G_HD, G_VD, G_FF, G_GATED, G_ROPE, G_QKV, G_O, G_GU, G_DOWN, G_QK_LATE, G_TASK, G_QK_ROWS = range(14)
 # fns / params fields
 F_NORM, F_ROPE, F_ATTN, F_ACT, F_RES_IN, F_RES_OUT = range(6)
 P_NORM, P_ROPE, P_ATTN, P_ACT, P_RES = range(5)
 
 
 @njit(**_STEP)
-def _heads_norm(norm, p, v, n_head, hd, w):
-    """Per-head norm of v [n_head * hd] in place (no bias)."""
+def _heads_norm(norm, p, v, n_head, hd, w, rows):
+    """Per-head norm of v [n_head * hd] in place (no bias): every head with w [hd], or, when `rows`,
+    head h with its own row w[h * hd:(h + 1) * hd] of w [n_head * hd]."""
     none = np.empty(0, _F32)
     for h in range(n_head):
         seg = v[h * hd:(h + 1) * hd]
-        norm[0](p, seg, w, none, seg)
+        norm[0](p, seg, w[h * hd:(h + 1) * hd] if rows else w, none, seg)
 
 
 @njit(**_STEP)
-def _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd):
+def _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd, rows):
     """q [n_head * hd] and k [n_kv * hd] through their norms in place: per head (norms of a head's
-    width), or one norm over all heads (norms of all heads' width)."""
-    qh = n_head if vecs[V_Q_NORM].shape[0] == hd else 1
-    kh = n_kv if vecs[V_K_NORM].shape[0] == hd else 1
-    _heads_norm(norm, pn, q, qh, q.shape[0] // qh, vecs[V_Q_NORM])
-    _heads_norm(norm, pn, k, kh, k.shape[0] // kh, vecs[V_K_NORM])
+    width, or `rows`: a weight row per head), or one norm over all heads (norms of all heads' width)."""
+    qh = n_head if rows or vecs[V_Q_NORM].shape[0] == hd else 1
+    kh = n_kv if rows or vecs[V_K_NORM].shape[0] == hd else 1
+    _heads_norm(norm, pn, q, qh, q.shape[0] // qh, vecs[V_Q_NORM], rows)
+    _heads_norm(norm, pn, k, kh, k.shape[0] // kh, vecs[V_K_NORM], rows)
+
+
+@njit(**_STEP)
+def _sub_norm(v, w, fns, params):
+    """v through a sub-layer norm (the block's norm part) of weight w in place, when the block has one
+    (w not empty)."""
+    if w.shape[0]:
+        fns[F_NORM][0](params[P_NORM], v, w, np.empty(0, _F32), v)
 
 
 @njit(**_STEP)
@@ -106,15 +120,15 @@ def _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, si
             y[j] = min(max(y[j], -c), c)
     nq, nk = n_head * hd, n_kv * hd
     q, k, v = y[:nq], y[nq:nq + nk], y[nq + nk:]
-    late = geo[G_QK_LATE]
+    late, rows = geo[G_QK_LATE], geo[G_QK_ROWS] != 0
     if vecs[V_Q_NORM].shape[0] and not late:
-        _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd)
+        _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd, rows)
     if geo[G_ROPE]:
         rope, pr = fns[F_ROPE], params[P_ROPE]
         rope[0](pr, q, n_head, hd, cos, sin)
         rope[0](pr, k, n_kv, hd, cos, sin)
     if vecs[V_Q_NORM].shape[0] and late:
-        _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd)
+        _qk_norm(norm, pn, q, k, vecs, n_head, n_kv, hd, rows)
     fns[F_ATTN][0](params[P_ATTN], q, k, v, kc, vc, kpos, ring, row, pos, att, ctrl, geo[G_TASK])
 
 
@@ -140,6 +154,7 @@ def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, r
     product_group(par, geo[G_QKV], qkv, h, y, chunks)
     att = np.empty(geo[G_HEADS] * geo[G_VD], _F32)
     _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, att, par[0])
+    _sub_norm(att, vecs[V_ATTN_SUB], fns, params)
     a = np.empty(d, _F32)
     product_group(par, geo[G_O], o_mat, att, a, chunks)
     _post_attn(a, vecs, fns, params)
@@ -206,13 +221,15 @@ def _activate(gu, act, geo, fns, params):
 
 
 @njit(**_STEP)
-def _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par):
-    """down(act(gate g) * up g) [d], or down(act(up g)) for a plain FFN, of the normed input g [d]."""
+def _dense_ffn(g, gate_up, down, vecs, geo, fns, params, chunks, par):
+    """down(act(gate g) * up g) [d], or down(act(up g)) for a plain FFN, of the normed input g [d] (the hidden
+    through the FFN's sub-layer norm first when it has one)."""
     n_ff = geo[G_FF]
     gu = np.empty(2 * n_ff if geo[G_GATED] else n_ff, _F32)
     product_group(par, geo[G_GU], gate_up, g, gu, chunks)
     act = np.empty(n_ff, _F32)
     _activate(gu, act, geo, fns, params)
+    _sub_norm(act, vecs[V_FFN_SUB], fns, params)
     f = np.empty(g.shape[0], _F32)
     product_group(par, geo[G_DOWN], down, act, f, chunks)
     return f
@@ -233,7 +250,7 @@ def decode_layer(x, layers, i, kc, vc, kpos, ring, row, pos, cos, sin, chunks, p
     a, h = attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks,
                            par)
     g = ffn_input(x, a, h, vecs, fns, params)
-    f = _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par)
+    f = _dense_ffn(g, gate_up, down, vecs, geo, fns, params, chunks, par)
     join(x, a, f, vecs, fns, params)
 
 
@@ -258,7 +275,7 @@ def mixer_output(x, a, h, gate_up, down, vecs, geo, fns, params, chunks, par):
         fns[F_RES_OUT][0](params[P_RES], x, a, np.zeros(x.shape[0], _F32))
         return
     g = ffn_input(x, a, h, vecs, fns, params)
-    f = _dense_ffn(g, gate_up, down, geo, fns, params, chunks, par)
+    f = _dense_ffn(g, gate_up, down, vecs, geo, fns, params, chunks, par)
     join(x, a, f, vecs, fns, params)
 
 
@@ -438,6 +455,8 @@ def decode_rows(X, layers, i, slots, li, seq, pos, cos, sin, chunks, par):
     product_group_rows(par, geo[G_QKV], qkv, H, Y, chunks)
     ATT = np.empty((n, geo[G_HEADS] * geo[G_VD]), _F32)
     _attend_rows(Y, ATT, i, vecs, geo, fns, params, slots, li, seq, pos, cos, sin, par)
+    for j in range(n):
+        _sub_norm(ATT[j], vecs[V_ATTN_SUB], fns, params)
     A = np.empty((n, d), _F32)
     product_group_rows(par, geo[G_O], o_mat, ATT, A, chunks)
     G = np.empty((n, d), _F32)
@@ -450,6 +469,7 @@ def decode_rows(X, layers, i, slots, li, seq, pos, cos, sin, chunks, par):
     ACT = np.empty((n, n_ff), _F32)
     for j in range(n):
         _activate(GU[j], ACT[j], geo, fns, params)
+        _sub_norm(ACT[j], vecs[V_FFN_SUB], fns, params)
     F = np.empty((n, d), _F32)
     product_group_rows(par, geo[G_DOWN], down, ACT, F, chunks)
     for j in range(n):
