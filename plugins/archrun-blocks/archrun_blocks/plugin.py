@@ -77,8 +77,9 @@ def archrun_register_vocabulary(register) -> None:
                 "top-k routing with optional selection bias, group limit, renorm, scale, shared experts",
                 capabilities=OpCapabilities(act_part=True, fused_layer=True)))
     register(Op("softcap", "tanh", reference.softcap_tanh, None, "c * tanh(logits / c)"))
-    register(Op("norm", "rms_act8", act_quant.rms_act8, None,
-                "RMSNorm, then each row quantized to int8 by its absmax (BitNet b1.58's activations)"))
+    register(Op("norm", "rms_act8", act_quant.rms_act8, Lazy("archrun_blocks.act_quant_part:rms_act8_fast"),
+                "RMSNorm, then each row quantized to int8 by its absmax (BitNet b1.58's activations)",
+                capabilities=PART))
     register(Op("mixer", "no_mixer", no_mixer.NoMixer, None,
                 "no token mixer: adds nothing, keeps nothing (an FFN-only block, e.g. Nemotron-H's MLP layers)",
                 layout=no_mixer.NoMixerLayout(), capabilities=OpCapabilities(empty=True)))
