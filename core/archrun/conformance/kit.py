@@ -208,7 +208,7 @@ def check_fused(model: Any, ids: np.ndarray, name: str) -> None:
 
 
 def _ops_without_part(model: Any) -> list[str]:
-    from archrun.kernels.decode.fusion import fused_part
+    from archrun.kernels.decode.fusion import dense_activation, fused_part
     from archrun.run.plan import DenseFfn
 
     declared = model.plan.binder.declared
@@ -217,11 +217,14 @@ def _ops_without_part(model: Any) -> list[str]:
         ffn = lp.ffn
         checks = [(lp.spec.attention.slot, lp.attention, f"{lp.spec.attention.slot}={lp.spec.attention.kind}"),
                   ("residual", lp.residual, f"residual={lp.spec.residual}")]
-        if isinstance(ffn, DenseFfn):
-            checks.append(("activation", ffn.act, f"activation={lp.spec.ffn.activation}"))
+        if isinstance(ffn, DenseFfn):  # a part of either kind (a gated one in a gated FFN)
+            checks.append(("activation", ffn, f"activation={lp.spec.ffn.activation}"))
         for slot, op, label in checks:
             try:
-                has = fused_part(op, declared(op), slot) is not None
+                if slot == "activation":
+                    has = dense_activation(op, declared(op.act)) is not None
+                else:
+                    has = fused_part(op, declared(op), slot) is not None
             except Exception:  # noqa: BLE001 (a malformed part is "no part" here)
                 has = False
             if not has:

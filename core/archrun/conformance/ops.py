@@ -315,6 +315,12 @@ def _activation(label: str, ref_f: Callable, fast_f: Callable) -> None:
 
 
 def _activation_cases(label: str, ref: Callable, fast: Callable) -> None:
+    from archrun.kernels.decode.parts import is_gated
+
+    part = _member(fast, "fused")
+    if part is not None and is_gated(part):
+        _gated_activation_cases(label, ref, fast, part)
+        return
     rng = _rng(label)
     for shape in [(0, 5), (1, 1), (3, 17), (6, 96), (2, 1001), (2, 3, 5)]:
         g = (rng.standard_normal(shape) * 4).astype(F32)
@@ -325,12 +331,32 @@ def _activation_cases(label: str, ref: Callable, fast: Callable) -> None:
     wide = (rng.standard_normal((6, 40)) * 8).astype(F32)
     strided = wide[::2, 1::3]
     _close(label, "strided (not contiguous)", fast(strided, strided), ref(strided, strided))
-    part = _member(fast, "fused")
     if part is not None:
         for name, row in (("random row", (rng.standard_normal(97) * 6).astype(F32)), ("extreme values", EXTREMES)):
             out = np.empty_like(row)
             part.fn(part.params, np.ascontiguousarray(row), out)
             _close(label, f"kernel part, {name}", out, ref(row))
+
+
+def _gated_activation_cases(label: str, ref: Callable, fast: Callable, part: Any) -> None:
+    """An activation whose kernel part reads up itself (SIGNATURES["gated"], e.g. a clamped SwiGLU): it runs
+    only as act(gate, up), so every case gives up, including gates and ups beyond any clamp and exp's range."""
+    rng = _rng(label)
+    for shape in [(0, 5), (1, 1), (3, 17), (6, 96), (2, 1001), (2, 3, 5)]:
+        g, u = (rng.standard_normal(shape) * 6).astype(F32), (rng.standard_normal(shape) * 6).astype(F32)
+        _close(label, f"x{list(shape)} gated", fast(g, u), ref(g, u))
+    wide = (rng.standard_normal((6, 40)) * 8).astype(F32)
+    g, u = wide[::2, 1::3], wide[1::2, 2::3]
+    _close(label, "strided (not contiguous)", fast(g, u), ref(g, u))
+    for name, up in (("up in range", np.full_like(EXTREMES, 0.5)), ("up extreme", EXTREMES[::-1].copy())):
+        _close(label, f"extreme gates, {name}", fast(EXTREMES, up), ref(EXTREMES, up))
+        out = np.full_like(EXTREMES, np.nan)
+        part.fn(part.params, EXTREMES.copy(), up, out)
+        _close(label, f"kernel part, extreme gates, {name}", out, ref(EXTREMES, up))
+    g, u = (rng.standard_normal(97) * 6).astype(F32), (rng.standard_normal(97) * 6).astype(F32)
+    out = np.full_like(g, np.nan)
+    part.fn(part.params, g, u, out)
+    _close(label, "kernel part, random row", out, ref(g, u))
 
 
 def _residual(label: str, ref_f: Callable, fast_f: Callable) -> None:
