@@ -131,6 +131,19 @@ class MixerBlock(FusedBlock):
         self._kernel(x, *self._args, state, chunks, par)
 
 
+class EmptyMixerBlock(MixerBlock):
+    """A layer whose token mixer adds nothing and keeps no state (its op declares `empty`, e.g. an FFN-only
+    block) as one kernel call (kernels.decode.layer.empty_mixer_layer): `fb(x, slot, start, angles)` updates
+    x f32 [d] in place; the slot (which holds nothing) is not read."""
+
+    def __init__(self, common: Any, parallel: bool):
+        FusedBlock.__init__(self, layer.empty_mixer_layer, (common,), None, -1, parallel)
+
+    def __call__(self, x: np.ndarray, slot: Any, start: int, angles: list, par: tuple = pool.NO_POOL) -> None:
+        chunks = qmatrix.current_threads() if self._parallel and par is pool.NO_POOL else 1
+        self._kernel(x, *self._args, chunks, par)
+
+
 def fused_part(op: Any, caps: OpCapabilities, slot: str) -> Part | None:
     """The Part `op.fused` of an op that declares one, usable by the layer kernel for `slot`; else None."""
     return usable(op.fused, slot) if caps.fused else None
@@ -157,7 +170,9 @@ def _parts(lp: LayerPlan, norm: Any, rope: Any, kv_type: str,
            declared: Callable[[Any], OpCapabilities]) -> tuple[tuple, tuple] | None:
     """(fns, params) of the layer's parts in kernels.decode.layer's order, or None when an op declares none
     (declared: what a bound op declares, the binder's)."""
-    if isinstance(lp.ffn, DenseFfn):
+    if lp.ffn is None:  # a block without FFN: the activation slot is never called
+        act = NO_ACTIVATION
+    elif isinstance(lp.ffn, DenseFfn):
         act = dense_activation(lp.ffn, declared(lp.ffn.act))
     else:
         moe = declared(lp.ffn.moe)
@@ -291,6 +306,21 @@ def fuse_mixer(lp: LayerPlan, norm: Any, declared: Callable[[Any], OpCapabilitie
     return fb
 
 
+def fuse_empty_mixer(lp: LayerPlan, norm: Any, declared: Callable[[Any], OpCapabilities],
+                     groups: list[tuple] | None = None) -> EmptyMixerBlock | None:
+    """The fused decode step of a layer whose token mixer declares `empty` (it adds nothing and keeps no
+    state) and whose FFN is a dense product pair, or None (op by op). With `groups`, the FFN's product
+    groups are registered for the decode pool (they are all the layer's products)."""
+    if not isinstance(lp.ffn, DenseFfn):
+        return None
+    made = _own_kernel_common(lp, norm, NO_ROPE, declared, groups)
+    if made is None:
+        return None
+    fb = EmptyMixerBlock(made[0], lp.ffn.down.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES)
+    fb.pooled = groups is not None
+    return fb
+
+
 def fuse_attention_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], OpCapabilities],
                          groups: list[tuple] | None = None) -> FusedBlock | None:
     """The fused decode step of a layer whose attention op brings the layer's kernel (`fused_layer`: an op with
@@ -328,13 +358,17 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], 
     the attention op's pool task, unless already there (pool task ids).
     """
     if lp.mixer is not None:
-        return fuse_mixer(lp, norm, declared, groups) if lp.parallel is None else None
-    if lp.parallel is not None or lp.ffn is None:
-        return None  # a token mixer beside the attention, or a block without FFN: op by op
+        if lp.parallel is not None:
+            return None
+        if declared(lp.attention).empty:  # no token mixer: the block's norm and FFN
+            return fuse_empty_mixer(lp, norm, declared, groups)
+        return fuse_mixer(lp, norm, declared, groups)
+    if lp.parallel is not None:
+        return None  # a token mixer beside the attention: op by op
     sub_norms = lp.attn_sub_norm is not None or (isinstance(lp.ffn, DenseFfn) and lp.ffn.sub_norm is not None)
     if declared(lp.attention).fused_layer:  # an attention op with its own layout and layer kernel
-        if sub_norms:
-            return None  # norms inside the branches an op's own kernel does not take: op by op
+        if sub_norms or lp.ffn is None:
+            return None  # norms inside the branches, or no FFN, which an op's own kernel does not take: op by op
         return fuse_attention_layer(lp, norm, ropes, declared, groups) if kv_type == "f32" else None
     a = lp.spec.attention
     rope = ropes[a.rope]
@@ -350,7 +384,7 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], 
     fns, params = found
     rope_index = a.rope if rope is not None else -1
     task = _task_id(tasks, lp.attention, declared(lp.attention))
-    if not isinstance(lp.ffn, DenseFfn):  # an FFN op with its own layer kernel (e.g. MoE)
+    if lp.ffn is not None and not isinstance(lp.ffn, DenseFfn):  # an FFN op with its own layer kernel (e.g. MoE)
         fused_layer = lp.ffn.moe.fused_layer if declared(lp.ffn.moe).fused_layer else None
         ids, first = [-1] * 4, len(groups) if groups is not None else 0
         if groups is not None:  # the attention's groups; the op registers its own through group_id
@@ -366,13 +400,16 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], 
         fb = FusedBlock(kernel, args, lp.attention.slot_arrays, rope_index, big)
         fb.pooled = groups is not None and len(groups) > first + 2  # the op registered its products
         return fb
-    gate_up, down = _uniforms(lp.ffn.gate_up.matrices, 3), _uniforms([lp.ffn.down], 3)
-    if gate_up is None or down is None:
+    products = _ffn_products(lp)  # absent ones in a block without FFN
+    if products is None:
         return None
+    gate_up, down = products
     ids = [-1] * 4  # pool groups of qkv, o, gate_up, down
     if groups is not None:
-        widths = (lp.qkv.matrices[0].n_in, lp.o.n_in, lp.ffn.gate_up.matrices[0].n_in, lp.ffn.down.n_in)
-        ids = [_group_id(groups, ms, n_in) for ms, n_in in zip((qkv, o, gate_up, down), widths, strict=True)]
+        ids[:2] = [_group_id(groups, qkv, lp.qkv.matrices[0].n_in), _group_id(groups, o, lp.o.n_in)]
+        if lp.ffn is not None:
+            ids[2:] = [_group_id(groups, gate_up, lp.ffn.gate_up.matrices[0].n_in),
+                       _group_id(groups, down, lp.ffn.down.n_in)]
     args = (qkv, o, gate_up, down, _vecs(lp), _geo(lp, rope is not None, ids, task), fns, params)
     parallel = lp.o.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES
     return FusedBlock(layer.decode_layer, None, lp.attention.slot_arrays, rope_index, parallel, layer_args=args)

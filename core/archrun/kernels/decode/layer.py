@@ -29,6 +29,9 @@ list of them, built once at load):
          activation part (`activate`: act(gate) * up, or a gated part's act(gate, up), chosen by its type)
   params their float64 parameters in the same order (the residual's serve both of its functions)
 
+A layer without FFN has n_ff 0 (gate_up and down absent; the activation slot NO_ACTIVATION, never called):
+its block ends with the residual's combine of the attention output and a zero FFN output.
+
 Layers whose FFN is not a dense product pair (e.g. a mixture of experts) run their op's own
 layer kernel, which calls `attention_block` and `join` from here. A token mixer's layer (a mixer op's
 `fused_layer`) runs the op's kernel, which computes the mixer's output from `mixer_input` and hands it
@@ -249,6 +252,17 @@ def decode_layer(x, layers, i, kc, vc, kpos, ring, row, pos, cos, sin, chunks, p
     qkv, o_mat, gate_up, down, vecs, geo, fns, params = layers[i]
     a, h = attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks,
                            par)
+    _ffn_join(x, a, h, gate_up, down, vecs, geo, fns, params, chunks, par)
+
+
+@njit(**_STEP)
+def _ffn_join(x, a, h, gate_up, down, vecs, geo, fns, params, chunks, par):
+    """The rest of a block after its mixer's post-normed output a [d] (h: the mixer's normed input): the dense
+    FFN and the residual joins, or, when geo's n_ff is 0 (a block without FFN), the residual's combine with a
+    zero FFN output, as archrun.run.interpreter's block computes them; x [d] is updated in place."""
+    if geo[G_FF] == 0:
+        fns[F_RES_OUT][0](params[P_RES], x, a, np.zeros(x.shape[0], _F32))
+        return
     g = ffn_input(x, a, h, vecs, fns, params)
     f = _dense_ffn(g, gate_up, down, vecs, geo, fns, params, chunks, par)
     join(x, a, f, vecs, fns, params)
@@ -271,12 +285,19 @@ def mixer_output(x, a, h, gate_up, down, vecs, geo, fns, params, chunks, par):
     the dense FFN (none when geo's n_ff is 0: the mixer is the block's only branch) and the residual joins,
     as archrun.run.interpreter's block computes them; x [d] is updated in place."""
     _post_attn(a, vecs, fns, params)
-    if geo[G_FF] == 0:
-        fns[F_RES_OUT][0](params[P_RES], x, a, np.zeros(x.shape[0], _F32))
-        return
-    g = ffn_input(x, a, h, vecs, fns, params)
-    f = _dense_ffn(g, gate_up, down, vecs, geo, fns, params, chunks, par)
-    join(x, a, f, vecs, fns, params)
+    _ffn_join(x, a, h, gate_up, down, vecs, geo, fns, params, chunks, par)
+
+
+@njit(**JIT)
+def empty_mixer_layer(x, common, chunks, par):
+    """A block whose token mixer adds nothing and keeps no state (its op declares `empty`, e.g. an FFN-only
+    block): the mixer's output is zeros, so the block is its norm, the post-norm of zeros, the FFN (reading
+    the block's normed input when it has no norm of its own) and the residual joins, as the interpreter's
+    block computes them with the op's zeros; common[0] = (gate_up, down, vecs, geo, fns, params) as a token
+    mixer's (archrun.kernels.decode.fusion), x [d] updated in place."""
+    gate_up, down, vecs, geo, fns, params = common[0]
+    h = mixer_input(x, vecs, fns, params)
+    mixer_output(x, np.zeros(x.shape[0], _F32), h, gate_up, down, vecs, geo, fns, params, chunks, par)
 
 
 # -- several rows in one call: decode batches and verification spans ---------------------------------
@@ -459,11 +480,16 @@ def decode_rows(X, layers, i, slots, li, seq, pos, cos, sin, chunks, par):
         _sub_norm(ATT[j], vecs[V_ATTN_SUB], fns, params)
     A = np.empty((n, d), _F32)
     product_group_rows(par, geo[G_O], o_mat, ATT, A, chunks)
+    n_ff = geo[G_FF]
     G = np.empty((n, d), _F32)
     for j in range(n):
         _post_attn(A[j], vecs, fns, params)
-        G[j] = ffn_input(X[j], A[j], H[j], vecs, fns, params)
-    n_ff = geo[G_FF]
+        if n_ff == 0:  # a block without FFN: the residual's combine with a zero FFN output
+            fns[F_RES_OUT][0](params[P_RES], X[j], A[j], np.zeros(d, _F32))
+        else:
+            G[j] = ffn_input(X[j], A[j], H[j], vecs, fns, params)
+    if n_ff == 0:
+        return
     GU = np.empty((n, 2 * n_ff if geo[G_GATED] else n_ff), _F32)
     product_group_rows(par, geo[G_GU], gate_up, G, GU, chunks)
     ACT = np.empty((n, n_ff), _F32)
