@@ -41,3 +41,18 @@ def check_fused_steps(model: Any, same: Callable[[np.ndarray, np.ndarray], None]
                 same_slot(fused.slots[i], ops.slots[i])
     finally:
         qmatrix.set_threads(before)
+
+
+def check_decode_bits(model: Any, path: Any, n_tokens: int, seed: int = 6, capacity: int = 16) -> np.ndarray:
+    """The whole model token by token, fused (`model`) against the same file loaded op by op
+    (`archrun.load(path, fused=False)`): every step's logits the same bits. Returns the token ids it fed."""
+    import archrun
+
+    ops = archrun.load(path, fused=False)
+    assert model.fused_blocks is not None and ops.fused_blocks is None
+    ids = np.random.default_rng(seed).integers(0, model.descriptor.n_vocab, n_tokens)
+    caches = [m.init_cache(max(capacity, n_tokens)) for m in (model, ops)]
+    for t in ids:
+        a, b = (m.forward_step([t], cache) for m, cache in zip((model, ops), caches, strict=True))
+        np.testing.assert_array_equal(a, b)
+    return ids

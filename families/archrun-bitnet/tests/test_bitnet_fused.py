@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import archrun
-from archrun.conformance.fused_steps import check_fused_steps
+from archrun.conformance.fused_steps import check_decode_bits, check_fused_steps
 from archrun.conformance.gguf_edit import rewrite_gguf
 
 GOLDENS = Path(__file__).parent / "goldens"
@@ -92,13 +92,7 @@ def test_fused_decode_is_the_op_by_op_decode(widened):
     """Whole models token by token, fused against op by op (every layer and the head: the same bits), and a
     batch of two sequences through the multi-row kernel against their single steps."""
     model, path = widened
-    ops = archrun.load(path, fused=False)
-    assert ops.fused_blocks is None
-    ids = np.random.default_rng(6).integers(0, model.descriptor.n_vocab, 10)
-    caches = [m.init_cache(16) for m in (model, ops)]
-    for t in ids:
-        a, b = (m.forward_step([t], cache) for m, cache in zip((model, ops), caches, strict=True))
-        np.testing.assert_array_equal(a, b)
+    ids = check_decode_bits(model, path, 10)
     # the multi-row kernel (kernels.decode.layer.decode_rows): a batch of two sequences, each row the bits of
     # its own one-token step
     singles, batched = [model.init_cache(16) for _ in ids[:2]], [model.init_cache(16) for _ in ids[:2]]
