@@ -224,3 +224,34 @@ def test_long_context_attention_on_the_pool_equals_one_thread(synth_model, two_t
             m.forward_step(prompt, cache)
             rows = m.forward_step_batch_spans([ids], [cache], all_logits=True)[0]
             assert np.array_equal(rows, np.stack(one))
+
+
+def test_read_ahead_covers_every_line_of_a_group():
+    """prefetch_group walks a group's arrays as one sequence of 64-byte lines (each array from a line boundary):
+    its count is the arrays' lines, and any window of it is a hint that changes nothing."""
+    rng = np.random.default_rng(5)
+    group = _group(rng, [T.Q4_K, T.Q8_0], [96, 64], 256, bias=True)
+    lines = sum(-(-a.nbytes // 64) for m in group for a in m[1:11] if isinstance(a, np.ndarray))
+    assert block.prefetch_group(group, 0, 0) == lines
+    before = [a.copy() for m in group for a in m[1:12] if isinstance(a, np.ndarray)]
+    for lo, hi in ((0, lines), (3, 7), (lines - 1, lines + 100)):
+        assert block.prefetch_group(group, lo, hi) == lines
+    assert all(np.array_equal(a, b) for a, b in zip(before, [a for m in group for a in m[1:12]
+                                                           if isinstance(a, np.ndarray)], strict=True))
+
+
+def test_products_with_and_without_read_ahead_are_the_same_bits():
+    rng = np.random.default_rng(6)
+    groups = [_group(rng, [T.Q4_1, T.Q8_0], [512, 256], 576) for _ in range(3)]
+    x = rng.standard_normal((1, 576)).astype(np.float32)
+    refs = [_reference(g, x, 768) for g in groups]
+    for read_ahead in (0, 64 << 10, 4 << 20):
+        p = pool.DecodePool(groups, max_in=576, max_out=768, serve=layer.serve, read_ahead=read_ahead)
+        p.warm_up()
+        assert p.ctrl[pool.READ_AHEAD] == read_ahead // 64
+        with p.running(2) as par:
+            for _ in range(10):
+                for gid, g in enumerate(groups):
+                    got = np.full((1, 768), np.nan, np.float32)
+                    block.pooled_product(par, gid, g, x, got, 1)
+                    assert np.array_equal(got, refs[gid])

@@ -168,12 +168,26 @@ def _outputs(ms, y):
 
 
 @njit(**_STEP)
+def _span(m, off, a, b, xf, X, DX, QH, out):
+    """The part of m's row groups that lies in [a, b) of the group's row groups, m's own starting at off."""
+    g0, g1 = max(a - off, 0), min(b - off, _groups(m))
+    if g0 < g1:
+        _mv(m, xf, X, DX, QH, g0, g1, out)
+
+
+@njit(**_STEP)
 def _group_chunk(ms, c, chunks, xf, X, DX, QH, y):
-    """Chunk c of `chunks` of every matrix of the group ms, into y [n, sum of n_out]."""
+    """Chunk c of `chunks` of the group ms, into y [n, sum of n_out]: the row groups of its 3 matrices taken
+    as one sequence (m0's, then m1's, then m2's), cut into `chunks` contiguous ranges, so a chunk streams
+    one contiguous run of weights (a matrix boundary at most adds one); a row's bits do not depend on the
+    range it falls in."""
     o0, o1, o2 = _outputs(ms, y)
-    _chunk(ms[0], c, chunks, xf, X, DX, QH, o0)
-    _chunk(ms[1], c, chunks, xf, X, DX, QH, o1)
-    _chunk(ms[2], c, chunks, xf, X, DX, QH, o2)
+    n0, n1 = _groups(ms[0]), _groups(ms[1])
+    total = n0 + n1 + _groups(ms[2])
+    a, b = c * total // chunks, (c + 1) * total // chunks
+    _span(ms[0], 0, a, b, xf, X, DX, QH, o0)
+    _span(ms[1], n0, a, b, xf, X, DX, QH, o1)
+    _span(ms[2], n0 + n1, a, b, xf, X, DX, QH, o2)
 
 
 @njit(**_STEP)
@@ -264,6 +278,46 @@ def _pool_views(par, n, n_in, n_total):
     X, DX, QH = pool.quantized_views(xq, dq, hq, n, n_in)
     xf = array_at(atomics.load(ctrl, pool.ARGS + _A_X), (n, n_in), _F32)
     return xf, X, DX, QH, array_at(atomics.load(ctrl, pool.ARGS + _A_Y), (n, n_total), _F32)
+
+
+# -- the idle worker's read-ahead -----------------------------------------------------------------------
+# While the step's thread does work of its own (attention, norms, activation quantization, the Python between
+# layers and between tokens), a pool worker that has no chunk to compute asks memory for the weights of the
+# product groups that come next (group ids are given in step order), so memory streams all the time and the
+# next products find their weights in the caches. A prefetch is a hint: no result depends on it.
+_LINE = 64
+
+
+@njit(**_STEP)
+def _prefetch_array(a, base, lo, hi):
+    """Prefetch the lines of a (C-contiguous) that lie in [lo, hi) of a sequence in which a's lines start at
+    `base`; returns the line after a's last."""
+    n = (a.size * a.itemsize + _LINE - 1) // _LINE
+    step = _LINE // a.itemsize
+    for line in range(max(lo, base) - base, min(hi, base + n) - base):
+        atomics.prefetch(a, line * step)
+    return base + n
+
+
+@njit(**_STEP)
+def _prefetch_matrix(m, base, lo, hi):
+    base = _prefetch_array(m[_WU16], base, lo, hi)
+    base = _prefetch_array(m[_WI8], base, lo, hi)
+    base = _prefetch_array(m[_WU8], base, lo, hi)
+    base = _prefetch_array(m[_WH], base, lo, hi)
+    base = _prefetch_array(m[_WF], base, lo, hi)
+    base = _prefetch_array(m[_D], base, lo, hi)
+    base = _prefetch_array(m[_M], base, lo, hi)
+    base = _prefetch_array(m[_SCU], base, lo, hi)
+    base = _prefetch_array(m[_SCI], base, lo, hi)
+    return _prefetch_array(m[_MN], base, lo, hi)
+
+
+@njit(**_STEP)
+def prefetch_group(ms, lo, hi):
+    """Prefetch lines [lo, hi) of group ms's weights (its matrices' arrays in a fixed order, each from a line
+    boundary); returns how many lines the group has (hi = lo: count only)."""
+    return _prefetch_matrix(ms[2], _prefetch_matrix(ms[1], _prefetch_matrix(ms[0], 0, lo, hi), lo, hi), lo, hi)
 
 
 @njit(**_STEP)

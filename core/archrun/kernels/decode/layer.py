@@ -514,10 +514,22 @@ def serve(ctrl, groups, tasks, layers, pxf, xq, dq, hq, py, idle_ticks, idle_spi
     par = (ctrl, pxf, xq, dq, hq, py)
     idle = 0
     last = atomics.ticks()
+    n_groups = len(groups)
+    # read-ahead (block.prefetch_group): group ahead_gid from line ahead_pos on, `ahead` lines past the last
+    # product group seen (seen); a worker that saw none yet reads nothing ahead
+    seen, ahead_gid, ahead_pos, ahead = -1, 0, 0, 0
+    ahead_ms = groups[0]
     while idle < idle_spins and atomics.ticks() - last <= idle_ticks:
         c, w = pool.claim(ctrl)
         if c >= 0:
             gid = pool.job_group(w)
+            if gid < pool.TASK_BIT and gid != seen:  # a new product group: read ahead from the one after it
+                if seen >= 0 and ahead_gid != gid and (ahead_gid - gid) % n_groups < (ahead_gid - seen) % n_groups:
+                    ahead -= block.prefetch_group(groups[gid], 0, 0)  # ahead of it already: keep going
+                else:
+                    ahead_gid, ahead_pos, ahead = (gid + 1) % n_groups, 0, 0
+                    ahead_ms = groups[ahead_gid]
+                seen = gid
             if gid == pool.ROWS_JOB:
                 if layers is not None:
                     attend_run_of(layers, ctrl[pool.ARGS:], c)
@@ -537,5 +549,13 @@ def serve(ctrl, groups, tasks, layers, pxf, xq, dq, hq, py, idle_ticks, idle_spi
         elif c == -1:
             if pool.should_sleep(ctrl):
                 return
+            if seen >= 0 and ahead < ctrl[pool.READ_AHEAD]:
+                total = block.prefetch_group(ahead_ms, ahead_pos, ahead_pos + pool.READ_AHEAD_SLICE)
+                ahead_pos += pool.READ_AHEAD_SLICE
+                ahead += pool.READ_AHEAD_SLICE
+                if ahead_pos >= total:
+                    ahead_gid, ahead_pos = (ahead_gid + 1) % n_groups, 0
+                    ahead_ms = groups[ahead_gid]
+                continue
             atomics.pause()
             idle += 1
