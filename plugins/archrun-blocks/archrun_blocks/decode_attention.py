@@ -12,12 +12,19 @@ Shapes of the inner loops are what makes this fast (measured, 9 heads x 150 rows
 
 More than SPLIT_MIN_ROWS visible rows go in chunks of CHUNK_ROWS rows (`attend_split`): each
 chunk's online softmax gives per-head partials (max, sum, value accumulator), merged in chunk order
-with the log-sum-exp rule. The chunks are the decode pool's task `attend_chunk`
-(archrun.kernels.decode.pool), so the step's other threads share them: a layer's K/V is read from memory
-at one thread's rate (~5 GB/s measured), the second core doubles it. Chunk boundaries and the
-merge order depend only on the number of visible rows, so the result is the same bits on any
-number of threads and with no pool; up to SPLIT_MIN_ROWS rows the one-pass code (attend_biased)
-runs.
+with the log-sum-exp rule. Chunk boundaries and the merge order depend only on the number of visible
+rows; up to SPLIT_MIN_ROWS rows the one-pass code (attend_biased) runs.
+
+When a decode pool runs (archrun.kernels.decode.pool), `attend_split` shares the work with the step's
+other threads as the pool's task `attend_chunk`, at any number of rows: by kv head (each chunk a range
+of kv heads: their query heads' whole online softmax over the rows, up to SPLIT_MIN_ROWS rows finished
+straight into their slices of the output) and, past SPLIT_MIN_ROWS rows, by row chunk too (chunks =
+row chunks x kv-head ranges, each writing its heads' partials of its rows, merged per head in row-chunk
+order by the caller). A kv head's scores, value-mix tiles and sums are its own (every scratch buffer
+is a chunk's), so a head computed in a range has the bits it has in the whole call, and the result is
+the same bits on any number of threads and with no pool. A range holds enough kv heads for
+SHARE_MIN_WORK multiply-adds: smaller chunks cost more to hand over than they save. A layer's K/V is read
+from memory at one thread's rate (~5 GB/s measured), the second core doubles it.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from archrun.kernels._jit import JIT
 from archrun.kernels.decode import pool
 from archrun.kernels.decode.addresses import address, array_at, get_float, put_float
 from archrun.kernels.decode.parts import SIGNATURES
-from archrun_blocks.kv_codec import load_rows
+from archrun_blocks.kv_codec import load_row, load_rows
 from archrun_blocks.tile_simd import COLS, ROWS, dots4x2, mm4x16_acc
 
 _F32 = np.float32
@@ -216,25 +223,39 @@ def _bias(p, count, kv, group, slopes, dist):
             p[g, j] += m * dist[j]
 
 
-def block_rows(c, rows, j0, n, scratch, ident):
-    """(matrix, rows) holding cache rows rows[j0:j0 + n] of c as float32: a float32 cache as it is
-    (no copy), any other kv type decoded into scratch float32 [>= n, KV, width] (rows ident[:n])."""
+def block_rows(c, rows, j0, n, scratch, ident, k0, k1):
+    """(matrix, rows) holding cache rows rows[j0:j0 + n] of c as float32 (kv heads k0..k1-1 at least): a float32
+    cache as it is (no copy), any other kv type's heads k0..k1-1 decoded into scratch float32 [>= n, KV, width]
+    (rows ident[:n]; its other heads untouched)."""
     if c.dtype == np.float32:
         return c, rows[j0:j0 + n]
-    load_rows(c, rows, j0, n, scratch)
+    load_heads(c, rows, j0, n, k0, k1, scratch)
     return scratch, ident[:n]
 
 
 @overload(block_rows, jit_options=JIT)
-def _block_rows_typed(c, rows, j0, n, scratch, ident):
+def _block_rows_typed(c, rows, j0, n, scratch, ident, k0, k1):
     if c.dtype == types.float32:
-        return lambda c, rows, j0, n, scratch, ident: (c, rows[j0:j0 + n])
+        return lambda c, rows, j0, n, scratch, ident, k0, k1: (c, rows[j0:j0 + n])
 
-    def decoded(c, rows, j0, n, scratch, ident):
-        load_rows(c, rows, j0, n, scratch)
+    def decoded(c, rows, j0, n, scratch, ident, k0, k1):
+        load_heads(c, rows, j0, n, k0, k1, scratch)
         return scratch, ident[:n]
 
     return decoded
+
+
+@njit(**JIT)
+def load_heads(c, rows, j0, n, k0, k1, out):
+    """kv_codec.load_rows for kv heads k0..k1-1 only (all of them: load_rows itself). Each value decodes on its
+    own (f16 widened, q8_0 scale x byte, a head's row whole q8_0 blocks), so the same bits either way."""
+    if k0 == 0 and k1 == c.shape[1]:
+        load_rows(c, rows, j0, n, out)
+        return
+    for t in range(n):
+        r = rows[j0 + t]
+        for h in range(k0, k1):
+            load_row(c[r, h], out[t, h])
 
 
 def scratch_rows(c, nb) -> int:
@@ -250,14 +271,14 @@ def _scratch_rows_typed(c, nb):
 
 
 @njit(**JIT)
-def _prefetch_rows(c, rows, n):
-    """Start loading cache rows rows[:n] of c [cap, KV, w] (every kv head) into the core's caches at once:
+def _prefetch_rows(c, rows, n, k0, k1):
+    """Start loading cache rows rows[:n] of c [cap, KV, w] (kv heads k0..k1-1) into the core's caches at once:
     the scores and the value mix then find them there instead of waiting on memory for each row in turn."""
     width = c.shape[1] * c.shape[2]
     step = 64 // c.itemsize
     for j in range(n):
         base = rows[j] * width
-        for e in range(0, width, step):
+        for e in range(k0 * c.shape[2], k1 * c.shape[2], step):
             atomics.prefetch(c, base + e)
 
 
@@ -282,10 +303,12 @@ def attend_one(q, kc, vc, rows, count, n_head, scale, softcap, out):
 
 
 @njit(**JIT)
-def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc):
-    """The online softmax of q2 [H, hd] over rows[:count] before its final division: per head h the max score
-    mx[h], the sum tot[h] of exp(score - mx[h]) and acc[h] [vd] = sum of exp(score - mx[h]) v (attend_biased
-    divides them; attend_split's chunks each give theirs, merged in chunk order)."""
+def _partial(q2, kc, vc, rows, count, k0, k1, scale, softcap, slopes, dist, mx, tot, acc):
+    """The online softmax of q2 [H, hd] over rows[:count] before its final division, for the query heads of kv
+    heads k0..k1-1: per such head h the max score mx[h], the sum tot[h] of exp(score - mx[h]) and acc[h] [vd]
+    = sum of exp(score - mx[h]) v (attend_biased divides them; attend_split's chunks each give theirs, merged
+    in chunk order). A kv head's arithmetic is the same whichever range it is computed in (its scores, tiles
+    and sums are its own): a range's heads get the bits of the whole call's."""
     n_head, hd = q2.shape
     n_kv, vd = kc.shape[1], acc.shape[1]
     group = n_head // n_kv
@@ -297,25 +320,26 @@ def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc
     # the accumulators [n_kv, gt, vd], exp's bits [nb] and the decoded K/V blocks (kv types other than f32)
     direct = direct_keys(kc, hd)
     nk, nv = 0 if direct else scratch_rows(kc, nb), scratch_rows(vc, nb)
-    n_p, n_a = gt * nb, n_kv * gt * vd
+    n_p, n_a = gt * nb, (k1 - k0) * gt * vd
     buf = np.empty(n_p + n_a + nb + (nk * hd + nv * vd) * n_kv, np.float32)
     buf[:n_p + n_a] = 0.0
     p = buf[:n_p].reshape((gt, nb))
-    a_kv = buf[n_p:n_p + n_a].reshape((n_kv, gt, vd))
+    a_kv = buf[n_p:n_p + n_a].reshape((k1 - k0, gt, vd))
     o = n_p + n_a + nb
     bits = buf[n_p + n_a:o].view(np.int32)
     kb = buf[o:o + nk * n_kv * hd].reshape((nk, n_kv, hd))
     vb = buf[o + nk * n_kv * hd:].reshape((nv, n_kv, vd))
-    tot[:] = 0.0
+    tot[k0 * group:k1 * group] = 0.0
     ident = _IDENT
     for j0 in range(0, count, KEY_BLOCK):
         n = min(KEY_BLOCK, count - j0)
-        _prefetch_rows(kc, rows[j0:], n)
-        _prefetch_rows(vc, rows[j0:], n)
+        _prefetch_rows(kc, rows[j0:], n, k0, k1)
+        _prefetch_rows(vc, rows[j0:], n, k0, k1)
         if not direct:
-            km, kr = block_rows(kc, rows, j0, n, kb, ident)
-        vm, vr = block_rows(vc, rows, j0, n, vb, ident)
-        for kv in range(n_kv):
+            km, kr = block_rows(kc, rows, j0, n, kb, ident, k0, k1)
+        vm, vr = block_rows(vc, rows, j0, n, vb, ident, k0, k1)
+        for kv in range(k0, k1):
+            a = a_kv[kv - k0]
             if direct:
                 _scores_direct(q2, kc, rows[j0:j0 + n], n, kv, group, _F32(scale), p)
             else:
@@ -333,15 +357,15 @@ def _partial(q2, kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot, acc
                 if j0 == 0:
                     mx[h] = m
                 elif m > mx[h]:
-                    _rescale(a_kv[kv], tot, g, h, _F32(math.exp(mx[h] - m)))
+                    _rescale(a, tot, g, h, _F32(math.exp(mx[h] - m)))
                     mx[h] = m
                 tot[h] += exp_shifted(pg, mx[h], bits[:n])
             if gt > group:
-                _mix_tiles(vm, vr, n, kv, p, a_kv[kv])
+                _mix_tiles(vm, vr, n, kv, p, a)
             else:
-                _mix(vm, vr, n, kv, p, a_kv[kv])
-    for h in range(n_head):
-        acc[h] = a_kv[h // group, h % group]
+                _mix(vm, vr, n, kv, p, a)
+    for h in range(k0 * group, k1 * group):
+        acc[h] = a_kv[h // group - k0, h % group]
 
 
 @njit(**JIT)
@@ -376,9 +400,16 @@ def attend_sinks(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, s
     mx = np.empty(n_head, _F32)
     tot = np.empty(n_head, _F32)
     acc = np.empty((n_head, vd), _F32)
-    _partial(q.reshape(n_head, q.shape[0] // n_head), kc, vc, rows, count, scale, softcap, slopes, dist, mx, tot,
-             acc)
-    for h in range(n_head):
+    _partial(q.reshape(n_head, q.shape[0] // n_head), kc, vc, rows, count, 0, kc.shape[1], scale, softcap, slopes,
+             dist, mx, tot, acc)
+    _finish(mx, tot, acc, sinks, 0, n_head, out)
+
+
+@njit(**JIT)
+def _finish(mx, tot, acc, sinks, h0, h1, out):
+    """out's heads h0..h1-1 from their one-pass partials (attend_sinks): acc / sum, with a sink's term."""
+    vd = acc.shape[1]
+    for h in range(h0, h1):
         o = out[h * vd:(h + 1) * vd]
         if sinks.shape[0]:
             w, e = _sink_term(mx[h], sinks[h])
@@ -391,13 +422,20 @@ def attend_sinks(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, s
             o[j] = acc[h, j] * inv
 
 
-# -- long contexts: chunks of keys shared with the decode pool --------------------------------------------
+# -- sharing with the decode pool: kv heads, and past SPLIT_MIN_ROWS rows chunks of keys -----------------------
 # attend_chunk's arguments (int64 [N_ARGS]: addresses of the caller's arrays, integers, float64 bits):
 # q f32 [H, hd], rows int64 [count], slopes f64 [n_slopes], dist f32 [count or 0], the partials
-# mx / tot f32 [chunks, H] and acc f32 [chunks, H, vd], the caches [cap, KV, stored] of kind (itemsize:
-# 4 float32, 2 float16 bits, 1 q8_0 bytes)
+# mx / tot f32 [chunks, H] and acc f32 [chunks, H, vd] (row chunks), the caches [cap, KV, stored] of kind
+# (itemsize: 4 float32, 2 float16 bits, 1 q8_0 bytes), the kv-head ranges per row chunk, sinks f64
+# [n_sinks] and out f32 [H * vd] (up to SPLIT_MIN_ROWS rows: each chunk finishes its heads there)
 (A_Q, A_ROWS, A_COUNT, A_HEADS, A_HD, A_VD, A_SCALE, A_SOFTCAP, A_SLOPES, A_NSLOPES, A_DIST, A_MX, A_TOT, A_ACC,
- A_KC, A_VC, A_CAP, A_KV, A_KW, A_VW, A_KIND, N_ARGS) = range(22)
+ A_KC, A_VC, A_CAP, A_KV, A_KW, A_VW, A_KIND, A_RANGES, A_SINKS, A_NSINKS, A_OUT, N_ARGS) = range(26)
+# the least work of a shared chunk, in multiply-adds (rows x query heads x (hd + vd)): a chunk has a fixed cost
+# of ~1.5 us (its call, scratch and the hand-off), so smaller ones stay whole. Measured (_partial, one thread,
+# warm caches, 3 query heads per kv head, hd = vd = 64, float32 cache): one kv head at 8 / 32 / 64 / 128 rows
+# 1.8 / 2.4 / 3.2 / 5.0 us, all three 2.7 / 4.4 / 6.6 / 12.0 us; in a model's step the rows come cold
+# from memory (~3x that). From 64 such rows on every kv head is a chunk of its own
+SHARE_MIN_WORK = 64 * 3 * 128
 
 
 @njit(**JIT)
@@ -410,26 +448,54 @@ def chunk_rows(count):
 
 
 @njit(**JIT)
+def kv_ranges(count, row_chunks, n_head, n_kv, hd, vd):
+    """Ranges of kv heads to share each of `row_chunks` chunks of keys (count rows in all) in: every kv head
+    alone, or fewer ranges of several so that a range's work reaches SHARE_MIN_WORK (1: the kv heads stay
+    together), within the pool's MAX_CHUNKS. Any ranges give the same bits (each kv head's arithmetic is its
+    own, see _partial): this only decides how finely the work is shared."""
+    rows = min(count, chunk_rows(count))
+    per_head = rows * (n_head // n_kv) * (hd + vd)  # multiply-adds of one kv head's query heads
+    per = max(1, (SHARE_MIN_WORK + per_head - 1) // per_head)  # kv heads per range
+    ranges = (n_kv + per - 1) // per
+    return max(1, min(ranges, pool.MAX_CHUNKS // row_chunks))
+
+
+@njit(**JIT)
 def _chunk(args, c, kc, vc):
-    """Chunk c of a split attention (arguments: A_*): the partials of its chunk_rows(count) rows."""
-    count, n_head, vd = args[A_COUNT], args[A_HEADS], args[A_VD]
-    size = chunk_rows(count)
-    nch = (count + size - 1) // size
-    j0 = c * size
-    n = min(size, count - j0)
+    """Chunk c of a shared attention (arguments: A_*): kv-head range c % A_RANGES of row chunk c // A_RANGES.
+    Up to SPLIT_MIN_ROWS rows (one row chunk) the range's heads are finished into out with attend_sinks'
+    arithmetic; past it the range's partials of the row chunk's chunk_rows(count) rows, merged by the caller."""
+    count, n_head, vd, ranges = args[A_COUNT], args[A_HEADS], args[A_VD], args[A_RANGES]
+    n_kv = kc.shape[1]
+    group = n_head // n_kv
+    rc, kr = c // ranges, c % ranges
+    k0, k1 = kr * n_kv // ranges, (kr + 1) * n_kv // ranges
     rows = array_at(args[A_ROWS], (count,), np.int64)
     slopes = array_at(args[A_SLOPES], (args[A_NSLOPES],), np.float64)
     dist = array_at(args[A_DIST], (count if args[A_NSLOPES] else 0,), np.float32)
+    q2 = array_at(args[A_Q], (n_head, args[A_HD]), np.float32)
+    scale, softcap = get_float(args, A_SCALE), get_float(args, A_SOFTCAP)
+    if count <= SPLIT_MIN_ROWS:
+        mx = np.empty(n_head, _F32)
+        tot = np.empty(n_head, _F32)
+        acc = np.empty((n_head, vd), _F32)
+        _partial(q2, kc, vc, rows, count, k0, k1, scale, softcap, slopes, dist, mx, tot, acc)
+        _finish(mx, tot, acc, array_at(args[A_SINKS], (args[A_NSINKS],), np.float64), k0 * group, k1 * group,
+                array_at(args[A_OUT], (n_head * vd,), np.float32))
+        return
+    size = chunk_rows(count)
+    nch = (count + size - 1) // size
+    j0 = rc * size
+    n = min(size, count - j0)
     d0, d1 = min(j0, dist.shape[0]), min(j0 + n, dist.shape[0])
-    _partial(array_at(args[A_Q], (n_head, args[A_HD]), np.float32), kc, vc, rows[j0:j0 + n], n,
-             get_float(args, A_SCALE), get_float(args, A_SOFTCAP), slopes, dist[d0:d1],
-             array_at(args[A_MX], (nch, n_head), np.float32)[c], array_at(args[A_TOT], (nch, n_head), np.float32)[c],
-             array_at(args[A_ACC], (nch, n_head, vd), np.float32)[c])
+    _partial(q2, kc, vc, rows[j0:j0 + n], n, k0, k1, scale, softcap, slopes, dist[d0:d1],
+             array_at(args[A_MX], (nch, n_head), np.float32)[rc], array_at(args[A_TOT], (nch, n_head), np.float32)[rc],
+             array_at(args[A_ACC], (nch, n_head, vd), np.float32)[rc])
 
 
 @njit(SIGNATURES["task"], **JIT)
 def attend_chunk(args, c):
-    """The decode pool's task of a split attention: chunk c, the caches rebuilt from args (see A_*)."""
+    """The decode pool's task of a shared attention: chunk c, the caches rebuilt from args (see A_*)."""
     ks, vs = (args[A_CAP], args[A_KV], args[A_KW]), (args[A_CAP], args[A_KV], args[A_VW])
     kind = args[A_KIND]
     if kind == 4:
@@ -470,20 +536,27 @@ def _merge(mx, tot, acc, sinks, out):
 
 @njit(**JIT)
 def attend_split(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, out, ctrl, task):
-    """attend_biased (same arguments) in chunks of chunk_rows(count) rows, merged in chunk order; the chunks are
-    shared with the running decode pool `ctrl` (archrun.kernels.decode.pool; empty: none) as its task `task` (-1:
-    none) unless the pool backs off after a stall (pool.share_task), else computed here in order: the same
-    bits either way. q, rows, slopes, dist C-contiguous."""
+    """attend_biased (same arguments), shared with the running decode pool `ctrl` (archrun.kernels.decode.pool;
+    empty: none) as its task `task` (-1: none) unless the pool backs off after a stall (pool.share_task): by
+    kv head, and past SPLIT_MIN_ROWS rows in chunks of chunk_rows(count) rows merged in chunk order (also
+    without a pool). Up to SPLIT_MIN_ROWS rows the bits of attend_biased, past it those of the chunks' merge,
+    on any number of threads. q, rows, slopes, dist, out C-contiguous."""
     split_sinks(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, _NO_SINKS, out, ctrl, task)
 
 
 @njit(**JIT)
 def split_sinks(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, sinks, out, ctrl, task):
-    """attend_split with sink logits sinks (float64 [H], empty: none), counted when the chunks merge
-    (attend_sinks)."""
+    """attend_split with sink logits sinks (float64 [H], empty: none; C-contiguous): up to SPLIT_MIN_ROWS rows
+    attend_sinks' bits, past it counted when the chunks merge."""
     hd, vd = q.shape[0] // n_head, out.shape[0] // n_head
+    one_pass = count <= SPLIT_MIN_ROWS
     size = chunk_rows(count)
-    nch = (count + size - 1) // size
+    nch = 1 if one_pass else (count + size - 1) // size
+    ranges = kv_ranges(count, nch, n_head, kc.shape[1], hd, vd) if task >= 0 else 1
+    shared = task >= 0 and nch * ranges >= 2 and nch * ranges <= pool.MAX_CHUNKS and pool.share_task(ctrl)
+    if one_pass and not shared:
+        attend_sinks(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, sinks, out)
+        return
     mx = np.empty((nch, n_head), _F32)
     tot = np.empty((nch, n_head), _F32)
     acc = np.empty((nch, n_head, vd), _F32)
@@ -496,16 +569,21 @@ def split_sinks(q, kc, vc, rows, count, n_head, scale, softcap, slopes, dist, si
     args[A_MX], args[A_TOT], args[A_ACC] = address(mx), address(tot), address(acc)
     args[A_KC], args[A_VC], args[A_CAP], args[A_KV] = address(kc), address(vc), kc.shape[0], kc.shape[1]
     args[A_KW], args[A_VW], args[A_KIND] = kc.shape[2], vc.shape[2], kc.itemsize
-    if task >= 0 and nch <= pool.MAX_CHUNKS and pool.share_task(ctrl):
-        shared = pool.publish_task(ctrl, task, args, nch)
+    args[A_SINKS], args[A_NSINKS], args[A_OUT] = address(sinks), sinks.shape[0], address(out)
+    if shared:
+        args[A_RANGES] = ranges
+        n = nch * ranges
+        shared_args = pool.publish_task(ctrl, task, args, n)
         while True:
             c = pool.next_chunk(ctrl)
             if c < 0:
                 break
-            _chunk(shared, c, kc, vc)
+            _chunk(shared_args, c, kc, vc)
             pool.done(ctrl)
-        pool.wait_task(ctrl, nch)  # after a long wait (an overloaded host) the next tasks stay here
+        pool.wait_task(ctrl, n)  # after a long wait (an overloaded host) the next tasks stay here
     else:
+        args[A_RANGES] = 1
         for c in range(nch):
             _chunk(args, c, kc, vc)
-    _merge(mx, tot, acc, sinks, out)
+    if not one_pass:
+        _merge(mx, tot, acc, sinks, out)

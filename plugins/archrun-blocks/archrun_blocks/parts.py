@@ -15,15 +15,7 @@ from numba import njit
 
 from archrun.kernels._jit import JIT
 from archrun.kernels.decode.parts import SIGNATURES
-from archrun_blocks.decode_attention import (
-    SPLIT_MIN_ROWS,
-    attend_biased,
-    attend_one,
-    attend_sinks,
-    attend_split,
-    split_sinks,
-    visible_rows,
-)
+from archrun_blocks.decode_attention import attend_split, split_sinks, visible_rows
 from archrun_blocks.kv_codec import store_row, values_per_row
 from archrun_blocks.rotate import rotate_pairs
 
@@ -132,15 +124,11 @@ def causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     """causal_attention over a cache of any kv type (archrun_blocks.kv_codec; compiled per cache dtype)."""
     rows, count = _store_and_select(k, v, kc, vc, kpos, ring, row, pos, int(p[1]))
     n_head = q.shape[0] // values_per_row(kc)
+    # shared with the decode pool when one runs (by kv head; past SPLIT_MIN_ROWS rows also by chunks of keys)
     if p.shape[0] > 3:  # learned sink logits (gpt-oss): p[3:3 + n_head]
-        if count <= SPLIT_MIN_ROWS:
-            attend_sinks(q, kc, vc, rows, count, n_head, p[0], p[2], _NO_SLOPES, _NO_DIST, p[3:3 + n_head], out)
-        else:
-            split_sinks(q, kc, vc, rows, count, n_head, p[0], p[2], _NO_SLOPES, _NO_DIST, p[3:3 + n_head], out, ctrl,
-                        task)
-    elif count <= SPLIT_MIN_ROWS:
-        attend_one(q, kc, vc, rows, count, n_head, p[0], p[2], out)
-    else:  # a long context: chunks of keys, shared with the decode pool when one runs
+        split_sinks(q, kc, vc, rows, count, n_head, p[0], p[2], _NO_SLOPES, _NO_DIST, p[3:3 + n_head], out, ctrl,
+                    task)
+    else:
         attend_split(q, kc, vc, rows, count, n_head, p[0], p[2], np.empty(0, np.float64),
                      np.empty(0, _F32), out, ctrl, task)
 
@@ -153,10 +141,7 @@ def alibi(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     for j in range(count):  # a ring row holds position kpos[row]; a plain row r holds position r
         dist[j] = _F32((kpos[rows[j]] if ring else rows[j]) - pos)
     n_head = q.shape[0] // values_per_row(kc)
-    if count <= SPLIT_MIN_ROWS:
-        attend_biased(q, kc, vc, rows, count, n_head, p[0], p[2], p[5:5 + n_head], dist, out)
-    else:
-        attend_split(q, kc, vc, rows, count, n_head, p[0], p[2], p[5:5 + n_head], dist, out, ctrl, task)
+    attend_split(q, kc, vc, rows, count, n_head, p[0], p[2], p[5:5 + n_head], dist, out, ctrl, task)
 
 
 @njit(SIGNATURES["attention"], **JIT)
@@ -165,8 +150,8 @@ def causal_attention(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task):
     rows visible from `pos` (window p[1], 0: global), scores scaled by p[0] and capped by p[2] (0: none);
     with p[3:] (one per query head) each head's softmax also counts that sink logit
     (decode_attention.attend_sinks).
-    Over more than SPLIT_MIN_ROWS rows the keys go in chunks, shared with the decode pool ctrl as its
-    task `task` (archrun_blocks.decode_attention.attend_split). The parts of other kv types are in
+    Shared with the decode pool ctrl as its task `task` by kv head, and over more than SPLIT_MIN_ROWS rows the
+    keys go in chunks (archrun_blocks.decode_attention.attend_split). The parts of other kv types are in
     archrun_blocks.kv_parts."""
     causal(p, q, k, v, kc, vc, kpos, ring, row, pos, out, ctrl, task)
 
