@@ -55,7 +55,7 @@ A third kind of job, ROWS_JOB, shares the attention of a multi-row step (kernels
 rows of different sequences attend independently, so each chunk is one sequence's run of rows. The
 workers then need the dense layers' typed list (`layers`, given when the pool is built).
 
-A task's chunks are long (~0.1-0.2 ms of streaming, a product's ~1-2 us), so on an overloaded host
+A task's chunks are long (~0.1-0.2 ms of streaming), so on an overloaded host
 a worker is often descheduled while it holds one, and the publisher waits until it runs again
 (milliseconds). A publisher that waited longer than STALL_TICKS for its task's chunks
 (`wait_task`) computes the next BACKOFF_TASKS tasks alone (`share_task` says no): the same bits,
