@@ -122,6 +122,18 @@ def test_a_job_left_to_the_worker(types, n_outs, n_in, bias):
     assert np.array_equal(got, ref)
 
 
+def test_a_product_takes_one_chunk_a_thread_and_only_heads_are_cut_finer():
+    """Every chunk starts its streams cold: a group takes one contiguous chunk per thread, and only a group over
+    POOL_CHUNK_BYTES a thread (an output head) is cut into chunks of about that size."""
+    rng = np.random.default_rng(3)
+    layer_group = _group(rng, [T.Q4_1, T.Q4_1], [1536, 1536], 576)  # ~1.2 MB: a gate/up pair
+    assert block._group_bytes(layer_group) < 2 * block.POOL_CHUNK_BYTES
+    assert [block._pool_chunks(layer_group, t) for t in (2, 3, 4)] == [2, 3, 4]
+    head = _group(rng, [T.Q8_0], [8192], 2048)  # ~18 MB
+    n = block._group_bytes(head) // block.POOL_CHUNK_BYTES
+    assert n > 2 and block._pool_chunks(head, 2) == n and block._pool_chunks(head, 8) == 8
+
+
 def test_small_or_unknown_products_stay_on_the_calling_thread():
     rng = np.random.default_rng(1)
     groups = [_group(rng, [T.Q4_0], [64], 64)]  # 2 KB of weights: below POOL_MIN_GROUP_BYTES
