@@ -40,7 +40,7 @@ from archrun.kernels._jit import JIT
 from archrun.kernels.decode import pool
 from archrun.kernels.decode.addresses import address, array_at, get_float, put_float
 from archrun.kernels.decode.parts import SIGNATURES
-from archrun_blocks.kv_codec import load_row, load_rows
+from archrun_blocks.kv_codec import load_heads
 from archrun_blocks.tile_simd import COLS, ROWS, dots4x2, mm4x16_acc
 
 _F32 = np.float32
@@ -243,19 +243,6 @@ def _block_rows_typed(c, rows, j0, n, scratch, ident, k0, k1):
         return scratch, ident[:n]
 
     return decoded
-
-
-@njit(**JIT)
-def load_heads(c, rows, j0, n, k0, k1, out):
-    """kv_codec.load_rows for kv heads k0..k1-1 only (all of them: load_rows itself). Each value decodes on its
-    own (f16 widened, q8_0 scale x byte, a head's row whole q8_0 blocks), so the same bits either way."""
-    if k0 == 0 and k1 == c.shape[1]:
-        load_rows(c, rows, j0, n, out)
-        return
-    for t in range(n):
-        r = rows[j0 + t]
-        for h in range(k0, k1):
-            load_row(c[r, h], out[t, h])
 
 
 def scratch_rows(c, nb) -> int:

@@ -238,6 +238,19 @@ def load_rows(c, rows, j0, n, out):
 
 
 @njit(**JIT)
+def load_heads(c, rows, j0, n, k0, k1, out):
+    """load_rows for kv heads k0..k1-1 only (all of them: load_rows itself). Each value decodes on its
+    own (f16 widened, q8_0 scale x byte, a head's row whole q8_0 blocks), so the same bits either way."""
+    if k0 == 0 and k1 == c.shape[1]:
+        load_rows(c, rows, j0, n, out)
+        return
+    for t in range(n):
+        r = rows[j0 + t]
+        for h in range(k0, k1):
+            load_row(c[r, h], out[t, h])
+
+
+@njit(**JIT)
 def decode_rows(src, dst):
     """Cache rows src [n, KV, stored] into float32 dst [n, KV, width]."""
     for t in range(src.shape[0]):
