@@ -1,4 +1,4 @@
-"""Atomic operations on int64 array elements, a spin-wait hint and a prefetch hint, for numba kernels.
+"""Atomic operations on int64 array elements, a spin-wait hint and prefetch hints, for numba kernels.
 
 numba has no CPU atomics; these intrinsics emit LLVM's sequentially consistent atomic
 load/store/add/compare-and-swap on `a[i]` (a: a C-contiguous int64 array; i is not bounds-
@@ -7,7 +7,7 @@ also a compiler barrier: ordinary loads and stores are not moved across it, so d
 before an atomic store is visible to a thread that sees the store.
 
 The atomics compile only under the JIT (NUMBA_DISABLE_JIT leaves them uncallable); archrun uses them
-only in the decode worker pool (pool.py), which is off without the JIT. `prefetch` is a no-op there.
+only in the decode worker pool (pool.py), which is off without the JIT. `prefetch` and `prefetch_l2` are no-ops there.
 """
 
 from __future__ import annotations
@@ -112,11 +112,7 @@ def ticks(typingctx):
     return types.int64(), codegen
 
 
-@intrinsic
-def _prefetch(typingctx, arr, i):
-    if not isinstance(arr, types.Array):
-        return None
-
+def _prefetch_codegen(locality: int):
     def codegen(context, builder, sig, args):
         a = context.make_array(sig.args[0])(context, builder, args[0])
         ptr = builder.gep(a.data, [args[1]])
@@ -124,10 +120,24 @@ def _prefetch(typingctx, arr, i):
             builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, ir.IntType(32), ir.IntType(32), ir.IntType(32)]),
             "llvm.prefetch.p0")
         i32 = lambda v: ir.Constant(ir.IntType(32), v)  # noqa: E731
-        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])  # read, all cache levels, data
+        builder.call(fn, [ptr, i32(0), i32(locality), i32(1)])  # read, data
         return context.get_dummy_value()
 
-    return types.void(arr, types.intp), codegen
+    return codegen
+
+
+@intrinsic
+def _prefetch(typingctx, arr, i):
+    if not isinstance(arr, types.Array):
+        return None
+    return types.void(arr, types.intp), _prefetch_codegen(3)  # all cache levels (x86: prefetcht0)
+
+
+@intrinsic
+def _prefetch_l2(typingctx, arr, i):
+    if not isinstance(arr, types.Array):
+        return None
+    return types.void(arr, types.intp), _prefetch_codegen(2)  # the outer levels, not L1 (x86: prefetcht1)
 
 
 def prefetch(arr, i):
@@ -136,8 +146,20 @@ def prefetch(arr, i):
     and no fault for any address. Without the JIT (NUMBA_DISABLE_JIT) it does nothing."""
 
 
+def prefetch_l2(arr, i):
+    """prefetch into the core's second-level cache, not its first (x86: prefetcht1): for lines wanted a
+    longer way ahead than the 32-48 KiB first level holds without evicting what is in use."""
+
+
 @overload(prefetch, jit_options={"nogil": True})
 def _prefetch_jit(arr, i):
     if isinstance(arr, types.Array):
         return lambda arr, i: _prefetch(arr, i)
+    return None
+
+
+@overload(prefetch_l2, jit_options={"nogil": True})
+def _prefetch_l2_jit(arr, i):
+    if isinstance(arr, types.Array):
+        return lambda arr, i: _prefetch_l2(arr, i)
     return None

@@ -41,7 +41,7 @@ from archrun.kernels.decode import pool
 from archrun.kernels.decode.addresses import address, array_at, get_float, put_float
 from archrun.kernels.decode.parts import SIGNATURES
 from archrun_blocks.kv_codec import load_heads
-from archrun_blocks.tile_simd import COLS, ROWS, dots4x2, mm4x16_acc
+from archrun_blocks.tile_simd import COLS, ROWS, dots4x2, dots4x3, mm3x16_acc, mm4x16_acc
 
 _F32 = np.float32
 _LOG2E = _F32(1.4426950408889634)
@@ -57,6 +57,16 @@ KEY_BLOCK = 256
 # (a layer's K/V is cold at any depth: the weights streamed since evicted it)
 CHUNK_ROWS = 128
 SPLIT_MIN_ROWS = CHUNK_ROWS
+# how the loops read a layer's K/V rows (float32 or f16 rows in place; measured on Zen 4, 9 heads over 3 kv heads
+# of 64, 4096 rows, 30 layers' caches from memory, one thread): rows go outer and every kv head of a row is
+# read before the next row, so the cache is read front to back once; and the loops prefetch the rows they read
+# next. A per-kv-head pass over a block of rows with the whole block prefetched first read ~6 GB/s (the
+# memory sat idle while the block was computed); this reads ~15 GB/s, near a plain stream (~20 GB/s).
+# Prefetching further ahead into the first level did worse (rows 16 ahead ~12, 64 ahead ~10 GB/s: they
+# evict the rows in use); the value mix's short runs also ask the second level for the rows further on.
+SCORE_AHEAD = 4     # rows the scores prefetch past their quad
+MIX_ROWS = 8        # rows of a run of the value-mix tiles (and prefetched past it)
+MIX_AHEAD = 64      # rows past the next run that the value mix asks the second-level cache for
 _IDENT = np.arange(KEY_BLOCK)  # the rows of a decoded block (a constant of the compiled code)
 _NO_SINKS = np.empty(0, np.float64)  # attention without sink logits
 
@@ -133,26 +143,45 @@ def _scores(q2, kc, rows, count, kv, group, sc, p):
             p[g, jj] = s * sc
 
 
-def _scores_direct(q2, kc, rows, count, kv, group, sc, p):
-    """p[g, j] = sc * q2[kv * group + g] . kc[rows[j], kv] straight from the cache rows (float32, or f16 bits
-    widened in registers: no decoded copy), four rows x two heads per dots4x2 (an odd group's last head
-    paired with itself; a short last quad repeats its last row). For head widths that are multiples of 8."""
-    out = np.empty(8, _F32)
-    g0 = kv * group
+def _scores_direct(q2, kc, rows, count, k0, k1, group, sc, p):
+    """p[kv - k0, g, j] = sc * q2[kv * group + g] . kc[rows[j], kv] for kv heads k0..k1-1, straight from the
+    cache rows (float32, or f16 bits widened in registers: no decoded copy), four rows x three heads per dots4x3
+    or two per dots4x2 (a group's last 4 heads in pairs, a single last head paired with itself; a short last
+    quad repeats its last row): every score's bits are its own dot's, whichever tile computed it. Rows go outer, the
+    kv heads inner, and the next rows are prefetched (_ahead): the cache is read front to back once (see
+    SCORE_AHEAD). For head widths that are multiples of 8."""
+    out = np.empty(12, _F32)
     for j in range(0, count, 4):
         r = (rows[j], rows[min(j + 1, count - 1)], rows[min(j + 2, count - 1)], rows[min(j + 3, count - 1)])
-        for g in range(0, group, 2):
-            g1 = min(g + 1, group - 1)
-            dots4x2(q2[g0 + g], q2[g0 + g1], kc[r[0], kv], kc[r[1], kv], kc[r[2], kv], kc[r[3], kv], out)
-            for i in range(min(4, count - j)):
-                p[g, j + i] = out[i] * sc
-                p[g1, j + i] = out[4 + i] * sc
+        _ahead(kc, r[3] + 1, SCORE_AHEAD, k0, k1)
+        m = min(4, count - j)
+        for kv in range(k0, k1):
+            g0 = kv * group
+            pk = p[kv - k0]
+            g = 0
+            while g < group:
+                left = group - g
+                if left == 3 or left >= 5:  # threes, and the last 4, 2 or 1 heads in pairs
+                    dots4x3(q2[g0 + g], q2[g0 + g + 1], q2[g0 + g + 2], kc[r[0], kv], kc[r[1], kv], kc[r[2], kv],
+                            kc[r[3], kv], out)
+                    for i in range(m):
+                        pk[g, j + i] = out[i] * sc
+                        pk[g + 1, j + i] = out[4 + i] * sc
+                        pk[g + 2, j + i] = out[8 + i] * sc
+                    g += 3
+                    continue
+                g1 = min(g + 1, group - 1)
+                dots4x2(q2[g0 + g], q2[g0 + g1], kc[r[0], kv], kc[r[1], kv], kc[r[2], kv], kc[r[3], kv], out)
+                for i in range(m):
+                    pk[g, j + i] = out[i] * sc
+                    pk[g1, j + i] = out[4 + i] * sc
+                g += 2
 
 
 @overload(_scores_direct, jit_options=JIT)
-def _scores_direct_typed(q2, kc, rows, count, kv, group, sc, p):
+def _scores_direct_typed(q2, kc, rows, count, k0, k1, group, sc, p):
     if kc.dtype not in (types.float32, types.uint16):  # q8_0 rows are decoded first (never called)
-        return lambda q2, kc, rows, count, kv, group, sc, p: None
+        return lambda q2, kc, rows, count, k0, k1, group, sc, p: None
     return _scores_direct
 
 
@@ -178,40 +207,66 @@ def _cap(p, group, count, c):
 
 
 @njit(**JIT)
-def _mix(vc, rows, count, kv, p, acc):
-    """acc[g] += sum_j p[g, j] * vc[rows[j], kv], four rows per pass."""
-    j = 0
-    while j + 4 <= count:
-        v0, v1, v2, v3 = vc[rows[j], kv], vc[rows[j + 1], kv], vc[rows[j + 2], kv], vc[rows[j + 3], kv]
-        for g in range(acc.shape[0]):
-            w0, w1, w2, w3 = p[g, j], p[g, j + 1], p[g, j + 2], p[g, j + 3]
-            a = acc[g]
-            for e in range(a.shape[0]):
-                a[e] += w0 * v0[e] + w1 * v1[e] + w2 * v2[e] + w3 * v3[e]
-        j += 4
-    for jj in range(j, count):
-        vj = vc[rows[jj], kv]
-        for g in range(acc.shape[0]):
-            w = p[g, jj]
-            a = acc[g]
-            for e in range(a.shape[0]):
-                a[e] += w * vj[e]
+def _mix4(vc, rows, j, kv, p, acc):
+    """acc[g] += sum of p[g, j + i] * vc[rows[j + i], kv] over the four rows i < 4, in one pass."""
+    v0, v1, v2, v3 = vc[rows[j], kv], vc[rows[j + 1], kv], vc[rows[j + 2], kv], vc[rows[j + 3], kv]
+    for g in range(acc.shape[0]):
+        w0, w1, w2, w3 = p[g, j], p[g, j + 1], p[g, j + 2], p[g, j + 3]
+        a = acc[g]
+        for e in range(a.shape[0]):
+            a[e] += w0 * v0[e] + w1 * v1[e] + w2 * v2[e] + w3 * v3[e]
 
 
 @njit(**JIT)
-def _mix_tiles(vc, rows, count, kv, p, acc):
+def _mix(vc, rows, count, k0, k1, p, acc):
+    """acc[kv - k0, g] += sum_j p[kv - k0, g, j] * vc[rows[j], kv] for kv heads k0..k1-1: four rows per pass
+    (_mix4), rows outer and the next ones prefetched, then the last count % 4 rows one at a time."""
+    j = 0
+    while j + 4 <= count:
+        _ahead(vc, rows[j + 3] + 1, 4, k0, k1)
+        for kv in range(k0, k1):
+            _mix4(vc, rows, j, kv, p[kv - k0], acc[kv - k0])
+        j += 4
+    for kv in range(k0, k1):
+        a_kv, p_kv = acc[kv - k0], p[kv - k0]
+        for jj in range(j, count):
+            vj = vc[rows[jj], kv]
+            for g in range(a_kv.shape[0]):
+                w = p_kv[g, jj]
+                a = a_kv[g]
+                for e in range(a.shape[0]):
+                    a[e] += w * vj[e]
+
+
+@njit(**JIT)
+def _mix_tiles(vc, rows, count, k0, k1, group, p, acc):
     """_mix over tiles of 4 heads x 16 value columns held in registers (tile_simd.mm4x16_acc) when the rows are
     consecutive cache rows (a plain slot, a ring's unwrapped stretch, every decoded block) and the value width
-    is a multiple of 16: acc [G4, vd] and p [G4, >= count] with G4 a multiple of 4 (padding rows of p zero);
-    else _mix itself, four rows per pass."""
-    vd = acc.shape[1]
+    is a multiple of 16: acc [k1 - k0, G4, vd] and p [k1 - k0, G4, >= count] with G4 the group size rounded up
+    to a multiple of 4 (padding rows of p zero; a last 3 heads take tile_simd.mm3x16_acc, without one); else
+    _mix itself. The rows go in runs of MIX_ROWS, every kv head's tiles over one run
+    before the next (each output's multiply-adds stay in row order: the bits of one tile over all the rows),
+    with the next runs prefetched (MIX_AHEAD)."""
+    vd = acc.shape[2]
     r0 = rows[0]
     if vd % COLS != 0 or rows[count - 1] - r0 != count - 1:
-        _mix(vc, rows, count, kv, p, acc)
+        _mix(vc, rows, count, k0, k1, p, acc)
         return
-    for g in range(0, acc.shape[0], ROWS):
-        for e in range(0, vd, COLS):
-            mm4x16_acc(p[g:g + ROWS, :count], vc[r0:r0 + count, kv, e:e + COLS], acc[g:g + ROWS, e:e + COLS])
+    for s0 in range(0, count, MIX_ROWS):
+        s1 = min(count, s0 + MIX_ROWS)
+        _ahead(vc, r0 + s1, MIX_ROWS, k0, k1)
+        _ahead(vc, r0 + s1 + MIX_AHEAD, MIX_ROWS, k0, k1, True)
+        for kv in range(k0, k1):
+            a, pk = acc[kv - k0], p[kv - k0]
+            vk = vc[r0 + s0:r0 + s1, kv]
+            for g in range(0, group, ROWS):
+                pg, ag = pk[g:g + ROWS, s0:s1], a[g:g + ROWS]
+                if group - g == 3:
+                    for e in range(0, vd, COLS):
+                        mm3x16_acc(pg[:3], vk[:, e:e + COLS], ag[:3, e:e + COLS])
+                else:
+                    for e in range(0, vd, COLS):
+                        mm4x16_acc(pg, vk[:, e:e + COLS], ag[:, e:e + COLS])
 
 
 @njit(**JIT)
@@ -258,15 +313,29 @@ def _scratch_rows_typed(c, nb):
 
 
 @njit(**JIT)
-def _prefetch_rows(c, rows, n, k0, k1):
-    """Start loading cache rows rows[:n] of c [cap, KV, w] (kv heads k0..k1-1) into the core's caches at once:
-    the scores and the value mix then find them there instead of waiting on memory for each row in turn."""
-    width = c.shape[1] * c.shape[2]
+def _ahead(c, r, n, k0, k1, l2=False):
+    """Prefetch cache rows r..r+n-1 of c [cap, KV, w] (kv heads k0..k1-1; rows past the array skipped) into
+    the first-level cache, or with l2 the second: the rows the loops read next (a hint: rows of a ring past
+    its wrap, or of the next chunk, are simply not used soon). One loop walks the lines in address order:
+    written as two nested loops, LLVM unrolled the inner one into bursts of prefetches that did nothing
+    measurable (Zen 4: scores over cold rows 440-500 us a layer with them, 490 without, 170 like this)."""
+    width, w = c.shape[1] * c.shape[2], c.shape[2]
     step = 64 // c.itemsize
-    for j in range(n):
-        base = rows[j] * width
-        for e in range(k0 * c.shape[2], k1 * c.shape[2], step):
-            atomics.prefetch(c, base + e)
+    j0, j1 = max(r, 0), min(r + n, c.shape[0])
+    if j1 <= j0:
+        return
+    lo, hi = k0 * w, k1 * w
+    e, o, end = j0 * width + lo, lo, (j1 - 1) * width + hi
+    while e < end:
+        if l2:
+            atomics.prefetch_l2(c, e)
+        else:
+            atomics.prefetch(c, e)
+        e += step
+        o += step
+        if o >= hi:
+            o = lo
+            e += width - (hi - lo)
 
 
 @njit(**JIT)
@@ -307,11 +376,12 @@ def _partial(q2, kc, vc, rows, count, k0, k1, scale, softcap, slopes, dist, mx, 
     # the accumulators [n_kv, gt, vd], exp's bits [nb] and the decoded K/V blocks (kv types other than f32)
     direct = direct_keys(kc, hd)
     nk, nv = 0 if direct else scratch_rows(kc, nb), scratch_rows(vc, nb)
-    n_p, n_a = gt * nb, (k1 - k0) * gt * vd
+    nr = k1 - k0
+    n_p, n_a = nr * gt * nb, nr * gt * vd
     buf = np.empty(n_p + n_a + nb + (nk * hd + nv * vd) * n_kv, np.float32)
     buf[:n_p + n_a] = 0.0
-    p = buf[:n_p].reshape((gt, nb))
-    a_kv = buf[n_p:n_p + n_a].reshape((k1 - k0, gt, vd))
+    p_kv = buf[:n_p].reshape((nr, gt, nb))
+    a_kv = buf[n_p:n_p + n_a].reshape((nr, gt, vd))
     o = n_p + n_a + nb
     bits = buf[n_p + n_a:o].view(np.int32)
     kb = buf[o:o + nk * n_kv * hd].reshape((nk, n_kv, hd))
@@ -320,17 +390,15 @@ def _partial(q2, kc, vc, rows, count, k0, k1, scale, softcap, slopes, dist, mx, 
     ident = _IDENT
     for j0 in range(0, count, KEY_BLOCK):
         n = min(KEY_BLOCK, count - j0)
-        _prefetch_rows(kc, rows[j0:], n, k0, k1)
-        _prefetch_rows(vc, rows[j0:], n, k0, k1)
-        if not direct:
+        if direct:
+            _scores_direct(q2, kc, rows[j0:j0 + n], n, k0, k1, group, _F32(scale), p_kv)
+        else:
             km, kr = block_rows(kc, rows, j0, n, kb, ident, k0, k1)
+            for kv in range(k0, k1):
+                _scores(q2, km, kr, n, kv, group, _F32(scale), p_kv[kv - k0])
         vm, vr = block_rows(vc, rows, j0, n, vb, ident, k0, k1)
         for kv in range(k0, k1):
-            a = a_kv[kv - k0]
-            if direct:
-                _scores_direct(q2, kc, rows[j0:j0 + n], n, kv, group, _F32(scale), p)
-            else:
-                _scores(q2, km, kr, n, kv, group, _F32(scale), p)
+            a, p = a_kv[kv - k0], p_kv[kv - k0]
             if softcap > 0:
                 _cap(p, group, n, _F32(softcap))
             if slopes.shape[0]:
@@ -347,10 +415,10 @@ def _partial(q2, kc, vc, rows, count, k0, k1, scale, softcap, slopes, dist, mx, 
                     _rescale(a, tot, g, h, _F32(math.exp(mx[h] - m)))
                     mx[h] = m
                 tot[h] += exp_shifted(pg, mx[h], bits[:n])
-            if gt > group:
-                _mix_tiles(vm, vr, n, kv, p, a)
-            else:
-                _mix(vm, vr, n, kv, p, a)
+        if gt > group:
+            _mix_tiles(vm, vr, n, k0, k1, group, p_kv, a_kv)
+        else:
+            _mix(vm, vr, n, k0, k1, p_kv, a_kv)
     for h in range(k0 * group, k1 * group):
         acc[h] = a_kv[h // group - k0, h % group]
 
@@ -436,15 +504,20 @@ def chunk_rows(count):
 
 @njit(**JIT)
 def kv_ranges(count, row_chunks, n_head, n_kv, hd, vd):
-    """Ranges of kv heads to share each of `row_chunks` chunks of keys (count rows in all) in: every kv head
-    alone, or fewer ranges of several so that a range's work reaches SHARE_MIN_WORK (1: the kv heads stay
-    together), within the pool's MAX_CHUNKS. Any ranges give the same bits (each kv head's arithmetic is its
-    own, see _partial): this only decides how finely the work is shared."""
-    rows = min(count, chunk_rows(count))
-    per_head = rows * (n_head // n_kv) * (hd + vd)  # multiply-adds of one kv head's query heads
+    """Ranges of kv heads to share each of `row_chunks` chunks of keys (count rows in all) in. Past one row
+    chunk, 1: a chunk takes whole cache rows, read front to back (SmolLM2, 4096 cached rows, 2 threads on
+    Zen 4: 60 tok/s, against 38 with every row chunk cut into its 3 kv heads, whose chunks read a third of
+    each row and ran slower on two threads than whole rows on one). Within one row chunk (up to
+    SPLIT_MIN_ROWS rows, a short context) every kv head alone, or fewer ranges of several so that a range's
+    work reaches SHARE_MIN_WORK (1: the kv heads stay together), within the pool's MAX_CHUNKS. Any ranges give
+    the same bits (each kv head's arithmetic is its own, see _partial): this only decides how the work is
+    shared."""
+    if row_chunks >= 2:
+        return 1
+    per_head = count * (n_head // n_kv) * (hd + vd)  # multiply-adds of one kv head's query heads
     per = max(1, (SHARE_MIN_WORK + per_head - 1) // per_head)  # kv heads per range
     ranges = (n_kv + per - 1) // per
-    return max(1, min(ranges, pool.MAX_CHUNKS // row_chunks))
+    return max(1, min(ranges, pool.MAX_CHUNKS))
 
 
 @njit(**JIT)

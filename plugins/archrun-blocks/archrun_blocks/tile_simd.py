@@ -54,13 +54,13 @@ def _splat(builder, x):
                                                                                [0] * 8))
 
 
-def _mm_codegen(accumulate: bool):
+def _mm_codegen(accumulate: bool, rows: int = ROWS):
     def codegen(context, builder, sig, args):
         (a, sa), (b, sb), (c, sc) = (_view(context, builder, t, v) for t, v in zip(sig.args, args, strict=True))
         k_len = builder.extract_value(context.make_array(sig.args[0])(context, builder, args[0]).shape, 1)
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8, [_V8, _V8, _V8]), "llvm.fma.v8f32")
         acc = []
-        for r in range(ROWS):
+        for r in range(rows):
             for h in range(COLS // 8):
                 init = (builder.load(_vec(builder, _at(builder, c, ir.Constant(_I64, r), sc, ir.Constant(_I64, 8 * h))),
                                      align=4) if accumulate else ir.Constant(_V8, [0.0] * 8))
@@ -69,12 +69,12 @@ def _mm_codegen(accumulate: bool):
             k = loop.index
             bv = [builder.load(_vec(builder, _at(builder, b, k, sb, ir.Constant(_I64, 8 * h))), align=4)
                   for h in range(COLS // 8)]
-            for r in range(ROWS):
+            for r in range(rows):
                 x = _splat(builder, builder.load(_at(builder, a, ir.Constant(_I64, r), sa, k)))
                 for h in range(COLS // 8):
                     slot = acc[r * (COLS // 8) + h]
                     builder.store(builder.call(fma, [x, bv[h], builder.load(slot)]), slot)
-        for r in range(ROWS):
+        for r in range(rows):
             for h in range(COLS // 8):
                 ptr = _vec(builder, _at(builder, c, ir.Constant(_I64, r), sc, ir.Constant(_I64, 8 * h)))
                 builder.store(builder.load(acc[r * (COLS // 8) + h]), ptr, align=4)
@@ -104,10 +104,19 @@ def _mm4x16_acc_ir(typingctx, a, b, c):
     return types.void(a, b, c), _mm_codegen(True)
 
 
+@intrinsic
+def _mm3x16_acc_ir(typingctx, a, b, c):
+    """c[:3, :16] += a[:3, :K] @ b[:K, :16]: the tile with three rows (a GQA group of 3 without a padding row),
+    each output's bits those of mm4x16_acc."""
+    if not _typed(a, b, c):
+        return None
+    return types.void(a, b, c), _mm_codegen(True, 3)
+
+
 @njit(**JIT)
 def _mm4x16_loops(a, b, c, accumulate):
-    """The tile's arithmetic as plain loops (no JIT: the intrinsic needs it)."""
-    for r in range(ROWS):
+    """The tile's arithmetic as plain loops (no JIT: the intrinsic needs it); a's rows (4, or 3)."""
+    for r in range(a.shape[0]):
         for j in range(COLS):
             s = c[r, j] if accumulate else np.float32(0.0)
             for k in range(a.shape[1]):
@@ -123,8 +132,12 @@ if numba.config.DISABLE_JIT:
     def mm4x16_acc(a, b, c):
         """c[:4, :16] += a[:4, :K] @ b[:K, :16] (as mm4x16)."""
         _mm4x16_loops(a, b, c, True)
+
+    def mm3x16_acc(a, b, c):
+        """c[:3, :16] += a[:3, :K] @ b[:K, :16] (as mm4x16)."""
+        _mm4x16_loops(a, b, c, True)
 else:
-    mm4x16, mm4x16_acc = _mm4x16_ir, _mm4x16_acc_ir
+    mm4x16, mm4x16_acc, mm3x16_acc = _mm4x16_ir, _mm4x16_acc_ir, _mm3x16_acc_ir
 
 
 # -- decode scores: four key rows x two query heads ------------------------------------------------------
@@ -154,27 +167,46 @@ def _sums8(builder, a):
     return _pair_sums(builder, u[0], u[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
 
 
-def _dots_codegen(half: bool):
+def _dots_codegen(half: bool, heads: int):
+    """Codegen of `heads` query rows x 4 key rows: one 8-lane accumulator a dot (multiply-adds in element
+    order, lane e % 8), each reduced by _sums8's tree; eight outputs a store, the last store's first
+    4 * heads % 8 lanes only."""
     def codegen(context, builder, sig, args):
         ptrs = []
         for i, (t, v) in enumerate(zip(sig.args, args, strict=True)):
             data = context.make_array(t)(context, builder, v).data
-            ptrs.append(builder.bitcast(data, (_H if half and 2 <= i < 6 else _F).as_pointer()))
+            ptrs.append(builder.bitcast(data, (_H if half and heads <= i < heads + 4 else _F).as_pointer()))
         hd = builder.extract_value(context.make_array(sig.args[0])(context, builder, args[0]).shape, 0)
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8, [_V8, _V8, _V8]), "llvm.fma.v8f32")
-        acc = [cgutils.alloca_once_value(builder, ir.Constant(_V8, [0.0] * 8)) for _ in range(8)]
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(_V8, [0.0] * 8)) for _ in range(4 * heads)]
         with cgutils.for_range(builder, builder.lshr(hd, ir.Constant(_I64, 3))) as loop:
             off = builder.shl(loop.index, ir.Constant(_I64, 3))
-            q = [_lanes(builder, ptrs[i], off, False) for i in (0, 1)]
-            k = [_lanes(builder, ptrs[2 + r], off, half) for r in range(4)]
-            for g in range(2):
+            q = [_lanes(builder, ptrs[i], off, False) for i in range(heads)]
+            k = [_lanes(builder, ptrs[heads + r], off, half) for r in range(4)]
+            for g in range(heads):
                 for r in range(4):
                     slot = acc[4 * g + r]
                     builder.store(builder.call(fma, [q[g], k[r], builder.load(slot)]), slot)
-        builder.store(_sums8(builder, [builder.load(a) for a in acc]), _vec(builder, ptrs[6]), align=4)
+        out = ptrs[heads + 4]
+        for o in range(0, 4 * heads, 8):
+            part = [builder.load(a) for a in acc[o:o + 8]]
+            sums = _sums8(builder, part if len(part) == 8 else part + part)
+            if len(part) == 8:
+                builder.store(sums, _vec(builder, builder.gep(out, [ir.Constant(_I64, o)])), align=4)
+                continue
+            half4 = builder.shuffle_vector(sums, sums, ir.Constant(ir.VectorType(_I32, 4), [0, 1, 2, 3]))
+            builder.store(half4, builder.bitcast(builder.gep(out, [ir.Constant(_I64, o)]),
+                                                 ir.VectorType(_F, 4).as_pointer()), align=4)
         return context.get_dummy_value()
 
     return codegen
+
+
+def _dots_typed(qs, ks, out) -> bool:
+    """Whether the score intrinsics take these arguments: 1-D arrays, key rows all float32 or all uint16."""
+    if not all(isinstance(x, types.Array) and x.ndim == 1 for x in (*qs, *ks, out)):
+        return False
+    return ks[0].dtype in (types.float32, types.uint16) and all(k.dtype == ks[0].dtype for k in ks)
 
 
 @intrinsic
@@ -182,11 +214,19 @@ def _dots4x2_ir(typingctx, q0, q1, k0, k1, k2, k3, out):
     """out f32 [8] = (q0.k0, q0.k1, q0.k2, q0.k3, q1.k0, .., q1.k3): q0, q1 float32 [hd], k rows float32 or
     float16 bits (uint16) [hd], hd a multiple of 8 (the caller's check)."""
     ks = (k0, k1, k2, k3)
-    if not all(isinstance(x, types.Array) and x.ndim == 1 for x in (q0, q1, *ks, out)):
+    if not _dots_typed((q0, q1), ks, out):
         return None
-    if k0.dtype not in (types.float32, types.uint16) or any(k.dtype != k0.dtype for k in ks):
+    return types.void(q0, q1, k0, k1, k2, k3, out), _dots_codegen(k0.dtype == types.uint16, 2)
+
+
+@intrinsic
+def _dots4x3_ir(typingctx, q0, q1, q2, k0, k1, k2, k3, out):
+    """out f32 [12] = (q0.k0, .., q0.k3, q1.k0, .., q2.k3): dots4x2 with three query heads (a GQA group of 3
+    without a repeated head), each dot's bits those of dots4x2."""
+    ks = (k0, k1, k2, k3)
+    if not _dots_typed((q0, q1, q2), ks, out):
         return None
-    return types.void(q0, q1, k0, k1, k2, k3, out), _dots_codegen(k0.dtype == types.uint16)
+    return types.void(q0, q1, q2, k0, k1, k2, k3, out), _dots_codegen(k0.dtype == types.uint16, 3)
 
 
 @njit(**JIT)
@@ -204,4 +244,14 @@ def _dots4x2_loops(q0, q1, k0, k1, k2, k3, out):
             out[4 * g + r] = s
 
 
+@njit(**JIT)
+def _dots4x3_loops(q0, q1, q2, k0, k1, k2, k3, out):
+    """dots4x3 as plain loops (no JIT)."""
+    last = np.empty(8, np.float32)
+    _dots4x2_loops(q0, q1, k0, k1, k2, k3, out[:8])
+    _dots4x2_loops(q2, q2, k0, k1, k2, k3, last)
+    out[8:12] = last[:4]
+
+
 dots4x2 = _dots4x2_loops if numba.config.DISABLE_JIT else _dots4x2_ir
+dots4x3 = _dots4x3_loops if numba.config.DISABLE_JIT else _dots4x3_ir

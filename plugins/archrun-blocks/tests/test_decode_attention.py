@@ -71,3 +71,28 @@ def test_the_score_kernel_dots_four_rows_with_two_heads(kind):
         run(q, k, out)
         want = (q.astype(np.float64) @ values.T).reshape(-1)
         np.testing.assert_allclose(out, want, rtol=0, atol=2e-6 * np.abs(q).sum(axis=1).max() * np.abs(values).max())
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16"])
+def test_the_three_head_score_kernel_has_the_two_head_kernels_bits(kind):
+    """tile_simd.dots4x3 (a GQA group of 3 without a repeated head): its twelve dots the bits of dots4x2's, so
+    a score does not depend on the tile that computed it."""
+    import numba
+
+    from archrun_blocks.tile_simd import dots4x2, dots4x3
+
+    @numba.njit
+    def run(q, k, out3, out2a, out2b):  # an intrinsic runs inside compiled code only
+        dots4x3(q[0], q[1], q[2], k[0], k[1], k[2], k[3], out3)
+        dots4x2(q[0], q[1], k[0], k[1], k[2], k[3], out2a)
+        dots4x2(q[2], q[2], k[0], k[1], k[2], k[3], out2b)
+
+    for hd in (8, 64, 256):
+        q = RNG.standard_normal((3, hd)).astype(np.float32)
+        kf = RNG.standard_normal((4, hd)).astype(np.float32)
+        k = kf.astype(np.float16).view(np.uint16) if kind == "f16" else kf
+        out3 = np.full(13, np.nan, np.float32)  # one past the twelve: must stay untouched
+        out2a, out2b = np.full(8, np.nan, np.float32), np.full(8, np.nan, np.float32)
+        run(q, k, out3, out2a, out2b)
+        assert np.array_equal(out3[:12].view(np.uint32), np.concatenate([out2a, out2b[:4]]).view(np.uint32))
+        assert np.isnan(out3[12])

@@ -120,3 +120,26 @@ def test_the_register_tile_is_a_float32_matrix_product_of_strided_views(accumula
         np.testing.assert_allclose(c[2:6, 5:21], want, rtol=0, atol=1e-5 * (1 + np.abs(want).max()))
         c[2:6, 5:21] = before[2:6, 5:21]
         assert np.array_equal(c, before)
+
+
+def test_the_three_row_tile_has_the_four_row_tiles_bits():
+    """tile_simd.mm3x16_acc (a GQA group of 3 in the decode value mix, without a padding row): each output the
+    bits of mm4x16_acc's, over strided views, and nothing outside its 3 x 16 written."""
+    from archrun_blocks.tile_simd import mm3x16_acc, mm4x16_acc
+
+    @numba.njit
+    def tiles(a, b, c3, c4):  # an intrinsic runs inside compiled code only
+        mm3x16_acc(a[:3], b, c3)
+        mm4x16_acc(a, b, c4)
+
+    rng = np.random.default_rng(5)
+    for k in (1, 8, 33):
+        a = rng.standard_normal((6, k + 5)).astype(F32)
+        b = rng.standard_normal((k + 3, 40)).astype(F32)
+        c = rng.standard_normal((8, 30)).astype(F32)
+        c4 = c.copy()
+        before = c.copy()
+        tiles(a[1:5, 2:2 + k], b[3:3 + k, 9:25], c[2:5, 5:21], c4[2:6, 5:21])
+        assert np.array_equal(c[2:5, 5:21].view(np.uint32), c4[2:5, 5:21].view(np.uint32))
+        c[2:5, 5:21] = before[2:5, 5:21]
+        assert np.array_equal(c, before)

@@ -158,11 +158,13 @@ def test_sinks_shared_by_kv_head_are_bit_identical(decode_pool, count, kv_type):
 
 
 def test_ranges_reach_the_least_work():
-    """Every kv head alone once its work reaches SHARE_MIN_WORK; fewer, wider ranges below; one for a single
-    kv head; within the pool's chunks."""
+    """Within one row chunk every kv head alone once its work reaches SHARE_MIN_WORK, fewer, wider ranges
+    below, one for a single kv head; past one row chunk whole rows (one range)."""
     per_row = 3 * 128  # 3 query heads of hd = vd = 64
     assert kv_ranges(-(-SHARE_MIN_WORK // per_row), 1, 9, 3, 64, 64) == 3
     assert kv_ranges(-(-SHARE_MIN_WORK // per_row) // 2, 1, 9, 3, 64, 64) == 2  # two kv heads, then one
     assert kv_ranges(1, 1, 9, 3, 64, 64) == 1
     assert kv_ranges(300, 3, 8, 1, 64, 64) == 1
-    assert kv_ranges(200 * 128, 200, 32, 8, 128, 128) == pool.MAX_CHUNKS // 200
+    assert kv_ranges(SPLIT_MIN_ROWS, 1, 48, 16, 128, 128) == 16
+    assert kv_ranges(2 * 128, 2, 9, 3, 64, 64) == 1
+    assert kv_ranges(200 * 128, 200, 32, 8, 128, 128) == 1
