@@ -2,9 +2,12 @@
 
 Shapes of the inner loops are what makes this fast (measured, 9 heads x 150 rows x 64 dims:
 ~55 us with one row at a time and scalar exp, ~25 us like this):
-- per kv head, four key rows are dotted with each query head of its GQA group in one pass,
-  and four value rows are accumulated at once into a local float32 accumulator (each
-  64-wide vector loop has a fixed cost, so fewer, fatter loops);
+- four key rows are dotted with two or three query heads of a GQA group in one pass (tile_simd's
+  dots4x2 / dots4x3), and value rows are accumulated into register tiles of 4 (or 3) heads x 16
+  columns (mm4x16_acc / mm3x16_acc), or four rows at a time into a float32 accumulator;
+- the cache is read front to back: rows outer, every kv head of a row before the next row, and the
+  loops prefetch the rows they read next (SCORE_AHEAD, MIX_ROWS, MIX_AHEAD: a long context's K/V comes
+  from memory, and this lets it stream while the loops compute);
 - softmax uses `exp_shifted`, a vectorisable float32 exp (numba has no vector math library here);
 - keys go in blocks of KEY_BLOCK rows with an online softmax, so long contexts need no scratch
   growing with the depth, and caches of other kv types (archrun_blocks.kv_codec) are decoded one
@@ -16,15 +19,14 @@ with the log-sum-exp rule. Chunk boundaries and the merge order depend only on t
 rows; up to SPLIT_MIN_ROWS rows the one-pass code (attend_biased) runs.
 
 When a decode pool runs (archrun.kernels.decode.pool), `attend_split` shares the work with the step's
-other threads as the pool's task `attend_chunk`, at any number of rows: by kv head (each chunk a range
-of kv heads: their query heads' whole online softmax over the rows, up to SPLIT_MIN_ROWS rows finished
-straight into their slices of the output) and, past SPLIT_MIN_ROWS rows, by row chunk too (chunks =
-row chunks x kv-head ranges, each writing its heads' partials of its rows, merged per head in row-chunk
-order by the caller). A kv head's scores, value-mix tiles and sums are its own (every scratch buffer
-is a chunk's), so a head computed in a range has the bits it has in the whole call, and the result is
-the same bits on any number of threads and with no pool. A range holds enough kv heads for
-SHARE_MIN_WORK multiply-adds: smaller chunks cost more to hand over than they save. A layer's K/V is read
-from memory at one thread's rate (~5 GB/s measured), the second core doubles it.
+other threads as the pool's task `attend_chunk`, at any number of rows: up to SPLIT_MIN_ROWS rows by kv
+head (each chunk a range of kv heads: their query heads' whole online softmax over the rows, finished
+straight into their slices of the output; a range holds enough kv heads for SHARE_MIN_WORK multiply-adds,
+as smaller chunks cost more to hand over than they save), past it by row chunk (each chunk every kv head
+of its rows, whole rows read front to back, writing its partials, merged per head in row-chunk order by
+the caller). A kv head's scores, value-mix tiles and sums are its own (every scratch buffer is a chunk's),
+so a head has the same bits in any chunk, and the result is the same bits on any number of threads and
+with no pool.
 """
 
 from __future__ import annotations
