@@ -94,6 +94,12 @@ def test_zigzag_order_visits_every_tile_once():
         assert seen == [(qt, kv) for qt in range(n_tiles) for kv in range(n_kv)]
 
 
+def _tile_operands(rng, k):
+    """A [6, k + 5], B [k + 3, 40] and C [7, 30] float32: the tiles' views are taken inside them."""
+    return (rng.standard_normal((6, k + 5)).astype(F32), rng.standard_normal((k + 3, 40)).astype(F32),
+            rng.standard_normal((7, 30)).astype(F32))
+
+
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_the_register_tile_is_a_float32_matrix_product_of_strided_views(accumulate):
     """tile_simd's C[4, 16] (+)= A[4, K] @ B[K, 16] on views inside larger arrays (row strides of their own):
@@ -109,9 +115,7 @@ def test_the_register_tile_is_a_float32_matrix_product_of_strided_views(accumula
 
     rng = np.random.default_rng(3)
     for k in (1, 7, 64):
-        a = rng.standard_normal((6, k + 5)).astype(F32)
-        b = rng.standard_normal((k + 3, 40)).astype(F32)
-        c = rng.standard_normal((7, 30)).astype(F32)
+        a, b, c = _tile_operands(rng, k)
         before = c.copy()
         tile(a[1:5, 2:2 + k], b[3:3 + k, 9:25], c[2:6, 5:21], accumulate)
         want = a[1:5, 2:2 + k].astype(np.float64) @ b[3:3 + k, 9:25].astype(np.float64)
@@ -134,9 +138,7 @@ def test_the_three_row_tile_has_the_four_row_tiles_bits():
 
     rng = np.random.default_rng(5)
     for k in (1, 8, 33):
-        a = rng.standard_normal((6, k + 5)).astype(F32)
-        b = rng.standard_normal((k + 3, 40)).astype(F32)
-        c = rng.standard_normal((8, 30)).astype(F32)
+        a, b, c = _tile_operands(rng, k)
         c4 = c.copy()
         before = c.copy()
         tiles(a[1:5, 2:2 + k], b[3:3 + k, 9:25], c[2:5, 5:21], c4[2:6, 5:21])
