@@ -170,6 +170,12 @@ class FastMamba2(FusedMixer, Mamba2):
 
     _args: tuple | None = None
 
+    def new_slot(self, capacity: int, max_rewind: int = 64) -> StateSlot:
+        """Mamba2.new_slot with the state stored [H, N, P] (state dimension major: the token kernel's vector
+        loops run over a head's channels; mamba2_step.mamba2_token)."""
+        return StateSlot({"conv": (self.taps - 1, self.conv_dim),
+                          "ssm": (self.heads, self.n_state, self.head_dim)}, recent=min(max_rewind, 16))
+
     def _token_args(self) -> tuple:
         """The token kernel's weights (built on first use, after bind): conv taps [conv_dim, K], conv bias, dt
         bias, A, D (float32 [H]), the gated norm's weight (empty: none), groups, epsilon."""

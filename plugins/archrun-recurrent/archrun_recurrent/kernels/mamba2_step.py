@@ -68,27 +68,37 @@ def _group_norm(y, norm_w, groups, eps):  # pragma: no cover - compiled
 @njit(**_STEP)
 def mamba2_token(zxbcdt, conv, ssm, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, y):  # pragma: no cover
     """One token of the mixer: zxbcdt [d_inner + conv_dim + H] (ssm_in's output) -> y [d_inner], the input of
-    ssm_out; conv [K-1, conv_dim] and ssm [H, P, N] updated in place. norm_w empty: no gated norm."""
-    heads, width, dims = ssm.shape
+    ssm_out; conv [K-1, conv_dim] and ssm [H, N, P] updated in place. norm_w empty: no gated norm.
+
+    The state is stored state dimension major ([H, N, P], not the math's [H, P, N]): for each state index s the
+    loop over a head's P channels is one vector loop (every channel's update and its sum over s in s order,
+    the same arithmetic as a loop per channel; 62 -> ~5 us for 16 heads of 64 x 64 on one thread)."""
+    heads, dims, width = ssm.shape
     di = heads * width
     conv_dim = conv.shape[1]
     xbc = np.empty(conv_dim, _F32)
     _conv(zxbcdt, di, conv, conv_w, conv_b, xbc)
     per_group = heads // groups
+    u = np.empty(width, _F32)
+    acc = np.empty(width, _F32)
     for h in range(heads):
         dt = _softplus(zxbcdt[di + conv_dim + h] + dt_bias[h])
         decay = np.exp(dt * a[h])
         g = h // per_group
         b0, c0 = di + g * dims, di + groups * dims + g * dims
+        xh = xbc[h * width:(h + 1) * width]
         for p in range(width):
-            xv = xbc[h * width + p]
-            u = dt * xv
-            acc = _F32(0.0)
-            for s in range(dims):
-                v = ssm[h, p, s] * decay + u * xbc[b0 + s]
-                ssm[h, p, s] = v
-                acc += v * xbc[c0 + s]
-            y[h * width + p] = (acc + xv * dd[h]) * _silu(zxbcdt[h * width + p])
+            u[p] = dt * xh[p]
+            acc[p] = _F32(0.0)
+        for s in range(dims):
+            row = ssm[h, s]
+            bs, cs = xbc[b0 + s], xbc[c0 + s]
+            for p in range(width):
+                v = row[p] * decay + u[p] * bs
+                row[p] = v
+                acc[p] += v * cs
+        for p in range(width):
+            y[h * width + p] = (acc[p] + xh[p] * dd[h]) * _silu(zxbcdt[h * width + p])
     if norm_w.shape[0]:
         _group_norm(y, norm_w, groups, eps)
 
@@ -114,7 +124,7 @@ def mamba2_layer(x, common, in_proj, out_proj, conv_w, conv_b, dt_bias, a, dd, n
     h = layer.mixer_input(x, vecs, fns, params)
     conv, conv_kept = state[0]
     ssm, ssm_kept = state[1]
-    di = ssm.shape[0] * ssm.shape[1]
+    di = ssm.shape[0] * ssm.shape[2]
     zxbcdt = np.empty(di + conv.shape[1] + ssm.shape[0], _F32)
     product_group(par, gids[0], in_proj, h, zxbcdt, chunks)
     y = np.empty(di, _F32)
