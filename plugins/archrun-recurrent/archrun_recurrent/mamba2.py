@@ -106,10 +106,14 @@ class Mamba2:
         self.eps = float(binder.d.norm_eps)
 
     def new_slot(self, capacity: int, max_rewind: int = 64) -> StateSlot:
-        """The conv window [K-1, conv_dim] and the state [H, P, N], with copies for the last
+        """The conv window [K-1, conv_dim] and the state (_ssm_shape), with copies for the last
         min(max_rewind, 16) tokens (each copy costs a state: the reach speculative decoding needs)."""
-        return StateSlot({"conv": (self.taps - 1, self.conv_dim),
-                          "ssm": (self.heads, self.head_dim, self.n_state)}, recent=min(max_rewind, 16))
+        return StateSlot({"conv": (self.taps - 1, self.conv_dim), "ssm": self._ssm_shape()},
+                         recent=min(max_rewind, 16))
+
+    def _ssm_shape(self) -> tuple[int, int, int]:
+        """The state's stored shape: [H, P, N], as the math writes it."""
+        return (self.heads, self.head_dim, self.n_state)
 
     def mix(self, h: np.ndarray, slot: StateSlot, start: int) -> np.ndarray:
         """Append h [n, d] at positions start.. to the layer's state; the mixer output [n, d]."""
@@ -170,11 +174,10 @@ class FastMamba2(FusedMixer, Mamba2):
 
     _args: tuple | None = None
 
-    def new_slot(self, capacity: int, max_rewind: int = 64) -> StateSlot:
-        """Mamba2.new_slot with the state stored [H, N, P] (state dimension major: the token kernel's vector
-        loops run over a head's channels; mamba2_step.mamba2_token)."""
-        return StateSlot({"conv": (self.taps - 1, self.conv_dim),
-                          "ssm": (self.heads, self.n_state, self.head_dim)}, recent=min(max_rewind, 16))
+    def _ssm_shape(self) -> tuple[int, int, int]:
+        """[H, N, P]: state dimension major, so the token kernel's vector loops run over a head's channels
+        (mamba2_step.mamba2_token)."""
+        return (self.heads, self.n_state, self.head_dim)
 
     def _token_args(self) -> tuple:
         """The token kernel's weights (built on first use, after bind): conv taps [conv_dim, K], conv bias, dt
