@@ -34,7 +34,14 @@ def fixtures() -> dict[str, Path]:
     return found
 
 
-def decode_speed(path: Path, steps: int) -> tuple[float, bool]:
+def decode_path(model) -> str:
+    """fused (one kernel call per layer), op by op, or the host_reference block style (op by op by design)."""
+    if model.descriptor.block_style == "host_reference":
+        return "host_reference style"
+    return "fused" if getattr(model, "fused_blocks", None) is not None else "op by op"
+
+
+def decode_speed(path: Path, steps: int) -> tuple[float, str]:
     import archrun
     from archrun.run.cache import rewind_to
 
@@ -53,7 +60,7 @@ def decode_speed(path: Path, steps: int) -> tuple[float, bool]:
         t0 = time.perf_counter()
         logits = model.forward_step([int(logits.argmax())], cache)
         elapsed += time.perf_counter() - t0
-    return steps / elapsed, getattr(model, "fused_blocks", None) is not None
+    return steps / elapsed, decode_path(model)
 
 
 def main() -> None:
@@ -68,17 +75,19 @@ def main() -> None:
     from machine import describe as describe_machine
 
     print(f"{describe_machine()}; {args.threads} thread(s); {args.steps} decode steps per fixture")
-    rows = []
+    from archrun.errors import NotGenerative
+
     for arch, path in sorted(fixtures().items()):
         if args.arch and arch not in args.arch:
             continue
-        tok_s, fused = decode_speed(path, args.steps)
-        rows.append((arch, path.stem, tok_s, "fused" if fused else "op by op"))
-    for arch, name, tok_s, path in rows:
+        try:
+            tok_s, how = decode_speed(path, args.steps)
+        except NotGenerative:  # an encoder: it embeds, it has no decode step
+            continue
         if args.markdown:
-            print(f"| {arch} | {name} | {tok_s:.0f} | {path} |")
+            print(f"| {arch} | {path.stem} | {tok_s:.0f} | {how} |", flush=True)
         else:
-            print(f"{arch:16s} {name:34s} {tok_s:7.0f} tok/s  {path}")
+            print(f"{arch:16s} {path.stem:34s} {tok_s:7.0f} tok/s  {how}", flush=True)
 
 
 if __name__ == "__main__":

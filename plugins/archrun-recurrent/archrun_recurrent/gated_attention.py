@@ -22,6 +22,26 @@ import numpy as np
 F32 = np.float32
 
 
+def _gate_numpy(a: np.ndarray, gate: np.ndarray) -> np.ndarray:
+    """a * sigmoid(gate) (the reference)."""
+    return (a * (1.0 / (1.0 + np.exp(-gate)))).astype(F32)
+
+
+def _gating(binder: Any):
+    """The output gate's function of the bound small ops' backend: numpy on the reference, else the fused
+    layer's own element loop (archrun_recurrent.kernels.gated_attention_layer.gate_rows), so a token has the same
+    bits op by op and fused (numpy's vector exp rounds apart from the kernel's)."""
+    if binder.op_backend == "reference":
+        return _gate_numpy
+    from archrun_recurrent.kernels.gated_attention_layer import gate_rows
+
+    def gated(a: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        rows = np.ascontiguousarray(a, F32).reshape(-1, a.shape[-1])
+        return gate_rows(rows, np.ascontiguousarray(gate, F32).reshape(rows.shape)).reshape(a.shape)
+
+    return gated
+
+
 class GatedAttentionLayout:
     """describe: the geometry of a gated-query attention layer; bind: its split and gated projections."""
 
@@ -45,6 +65,7 @@ class GatedAttentionLayout:
         wo = binder.matrix("attn_output", layer)
         heads, hd = spec.n_head, spec.head_dim
         held: list[np.ndarray] = []
+        gated = _gating(binder)
 
         def qkv(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             qg = wq(h).reshape(len(h), heads, 2, hd)                         # per head [q | gate]
@@ -52,10 +73,11 @@ class GatedAttentionLayout:
             return np.ascontiguousarray(qg[:, :, 0].reshape(len(h), heads * hd)), wk(h), wv(h)
 
         def o(a: np.ndarray) -> np.ndarray:
-            gate = held.pop()
-            return wo((a * (1.0 / (1.0 + np.exp(-gate)))).astype(F32))
+            return wo(gated(a, held.pop()))
 
-        qkv.gated_query, o.matrix = (wq, wk, wv), wo  # what the fused layer (`fused_layer`) reads
+        # what the fused layer (`fused_layer`) reads: the query group, k, v, whether the gate follows every
+        # query (False: per head [q | gate]), the output matrix
+        qkv.gated_query, qkv.gate_after, o.matrix = (wq, wk, wv), False, wo
         return qkv, o
 
 
@@ -84,15 +106,17 @@ class GateProjAttentionLayout:
         wq, wk, wv, wg = (binder.matrix(r, layer) for r in ("attn_q", "attn_k", "attn_v", "attn_gate"))
         wo = binder.matrix("attn_output", layer)
         held: list[np.ndarray] = []
+        gated = _gating(binder)
 
         def qkv(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             held[:] = [wg(h)]
             return wq(h), wk(h), wv(h)
 
         def o(a: np.ndarray) -> np.ndarray:
-            gate = held.pop()
-            return wo((a * (1.0 / (1.0 + np.exp(-gate)))).astype(F32))
+            return wo(gated(a, held.pop()))
 
+        # the fused layer's query group is attn_q | attn_gate: [q (all heads) | gate (all heads)]
+        qkv.gated_query, qkv.gate_after, o.matrix = ((wq, wg), wk, wv), True, wo
         return qkv, o
 
 
@@ -105,7 +129,8 @@ def gated_reference(spec: Any) -> Any:
 
 def fused_layer(op: Any, qkv: Any, o: Any, common: Any, moe: Any, group_id: Any = None) -> tuple | None:
     """(kernel, args, parallel) of a gated attention layer's decode step (archrun.kernels.decode.fusion's
-    fuse_attention_layer), or None when it runs op by op: another layout's projections (no `gated_query`), an
+    fuse_attention_layer), either layout's (the gate in the query projection or a projection of its own), or
+    None when it runs op by op: another layout's projections (no `gated_query`), an
     attention without a kernel part, a matrix not prepared for the fast kernels, a mixture of experts without
     kernel arguments."""
     from archrun.kernels.decode.parts import usable
@@ -116,8 +141,8 @@ def fused_layer(op: Any, qkv: Any, o: Any, common: Any, moe: Any, group_id: Any 
     part = None if op.fused is None else usable(op.fused, "attention")
     if mats is None or wo is None or part is None:
         return None
-    wq, wk, wv = mats
-    made = product_groups((wq, (wk, wv), wo), group_id)
+    query, wk, wv = mats
+    made = product_groups((query, (wk, wv), wo), group_id)
     if made is None:
         return None
     groups, gids, big = made
@@ -125,7 +150,8 @@ def fused_layer(op: Any, qkv: Any, o: Any, common: Any, moe: Any, group_id: Any 
     if ffn is None:
         return None
     moe_args, moe_big = ffn
-    return k.gated_attention_layer, (common, *groups, part.handle, part.params, gids, moe_args), big or moe_big
+    return (k.gated_attention_layer, (common, *groups, part.handle, part.params, gids, qkv.gate_after, moe_args),
+            big or moe_big)
 
 
 def gated_fast(spec: Any) -> Any:

@@ -33,7 +33,7 @@ def archrun_register_vocabulary(register) -> None:
                 "causal attention whose output is gated by sigmoid(attn_gate h), a projection of its own (AFMoE)",
                 layout=gated_attention.GateProjAttentionLayout(),
                 capabilities=OpCapabilities(fused=True, fused_for=True, pool_task=True, slot_arrays=True, kv_types=True,
-                                            binds=True)))
+                                            binds=True, fused_layer=True)))  # as gated_causal
     register(Op("mixer", "gated_deltanet_tiled", deltanet.tiled_reference,
                 Lazy("archrun_recurrent.deltanet:tiled_fast"),
                 "gated DeltaNet whose value head j reads key head j % key heads (Qwen3.5 files' tiled order)",

@@ -1,5 +1,6 @@
 """Token mixers decode fused (their ops' layer kernels: `shortconv`, `mamba2`, `mamba`, `gated_deltanet` and
-`gated_deltanet_tiled`, `kda`; each with a dense FFN or a mixture of experts) with the bits of the op-by-op path: on
+`gated_deltanet_tiled`, `kda`; each with a dense FFN or a mixture of experts), and so do gated attention layers
+(`gated_causal`, `gated_causal_gate_proj`), with the bits of the op-by-op path: on
 copies of the families' tiny fixtures whose block matrices are Q8_0 (the fused and the op-by-op product kernels
 of a quantized type compute one token alike; float32 products differ in rounding, numpy's BLAS against the
 decode kernel), a mixer layer's fused step gives the op-by-op block's output and state bit for bit."""
@@ -30,11 +31,19 @@ FIXTURES = {"lfm2_ccac": "lfm2", "lfm2_accc_l2": "lfm2", "lfm2_acca_l4": "lfm2",
             "jamba_mmam_moe2": "jamba", "jamba_ammm_k3": "jamba", "jamba_mmam_dt32": "jamba",
             "qwen3next_dddA": "qwen3next", "qwen3next_dAdA_k3": "qwen3next", "qwen35_dddA": "qwen35",
             "qwen35moe_ddAd": "qwen35", "kimi_linear_mkkm_k3": "kimi-linear", "kimi_linear_dk32": "kimi-linear"}
+# gated attention layers (the layer kernel gated_attention_layer): the gate per head in the query projection
+# (Qwen3-Next), or a projection of its own (AFMoE: all heads, sliding windows, per-head Q/K norms, sandwich norms,
+# a dense FFN or a mixture of experts with a shared expert and selection bias)
+# (AFMoE built with experts 32 wide, so their matrices take Q8_0 blocks: the family's fixtures' are 16 wide)
+GATED = {"qwen3next_dAdA_k3": "qwen3next", "afmoe_sssg_moe32": "afmoe", "afmoe_mha_top3_moe32": "afmoe"}
 # built here from the family's HF arch (hf_arch.py; llama.cpp's converter): fixture -> (arch name, seed, config).
 # Kimi Linear with KDA heads 32 wide: its rank-dk decay and gate projections (ssm_f_b, ssm_g_b) take Q8_0 blocks;
 # Jamba with dt rank 32 (ssm_dt in Q8_0) and a mixture of experts in every layer
 BUILT = {"kimi_linear_dk32": ("KIMI_LINEAR", 3, {"linear_head_dim": 32}),
-         "jamba_mmam_dt32": ("JAMBA", 3, {"mamba_dt_rank": 32, "expert_layer_period": 1, "expert_layer_offset": 0})}
+         "jamba_mmam_dt32": ("JAMBA", 3, {"mamba_dt_rank": 32, "expert_layer_period": 1, "expert_layer_offset": 0}),
+         "afmoe_sssg_moe32": ("AFMOE", 1, {"moe_intermediate_size": 32}),
+         "afmoe_mha_top3_moe32": ("AFMOE", 2, {"moe_intermediate_size": 32, "num_experts_per_tok": 3,
+                                               "num_key_value_heads": 4, "num_shared_experts": 2})}
 # Mamba's dt projection takes R < 32 inputs in these fixtures: it stays F16, whose one-row product differs in
 # its last bits between the op path's matmul and the decode kernel's product group; there the fused layer agrees
 # with the op path to float rounding (every other float step is shared)
@@ -50,7 +59,7 @@ MATRICES = ("shortconv.in_proj", "shortconv.out_proj", "ssm_in", "ssm_x", "ssm_d
 
 def fixture(name: str, built: Path | None = None) -> Path:
     """The family's fixture file, or one BUILT into the folder `built`."""
-    tests = FAMILIES / f"archrun-{FIXTURES[name]}" / "tests"
+    tests = FAMILIES / f"archrun-{FIXTURES.get(name) or GATED[name]}" / "tests"
     if name not in BUILT:
         return tests / "goldens" / f"{name}.gguf"
     from archrun.conformance import hf
@@ -161,3 +170,33 @@ def test_a_batch_row_has_its_single_steps_bits(q8_0):
             np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * float(np.abs(w).max()))
         else:
             np.testing.assert_array_equal(g, w)
+
+
+@pytest.fixture(scope="module", params=sorted(GATED))
+def gated(request, tmp_path_factory) -> tuple:
+    """(fused, op-by-op) models of a Q8_0 copy of a fixture with gated attention layers, and its path."""
+    src = fixture(request.param, tmp_path_factory.mktemp("built"))
+    path = _q8_0_copy(src, tmp_path_factory.mktemp("q8") / f"{request.param}.gguf")
+    return archrun.load(path), archrun.load(path, fused=False), path
+
+
+def _gated_layer(fb) -> bool:
+    from archrun_recurrent.kernels.gated_attention_layer import gated_attention_layer
+
+    return getattr(fb, "_kernel", None) is gated_attention_layer
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_fused_gated_attention_layer_has_the_op_paths_bits(gated, threads):
+    """Each gated attention layer's fused step against the op-by-op block on the same input and cached rows:
+    the same output and the same cache, bit for bit."""
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"numba runs at most {numba.config.NUMBA_NUM_THREADS} thread(s) here")
+    m = gated[0]
+    assert m.fused_blocks is not None and any(_gated_layer(fb) for fb in m.fused_blocks)
+
+    def same_rows(f, o):
+        np.testing.assert_array_equal(f.k, o.k)
+        np.testing.assert_array_equal(f.v, o.v)
+
+    check_fused_steps(m, np.testing.assert_array_equal, same_rows, threads, select=_gated_layer)
