@@ -1,6 +1,6 @@
 """Decode speed of a hybrid (recurrent + attention) model at a short and a long context, archrun vs llama.cpp.
 
-    .venv/bin/python bench/bench_hybrid.py [--arch granitehybrid|lfm2|qwen3next] [--dtype f32|q8_0]
+    .venv/bin/python bench/bench_hybrid.py [--arch granitehybrid|lfm2|qwen3next|falcon-h1] [--dtype f32|q8_0]
         [--contexts 512 8192] [--steps 32] [--op-by-op] [--llama-python PY]
 
 The model is a random hybrid built with transformers and converted by llama.cpp's own converter
@@ -9,7 +9,9 @@ The model is a random hybrid built with transformers and converted by llama.cpp'
 lfm2, an LFM2-style one (d 512, 8 layers: gated short convolutions with attention at layers 2 and 5,
 a dense SwiGLU FFN; lfm2_d512.gguf), or qwen3next, a Qwen3-Next-style one (d 512, 8 layers: gated DeltaNet
 mixers with gated attention at layers 3 and 7, a mixture of 16 experts, top 2, with a shared expert in every
-layer; qwen3next_d512.gguf). For each context c a prompt of c tokens is prefilled, then --steps
+layer; qwen3next_d512.gguf), or falcon-h1, a Falcon-H1-style one (d 512, 8 layers: attention, 8 heads over 2
+KV heads, beside a Mamba2 mixer of 16 heads of 64 in every layer, a dense SwiGLU FFN; falcon_h1_d512.gguf).
+For each context c a prompt of c tokens is prefilled, then --steps
 single-token steps are timed (after 3 warm steps), on 1 thread. --op-by-op also times the model loaded
 with fused=False (every layer op by op: what archrun ran before its layers had a fused kernel).
 A recurrent layer's step costs the same at any context (its state does not grow); only the
@@ -46,10 +48,16 @@ QWEN3NEXT_CONFIG = {"hidden_size": 512, "num_hidden_layers": 8, "full_attention_
                     "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "num_experts": 16,
                     "num_experts_per_tok": 2, "moe_intermediate_size": 256, "shared_expert_intermediate_size": 512,
                     "max_position_embeddings": 16384}
+FALCON_H1_CONFIG = {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 8, "head_dim": 64,
+                    "num_attention_heads": 8, "num_key_value_heads": 2, "mamba_d_ssm": 1024, "mamba_n_heads": 16,
+                    "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 64, "mamba_d_conv": 4,
+                    "mamba_expand": 2, "mamba_chunk_size": 64, "mamba_rms_norm": True,
+                    "max_position_embeddings": 16384}
 # --arch -> (family package, its hf_arch spec, config, file stem)
 ARCHES = {"granitehybrid": ("archrun-granitehybrid", "GRANITEHYBRID", CONFIG, "hybrid_d512"),
           "lfm2": ("archrun-lfm2", "LFM2", LFM2_CONFIG, "lfm2_d512"),
-          "qwen3next": ("archrun-qwen3next", "QWEN3NEXT", QWEN3NEXT_CONFIG, "qwen3next_d512")}
+          "qwen3next": ("archrun-qwen3next", "QWEN3NEXT", QWEN3NEXT_CONFIG, "qwen3next_d512"),
+          "falcon-h1": ("archrun-falcon-h1", "FALCON_H1", FALCON_H1_CONFIG, "falcon_h1_d512")}
 
 
 def model_path(arch: str, dtype: str) -> Path:

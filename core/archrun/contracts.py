@@ -19,7 +19,12 @@ Two kinds of capability:
   None``; mixer: ``fused_layer(common, group_id=None) -> (kernel, args, big) | None``, the whole layer's
   kernel: archrun.kernels.decode.fusion.MixerBlock; attention with its own projection layout:
   ``fused_layer(qkv, o, common, moe, group_id=None) -> (kernel, args, big) | None``, the whole layer's kernel
-  from its layout's bound projections and the layer's MoeFfn or None: fusion.fuse_attention_layer);
+  from its layout's bound projections and the layer's MoeFfn or None: fusion.fuse_attention_layer),
+  `fused_beside` (mixer: ``fused_beside(layer, group_id=None) -> (kernel, args, big) | None``, the kernel of
+  a layer where the mixer runs beside the attention on the same normed input, its output added to the
+  attention's: `layer` is the dense layer kernel's one-item argument list (kernels.decode.layer), the
+  kernel is called as kernel(x, *args, kc, vc, kpos, ring, row, pos, cos, sin, state, chunks, par):
+  fusion.BesideBlock);
 - members and values of both factories: `kv_types` (attention: the bound object's ``kv_types`` tuple;
   undeclared: float32 only), `binds` (``bind(binder, layer)`` binds per-layer tensors of its own at
   load), and the values `causal` (attention: False for an op whose queries see every position),
@@ -47,7 +52,8 @@ import numpy as np
 from archrun.errors import PluginError
 
 #: capabilities only a fast factory's bound objects carry
-KERNEL_MEMBERS = ("fused", "fused_input", "fused_for", "pool_task", "slot_arrays", "act_part", "fused_layer")
+KERNEL_MEMBERS = ("fused", "fused_input", "fused_for", "pool_task", "slot_arrays", "act_part", "fused_layer",
+                  "fused_beside")
 #: members both factories' objects carry when declared
 SHARED_MEMBERS = ("kv_types", "binds")
 #: declared values (read from the declaration itself, not from bound objects)
@@ -59,7 +65,7 @@ SLOT_CAPABILITIES: dict[str, frozenset[str]] = {
     "rope": frozenset({"fused"}),
     "attention": frozenset({"fused", "fused_for", "pool_task", "slot_arrays", "kv_types", "binds", "causal",
                             "fused_layer"}),
-    "mixer": frozenset({"empty", "fused_layer", "slot_arrays"}),
+    "mixer": frozenset({"empty", "fused_layer", "fused_beside", "slot_arrays"}),
     "activation": frozenset({"fused"}),
     "residual": frozenset({"fused", "fused_input", "binds", "ffn_reads_input"}),
     "gating": frozenset({"fused"}),
@@ -85,6 +91,7 @@ class OpCapabilities:
     slot_arrays: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     act_part: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     fused_layer: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
+    fused_beside: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     kv_types: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     binds: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool), kw_only=True)
     causal: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool), kw_only=True)

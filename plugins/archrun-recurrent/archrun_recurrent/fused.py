@@ -1,6 +1,7 @@
-"""A mixer whose layer decodes fused (archrun.kernels.decode.fusion.MixerBlock): its `slot_arrays` and `fused_layer`
-members (FusedMixer), and what its layer kernel takes of its matrices (product groups of up to 3 matrices, their
-decode pool ids) and of the layer's mixture of experts when it has one (archrun-blocks' `ffn_args`)."""
+"""A mixer whose layer decodes fused (archrun.kernels.decode.fusion.MixerBlock, and BesideBlock where it runs
+beside the attention): its `slot_arrays`, `fused_layer` and `fused_beside` members (FusedMixer), and what its
+layer kernel takes of its matrices (product groups of up to 3 matrices, their decode pool ids) and of the
+layer's mixture of experts when it has one (archrun-blocks' `ffn_args`)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,20 @@ class FusedMixer:
             return None
         moe_args, moe_big = ffn
         return kernel, (common, *groups, *weights, gids, moe_args), big or moe_big
+
+    def _beside_parts(self) -> tuple[Any, Sequence[Any], tuple]:
+        """(kernel, matrices, weights) of the layer where the mixer runs beside the attention (`fused_beside`)."""
+        raise NotImplementedError
+
+    def fused_beside(self, layer: Any, group_id: Callable | None = None) -> tuple | None:
+        """(kernel, args, parallel) of the decode step of a layer where this mixer runs beside the attention
+        (archrun.kernels.decode.fusion.BesideBlock), or None when a matrix is not prepared for the fast kernels.
+        layer: the dense layer kernel's one-item argument list; the kernel is called as kernel(x, layer,
+        *product groups of the matrices, *weights, pool ids, kc, vc, kpos, ring, row, pos, cos, sin, state,
+        chunks, par)."""
+        kernel, mats, weights = self._beside_parts()
+        made = product_groups(mats, group_id)
+        if made is None:
+            return None
+        groups, gids, big = made
+        return kernel, (layer, *groups, *weights, gids), big

@@ -213,6 +213,11 @@ class FastMamba2(FusedMixer, Mamba2):
 
         return mamba2_layer, (self.in_proj, self.out_proj), self._token_args()
 
+    def _beside_parts(self) -> tuple:
+        from archrun_recurrent.kernels.mamba2_step import mamba2_beside_layer
+
+        return mamba2_beside_layer, (self.in_proj, self.out_proj), self._token_args()
+
 
 def mamba2_fast(spec: Any) -> Mamba2:
     """The same mixer token by token in numba kernels; its layer decodes fused."""

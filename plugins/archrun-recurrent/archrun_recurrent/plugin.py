@@ -16,7 +16,8 @@ def archrun_register_vocabulary(register) -> None:
                 layout=shortconv.ShortConvLayout(), capabilities=OpCapabilities(fused_layer=True, slot_arrays=True)))
     register(Op("mixer", "mamba2", mamba2.mamba2_reference, Lazy("archrun_recurrent.mamba2:mamba2_fast"),
                 "Mamba2 selective state-space mixer (SSD): conv1d, dt/A/D, gated grouped RMSNorm, a state per head",
-                layout=mamba2.Mamba2Layout(), capabilities=OpCapabilities(fused_layer=True, slot_arrays=True)))
+                layout=mamba2.Mamba2Layout(),
+                capabilities=OpCapabilities(fused_layer=True, fused_beside=True, slot_arrays=True)))
     register(Op("mixer", "gated_deltanet", deltanet.deltanet_reference,
                 Lazy("archrun_recurrent.deltanet:deltanet_fast"),
                 "gated DeltaNet (Qwen3-Next): conv, l2-normed q/k, beta/alpha gates, delta-rule state, gated norm",

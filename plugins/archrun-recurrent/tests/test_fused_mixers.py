@@ -1,6 +1,7 @@
 """Token mixers decode fused (their ops' layer kernels: `shortconv`, `mamba2`, `mamba`, `gated_deltanet` and
 `gated_deltanet_tiled`, `kda`; each with a dense FFN or a mixture of experts), and so do gated attention layers
-(`gated_causal`, `gated_causal_gate_proj`), with the bits of the op-by-op path: on
+(`gated_causal`, `gated_causal_gate_proj`) and layers whose Mamba2 mixer runs beside the attention (`mamba2`'s
+`fused_beside`: Falcon-H1), with the bits of the op-by-op path: on
 copies of the families' tiny fixtures whose block matrices are Q8_0 (the fused and the op-by-op product kernels
 of a quantized type compute one token alike; float32 products differ in rounding, numpy's BLAS against the
 decode kernel), a mixer layer's fused step gives the op-by-op block's output and state bit for bit."""
@@ -36,6 +37,8 @@ FIXTURES = {"lfm2_ccac": "lfm2", "lfm2_accc_l2": "lfm2", "lfm2_acca_l4": "lfm2",
 # a dense FFN or a mixture of experts with a shared expert and selection bias)
 # (AFMoE built with experts 32 wide, so their matrices take Q8_0 blocks: the family's fixtures' are 16 wide)
 GATED = {"qwen3next_dAdA_k3": "qwen3next", "afmoe_sssg_moe32": "afmoe", "afmoe_mha_top3_moe32": "afmoe"}
+# Mamba2 beside the attention in every layer (Falcon-H1: one group, or two with the gated norm)
+BESIDE = {"falcon_h1_g1": "falcon-h1", "falcon_h1_g2_norm": "falcon-h1"}
 # built here from the family's HF arch (hf_arch.py; llama.cpp's converter): fixture -> (arch name, seed, config).
 # Kimi Linear with KDA heads 32 wide: its rank-dk decay and gate projections (ssm_f_b, ssm_g_b) take Q8_0 blocks;
 # Jamba with dt rank 32 (ssm_dt in Q8_0) and a mixture of experts in every layer
@@ -59,7 +62,7 @@ MATRICES = ("shortconv.in_proj", "shortconv.out_proj", "ssm_in", "ssm_x", "ssm_d
 
 def fixture(name: str, built: Path | None = None) -> Path:
     """The family's fixture file, or one BUILT into the folder `built`."""
-    tests = FAMILIES / f"archrun-{FIXTURES.get(name) or GATED[name]}" / "tests"
+    tests = FAMILIES / f"archrun-{({**FIXTURES, **GATED, **BESIDE})[name]}" / "tests"
     if name not in BUILT:
         return tests / "goldens" / f"{name}.gguf"
     from archrun.conformance import hf
@@ -200,3 +203,37 @@ def test_a_fused_gated_attention_layer_has_the_op_paths_bits(gated, threads):
         np.testing.assert_array_equal(f.v, o.v)
 
     check_fused_steps(m, np.testing.assert_array_equal, same_rows, threads, select=_gated_layer)
+
+
+@pytest.fixture(scope="module", params=sorted(BESIDE))
+def beside(request, tmp_path_factory) -> tuple:
+    """The fused model of a Q8_0 copy of a fixture whose mixers run beside the attention, and its path."""
+    path = _q8_0_copy(fixture(request.param), tmp_path_factory.mktemp("q8") / f"{request.param}.gguf")
+    return archrun.load(path), path
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_mixer_beside_the_attention_has_the_op_paths_bits(beside, threads):
+    """Each layer's fused step (BesideBlock: attention + Mamba2 on the same normed input) against the op-by-op
+    block on the same input, cached rows and state: the same output, rows and state, bit for bit."""
+    from archrun.kernels.decode.fusion import BesideBlock
+
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"numba runs at most {numba.config.NUMBA_NUM_THREADS} thread(s) here")
+    m = beside[0]
+    assert m.fused_blocks is not None and all(isinstance(fb, BesideBlock) for fb in m.fused_blocks)
+
+    def same_slot(f, o):
+        np.testing.assert_array_equal(f.attention.k, o.attention.k)
+        np.testing.assert_array_equal(f.attention.v, o.attention.v)
+        for k, state in o.mixer.state.items():
+            np.testing.assert_array_equal(f.mixer.state[k], state)
+
+    check_fused_steps(m, np.testing.assert_array_equal, same_slot, threads)
+
+
+def test_a_model_with_mixers_beside_decodes_the_op_paths_bits(beside):
+    """The whole model token by token, fused against op by op: the same logits, bit for bit."""
+    from archrun.conformance.fused_steps import check_decode_bits
+
+    check_decode_bits(*beside, 10)

@@ -11,7 +11,9 @@ a MixerBlock): the op computes the mixer's output from the block's normed input 
 kernels.decode.layer's `mixer_output` (a layer whose FFN is a mixture of experts: fused_layer gets
 the layer's bound MoeFfn as `moe=`, and its kernel runs that FFN too or it answers None); the layer's
 recurrent state reaches the kernel through the op's `slot_arrays(slot, start)` (the state arrays
-of the token at `start`, updated in place). An attention op with its own projection layout (e.g.
+of the token at `start`, updated in place). A token mixer beside the attention (a parallel layer) brings
+that layer's kernel too (`mixer_op.fused_beside(layer, group_id=None)`, a BesideBlock: the dense layer's
+arguments, to which its kernel adds the mixer's output). An attention op with its own projection layout (e.g.
 latent attention) brings its layer's kernel the same way (`fuse_attention_layer`:
 `op.fused_layer(qkv, o, common, moe, group_id=None)`). Ops without parts, and the reference
 backend, keep the op-by-op path, which computes the same block. The
@@ -80,6 +82,11 @@ class FusedBlock:
     def __call__(self, x: np.ndarray, slot: Any, start: int, angles: list, par: tuple = pool.NO_POOL) -> None:
         if self._args is None:  # a layer on its own: its one-item list (built once)
             self._args = (typed_list([self.layer_args]), np.int64(0))
+        chunks = qmatrix.current_threads() if self._parallel and par is pool.NO_POOL else 1
+        self._kernel(x, *self._args, *self._cache_args(slot, start, angles), chunks, par)
+
+    def _cache_args(self, slot: Any, start: int, angles: list) -> tuple:
+        """(kc, vc, kpos, ring, row, pos, cos, sin) of the token at `start` in the attention's slot."""
         k, v, kpos, ring = self._slot_arrays(slot)
         if ring:
             row = start % k.shape[0]
@@ -92,8 +99,7 @@ class FusedBlock:
             cos, sin = cos[0], sin[0]
         else:
             cos = sin = _EMPTY_F32
-        chunks = qmatrix.current_threads() if self._parallel and par is pool.NO_POOL else 1
-        self._kernel(x, *self._args, k, v, kpos, ring, row, start, cos, sin, chunks, par)
+        return k, v, kpos, ring, row, start, cos, sin
 
     @property
     def dense(self) -> bool:
@@ -129,6 +135,23 @@ class MixerBlock(FusedBlock):
         state = self._slot_arrays(slot, start)
         chunks = qmatrix.current_threads() if self._parallel and par is pool.NO_POOL else 1
         self._kernel(x, *self._args, state, chunks, par)
+
+
+class BesideBlock(FusedBlock):
+    """A layer whose token mixer runs beside its attention (the interpreter's PairSlot) as one kernel call, the
+    mixer op's own (its `fused_beside`): `fb(x, slot, start, angles)` updates x f32 [d], the attention's cached
+    rows and the mixer's state in place. The kernel is called as kernel(x, *args, kc, vc, kpos, ring, row, pos,
+    cos, sin, state, chunks, par): the attention's slot arrays as a dense layer's, then the mixer op's
+    `slot_arrays(slot.mixer, start)`."""
+
+    def __init__(self, kernel: Any, args: tuple, slot_arrays: Any, mixer_arrays: Any, rope: int, parallel: bool):
+        super().__init__(kernel, args, slot_arrays, rope, parallel)
+        self._mixer_arrays = mixer_arrays
+
+    def __call__(self, x: np.ndarray, slot: Any, start: int, angles: list, par: tuple = pool.NO_POOL) -> None:
+        state = self._mixer_arrays(slot.mixer, start)
+        chunks = qmatrix.current_threads() if self._parallel and par is pool.NO_POOL else 1
+        self._kernel(x, *self._args, *self._cache_args(slot.attention, start, angles), state, chunks, par)
 
 
 class EmptyMixerBlock(MixerBlock):
@@ -363,8 +386,13 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], 
         if declared(lp.attention).empty:  # no token mixer: the block's norm and FFN
             return fuse_empty_mixer(lp, norm, declared, groups)
         return fuse_mixer(lp, norm, declared, groups)
-    if lp.parallel is not None:
-        return None  # a token mixer beside the attention: op by op
+    beside = lp.parallel
+    if beside is not None:
+        caps = declared(beside)
+        if not (caps.fused_beside and caps.slot_arrays) or beside.fused_beside is None or beside.slot_arrays is None:
+            return None  # a token mixer beside the attention without its layer kernel: op by op
+        if (lp.ffn is not None and not isinstance(lp.ffn, DenseFfn)) or declared(lp.attention).fused_layer:
+            return None  # a mixture of experts or an attention layout of its own beside a mixer: op by op
     sub_norms = lp.attn_sub_norm is not None or (isinstance(lp.ffn, DenseFfn) and lp.ffn.sub_norm is not None)
     if declared(lp.attention).fused_layer:  # an attention op with its own layout and layer kernel
         if sub_norms or lp.ffn is None:
@@ -412,6 +440,15 @@ def fuse_layer(lp: LayerPlan, norm: Any, ropes: list, declared: Callable[[Any], 
                        _group_id(groups, down, lp.ffn.down.n_in)]
     args = (qkv, o, gate_up, down, _vecs(lp), _geo(lp, rope is not None, ids, task), fns, params)
     parallel = lp.o.prepared.nbytes >= qmatrix.PARALLEL_MIN_BYTES
+    if beside is not None:  # the mixer's kernel, with this layer's arguments
+        group_id = None if groups is None else (lambda ms, n_in: _group_id(groups, ms, n_in))
+        made = beside.fused_beside(typed_list([args]), group_id)
+        if made is None:
+            return None
+        kernel, own, big = made
+        fb = BesideBlock(kernel, own, lp.attention.slot_arrays, beside.slot_arrays, rope_index, parallel or big)
+        fb.pooled = groups is not None
+        return fb
     return FusedBlock(layer.decode_layer, None, lp.attention.slot_arrays, rope_index, parallel, layer_args=args)
 
 

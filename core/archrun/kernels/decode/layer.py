@@ -37,7 +37,10 @@ layer kernel, which calls `attention_block` and `join` from here. A token mixer'
 `fused_layer`) runs the op's kernel, which computes the mixer's output from `mixer_input` and hands it
 to `mixer_output` (the rest of the block: post-norm, dense FFN or none, residual joins). Its arguments
 are then (gate_up, down, vecs, geo, fns, params) as above: geo's FFN fields and pool ids of gate_up
-and down (n_ff 0: the block has no FFN), fns' attention and rope entries placeholders.
+and down (n_ff 0: the block has no FFN), fns' attention and rope entries placeholders. A layer whose
+token mixer runs beside its attention (a mixer op's `fused_beside`) runs the op's kernel with the dense
+layer's arguments: it adds the mixer's output of `mixer_input` to `attention_output`'s and hands the sum to
+`mixer_output`.
 
 `decode_rows` is the same block on N rows at once (a batch of sequences, or a span of one
 sequence's tokens: speculative verification), built from the same inlined steps: per row the same
@@ -148,18 +151,25 @@ def _qkv_width(geo):
 
 
 @njit(**_STEP)
-def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
-    """The attention sub-block of x f32 [d]: (a, h) = (its output [d] after the post-norm, the normed input [d])."""
-    d = x.shape[0]
-    h = np.empty(d, _F32)
-    _pre_norm(x, vecs, fns, params, h)
+def attention_output(h, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+    """The attention's output [d] of the normed input h f32 [d], before the post-norm: the q|k|v products,
+    attention (its K/V to cache row `row`), the sub-layer norm, the output product."""
     y = np.empty(_qkv_width(geo), _F32)
     product_group(par, geo[G_QKV], qkv, h, y, chunks)
     att = np.empty(geo[G_HEADS] * geo[G_VD], _F32)
     _attend_row(y, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, att, par[0])
     _sub_norm(att, vecs[V_ATTN_SUB], fns, params)
-    a = np.empty(d, _F32)
+    a = np.empty(h.shape[0], _F32)
     product_group(par, geo[G_O], o_mat, att, a, chunks)
+    return a
+
+
+@njit(**_STEP)
+def attention_block(x, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par):
+    """The attention sub-block of x f32 [d]: (a, h) = (its output [d] after the post-norm, the normed input [d])."""
+    h = np.empty(x.shape[0], _F32)
+    _pre_norm(x, vecs, fns, params, h)
+    a = attention_output(h, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks, par)
     _post_attn(a, vecs, fns, params)
     return a, h
 

@@ -1,6 +1,7 @@
 """Mamba2's mixer token by token as numba kernels: the fast op's steps (archrun_recurrent.mamba2.FastMamba2.mix)
 and its fused decode layer (`mamba2_layer`, the op's `fused_layer`, with a dense FFN or a mixture of experts) run
-the same inlined `mamba2_token`, so a token's result has the same bits on either path.
+the same inlined `mamba2_token`, so a token's result has the same bits on either path; so does the layer where
+the mixer runs beside the attention (`mamba2_beside_layer`, the op's `fused_beside`: Falcon-H1).
 
 One token, with d_inner = H * P, conv_dim = d_inner + 2 G N (archrun_recurrent.mamba2 states the math):
 the conv window takes xBC, silu(conv + bias); dt = softplus(dt + dt_bias); per head h (group h // (H / G)):
@@ -110,6 +111,25 @@ def mamba2_tokens(zxbcdt, conv, ssm, conv_w, conv_b, dt_bias, a, dd, norm_w, gro
         mamba2_token(zxbcdt[t], conv, ssm, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, y[t])
 
 
+@njit(**_STEP)
+def _mix(h, in_proj, out_proj, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, gids, state, chunks,
+         par):  # pragma: no cover - compiled
+    """The mixer's output [d] of the normed input h [d] on one token; the state arrays and their kept copies
+    updated (state as mamba2_layer's)."""
+    conv, conv_kept = state[0]
+    ssm, ssm_kept = state[1]
+    di = ssm.shape[0] * ssm.shape[2]
+    zxbcdt = np.empty(di + conv.shape[1] + ssm.shape[0], _F32)
+    product_group(par, gids[0], in_proj, h, zxbcdt, chunks)
+    y = np.empty(di, _F32)
+    mamba2_token(zxbcdt, conv, ssm, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, y)
+    conv_kept[:] = conv
+    ssm_kept[:] = ssm
+    out = np.empty(h.shape[0], _F32)
+    product_group(par, gids[1], out_proj, y, out, chunks)
+    return out
+
+
 @njit(**JIT)
 def mamba2_layer(x, common, in_proj, out_proj, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, gids, moe,
                  state, chunks, par):  # pragma: no cover - compiled
@@ -122,15 +142,26 @@ def mamba2_layer(x, common, in_proj, out_proj, conv_w, conv_b, dt_bias, a, dd, n
     """
     _, _, vecs, _, fns, params = common[0]
     h = layer.mixer_input(x, vecs, fns, params)
-    conv, conv_kept = state[0]
-    ssm, ssm_kept = state[1]
-    di = ssm.shape[0] * ssm.shape[2]
-    zxbcdt = np.empty(di + conv.shape[1] + ssm.shape[0], _F32)
-    product_group(par, gids[0], in_proj, h, zxbcdt, chunks)
-    y = np.empty(di, _F32)
-    mamba2_token(zxbcdt, conv, ssm, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, y)
-    conv_kept[:] = conv
-    ssm_kept[:] = ssm
-    out = np.empty(x.shape[0], _F32)
-    product_group(par, gids[1], out_proj, y, out, chunks)
+    out = _mix(h, in_proj, out_proj, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, gids, state, chunks, par)
     block_tail(x, out, h, common, moe, chunks, par)
+
+
+@njit(**JIT)
+def mamba2_beside_layer(x, dense, in_proj, out_proj, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, gids, kc,
+                        vc, kpos, ring, row, pos, cos, sin, state, chunks, par):  # pragma: no cover - compiled
+    """One block whose Mamba2 mixer runs beside its attention (Falcon-H1) on one token; x f32 [d] is updated in
+    place: o = attention(h) + mixer(h) of the normed input h, then the block's post-norm, dense FFN (or none)
+    and residual joins, as the interpreter's block computes them.
+
+    dense[0]: the dense layer kernel's (qkv, o, gate_up, down, vecs, geo, fns, params)
+    (archrun.kernels.decode.layer); the mixer's arguments as mamba2_layer's; the attention's cache arguments as
+    archrun.kernels.decode.fusion.FusedBlock passes them; state: the mixer's, as mamba2_layer's.
+    """
+    qkv, o_mat, gate_up, down, vecs, geo, fns, params = dense[0]
+    h = layer.mixer_input(x, vecs, fns, params)
+    o = layer.attention_output(h, qkv, o_mat, vecs, geo, fns, params, kc, vc, kpos, ring, row, pos, cos, sin, chunks,
+                               par)
+    m = _mix(h, in_proj, out_proj, conv_w, conv_b, dt_bias, a, dd, norm_w, groups, eps, gids, state, chunks, par)
+    for i in range(o.shape[0]):
+        o[i] = o[i] + m[i]
+    layer.mixer_output(x, o, h, gate_up, down, vecs, geo, fns, params, chunks, par)
