@@ -21,7 +21,7 @@ from archrun.kernels import atomics
 from archrun.kernels._jit import JIT, JIT_PAR, LANES, QB
 from archrun.kernels.decode import pool
 from archrun.kernels.decode.addresses import address, array_at
-from archrun.kernels.matmul import dots, floatmm
+from archrun.kernels.matmul import dots, f32_rows, floatmm
 from archrun.kernels.matmul.qmatrix import BF16, F16, QMatrix
 
 _F32 = np.float32
@@ -97,35 +97,21 @@ def _groups(m):
 @njit(**_STEP)
 def _dense_rows(W, xf, g0, g1, out):
     """out[t, r] = W[r] . xf[t] for every token t and the rows of groups [g0, g1): each row's sum in element
-    order (a multiply, then an add, each rounded). Eight rows go side by side, so the eight sums' adds overlap
-    instead of each waiting on the one before (one chain ran at the add's latency, ~4 cycles an element);
-    every row keeps its own order, so its bits."""
+    order (a multiply, then an add, each rounded). Eight rows go side by side in the lanes of one vector
+    (f32_rows.dots8: 8 x 8 blocks transposed in registers), each row keeping its own order, so its bits."""
     r0, r1 = g0 * LANES, min(g1 * LANES, W.shape[0])
     for t in range(xf.shape[0]):
-        x = xf[t]
+        x, o = xf[t], out[t]
         r = r0
         while r + 8 <= r1:
-            w0, w1, w2, w3, w4, w5, w6, w7 = W[r], W[r + 1], W[r + 2], W[r + 3], W[r + 4], W[r + 5], W[r + 6], W[r + 7]
-            s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = _F32(0.0)
-            for e in range(x.shape[0]):
-                xe = x[e]
-                s0 += w0[e] * xe
-                s1 += w1[e] * xe
-                s2 += w2[e] * xe
-                s3 += w3[e] * xe
-                s4 += w4[e] * xe
-                s5 += w5[e] * xe
-                s6 += w6[e] * xe
-                s7 += w7[e] * xe
-            out[t, r], out[t, r + 1], out[t, r + 2], out[t, r + 3] = s0, s1, s2, s3
-            out[t, r + 4], out[t, r + 5], out[t, r + 6], out[t, r + 7] = s4, s5, s6, s7
+            f32_rows.dots8(W, r, x, o)
             r += 8
         for rr in range(r, r1):
             w = W[rr]
             s = _F32(0.0)
             for e in range(w.shape[0]):
                 s += w[e] * x[e]
-            out[t, rr] = s
+            o[rr] = s
 
 
 @njit(**JIT)
