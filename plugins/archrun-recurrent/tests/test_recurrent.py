@@ -213,8 +213,10 @@ def test_fast_channel_scan_equals_reference(n, width, dims):
     np.testing.assert_allclose(s1, s2, rtol=1e-4, atol=1e-5)
 
 
-def test_gate_proj_attention_gates_the_output_by_its_own_projection():
-    """AFMoE's layout: q/k/v as projected, the output projection sees attention * sigmoid(attn_gate h)."""
+@pytest.mark.parametrize("op_backend", ["reference", "fast"])
+def test_gate_proj_attention_gates_the_output_by_its_own_projection(op_backend):
+    """AFMoE's layout: q/k/v as projected, the output projection sees attention * sigmoid(attn_gate h), on
+    either backend's gate (numpy's, or the fused layer kernel's element loop)."""
     from archrun_recurrent.gated_attention import GateProjAttentionLayout
 
     d, heads, hd = 6, 2, 3
@@ -222,6 +224,9 @@ def test_gate_proj_attention_gates_the_output_by_its_own_projection():
     w["attn_output"] = rng.normal(size=(heads * hd, d)).astype(np.float32)
 
     class Binder:
+        def __init__(self):
+            self.op_backend = op_backend
+
         def matrix(self, role, layer):
             return lambda x: x @ w[role]
 
