@@ -123,9 +123,9 @@ def _dots8_ir(typingctx, W, r, x, out):
 
 
 @njit(**JIT)
-def _dots_loops(W, r, x, out, rows):
+def _dots8_loops(W, r, x, out):
     """The same sums as plain loops (no JIT: the intrinsic needs it)."""
-    for i in range(rows):
+    for i in range(8):
         w = W[r + i]
         s = np.float32(0.0)
         for e in range(w.shape[0]):
@@ -136,6 +136,6 @@ def _dots_loops(W, r, x, out, rows):
 if numba.config.DISABLE_JIT:
     def dots8(W, r, x, out):
         """out[r:r + 8] = W[r:r + 8] @ x, each row's sum in element order."""
-        _dots_loops(W, r, x, out, 8)
+        _dots8_loops(W, r, x, out)
 else:
     dots8 = _dots8_ir
